@@ -1,0 +1,3 @@
+from rlpipe.app import main
+
+main()

@@ -1,0 +1,38 @@
+"""`python -m rlpipe`: compose the Hydra config, validate it, run the engine."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlpipe.config import ConfigError, conf_dir, register_schema, to_plain
+
+register_schema()
+log = logging.getLogger("rlpipe")
+EXIT_CONFIG = 2
+
+
+def run_job(cfg: DictConfig) -> int:
+    """One job: validate, then drive the engine; a config error is one paragraph, no traceback."""
+    from rlpipe.supervisor.driver import Driver   # torch is imported only past validation
+
+    try:
+        spec = to_plain(cfg)
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        driver = Driver(spec, run_dir, OmegaConf.to_yaml(cfg))
+        return driver.run()
+    except (ConfigError, OmegaConfBaseException) as exc:
+        print(f"rlpipe: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+@hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
+def main(cfg: DictConfig) -> None:
+    code = run_job(cfg)
+    if code:
+        sys.exit(code)

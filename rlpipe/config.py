@@ -1,0 +1,331 @@
+"""Structured-config schema, validation with clear errors, and the plain values the engine runs on.
+
+Hydra composes `conf/`; the schema below (registered as `rlpipe_schema`) makes OmegaConf
+check types at composition. `validate()` then checks what types cannot say (ranges, shapes,
+weights) and raises ConfigError with one paragraph naming the key and what is allowed.
+`to_plain()` copies every value the engine needs into frozen dataclasses once, so no hot
+loop ever touches OmegaConf.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+OBS_KEYS = ("rgb", "state", "vector")
+OBS_DTYPES = ("uint8", "float32")
+
+
+class ConfigError(ValueError):
+    """A config value the engine cannot run with; the message is for the user, as is."""
+
+
+def conf_dir() -> Path:
+    """`conf/` at the repository root (checkout) or shipped inside the package (install)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "conf", here / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"rlpipe: no conf/config.yaml next to {here}")
+
+
+# --- schema (types only; ranges are checked in validate()) ---------------------------------
+
+@dataclass
+class ObsKeySchema:
+    shape: list[int] = MISSING
+    dtype: str = "float32"
+
+
+@dataclass
+class BufferSchema:
+    sync: str = "seqlock"
+    keys: dict[str, ObsKeySchema] = field(default_factory=dict)
+
+
+@dataclass
+class EnvMixSchema:
+    types: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GroupsSchema:
+    size: int = 70
+
+
+@dataclass
+class WorkerSchema:
+    slices: int = 2
+    threads: int = 1
+    start_method: str = "forkserver"
+    doorbell_timeout_s: float = 1.0
+
+
+@dataclass
+class LearnerSchema:
+    device: str = "cpu"
+    torch_threads: int = 1
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    rollout_len: int = 32
+    update_envs: int = 64
+    learning_rate: float = 1e-3
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    epochs: int = 4
+    minibatch_size: int = 512
+    norm_adv: bool = True
+
+
+@dataclass
+class RedisSchema:
+    url: Optional[str] = None
+
+
+@dataclass
+class HeartbeatSchema:
+    redis_interval_s: float = 10.0
+
+
+@dataclass
+class RunSchema:
+    duration_s: Optional[float] = 300.0
+    total_env_steps: Optional[int] = None
+    seed: int = 1
+
+
+@dataclass
+class LoggingSchema:
+    progress_interval_s: float = 10.0
+
+
+@dataclass
+class RlpipeSchema:
+    env_mix: EnvMixSchema = MISSING
+    buffer: BufferSchema = MISSING
+    groups: GroupsSchema = MISSING
+    worker: WorkerSchema = MISSING
+    learner: LearnerSchema = MISSING
+    redis: RedisSchema = MISSING
+    heartbeat: HeartbeatSchema = MISSING
+    run: RunSchema = MISSING
+    logging: LoggingSchema = MISSING
+    env_count: int = 64
+    stage: Optional[str] = None
+
+
+def register_schema() -> None:
+    ConfigStore.instance().store(name="rlpipe_schema", node=RlpipeSchema)
+
+
+# --- plain values ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ObsKey:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class EnvTypeSpec:
+    name: str
+    weight: float
+    node: dict          # the type's config node, _target_/_partial_ included (for instantiate)
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    device: str
+    torch_threads: int
+    hidden: tuple[int, ...]
+    rollout_len: int
+    update_envs: int
+    learning_rate: float
+    anneal_lr: bool
+    gamma: float
+    gae_lambda: float
+    clip_coef: float
+    clip_vloss: bool
+    ent_coef: float
+    vf_coef: float
+    max_grad_norm: float
+    epochs: int
+    minibatch_size: int
+    norm_adv: bool
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a run needs, as plain Python values."""
+    env_count: int
+    stage: Optional[str]
+    env_types: tuple[EnvTypeSpec, ...]
+    obs_keys: tuple[ObsKey, ...]
+    board_sync: str
+    group_size: int
+    worker_slices: int
+    worker_threads: int
+    start_method: str
+    doorbell_timeout_s: float
+    learner: LearnerSpec
+    redis_url: Optional[str]
+    heartbeat_redis_interval_s: float
+    duration_s: Optional[float]
+    total_env_steps: Optional[int]
+    seed: int
+    progress_interval_s: float
+
+
+def _fail(key: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"Invalid config value {key}={value!r}: {allowed}. "
+                      f"Fix it in conf/ or on the command line (e.g. `{key}=...`).")
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        _fail(key, value, "allowed is a positive integer")
+    return value
+
+
+def _positive_number(key: str, value: Any, allow_none: bool = False) -> Optional[float]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        _fail(key, value, "allowed is a positive number" + (" or null" if allow_none else ""))
+    return float(value)
+
+
+def _unit_interval(key: str, value: Any) -> float:
+    if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        _fail(key, value, "allowed is a number in [0, 1]")
+    return float(value)
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        _fail(key, value, "allowed are " + ", ".join(choices))
+    return value
+
+
+def _obs_keys(buffer: DictConfig) -> tuple[ObsKey, ...]:
+    keys = []
+    keys_node = buffer["keys"]  # not buffer.keys: that is DictConfig.keys()
+    if not keys_node:
+        _fail("buffer.keys", {}, "allowed is a mapping of at least one of " + ", ".join(OBS_KEYS))
+    for name, spec in keys_node.items():
+        _choice("buffer.keys", name, OBS_KEYS)
+        shape = OmegaConf.to_container(spec.shape) if spec.shape is not None else None
+        if not isinstance(shape, list) or not shape or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            _fail(f"buffer.keys.{name}.shape", shape, "allowed is a non-empty list of positive ints")
+        if name == "rgb" and len(shape) != 3:
+            _fail(f"buffer.keys.{name}.shape", shape, "allowed is [height, width, channels]")
+        if name != "rgb" and len(shape) != 1:
+            _fail(f"buffer.keys.{name}.shape", shape, "allowed is a one-element list [length]")
+        _choice(f"buffer.keys.{name}.dtype", spec.dtype, OBS_DTYPES)
+        keys.append(ObsKey(name, tuple(shape), spec.dtype))
+    order = {k: i for i, k in enumerate(OBS_KEYS)}
+    return tuple(sorted(keys, key=lambda k: order[k.name]))
+
+
+def _env_types(mix: DictConfig) -> tuple[EnvTypeSpec, ...]:
+    if not mix.types:
+        _fail("env_mix.types", {}, "allowed is at least one env type (conf/env/<type>.yaml)")
+    specs = []
+    for name, node in mix.types.items():
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            _fail(f"env_mix.types.{name}", node, "allowed is an env config node with _target_")
+        if name not in mix.weights:
+            _fail(f"env_mix.weights.{name}", None, "every type in env_mix.types needs a weight")
+        weight = _positive_number(f"env_mix.weights.{name}", mix.weights[name])
+        specs.append(EnvTypeSpec(name, weight, OmegaConf.to_container(node, resolve=True)))
+    for name in mix.weights:
+        if name not in mix.types:
+            _fail(f"env_mix.weights.{name}", mix.weights[name],
+                  "allowed are weights for the types in env_mix.types: " + ", ".join(mix.types))
+    return tuple(specs)
+
+
+def to_plain(cfg: DictConfig) -> RunSpec:
+    """Validate the composed config and copy it into plain values (raises ConfigError)."""
+    env_count = _positive_int("env_count", cfg.env_count)
+    env_types = _env_types(cfg.env_mix)
+    if env_count < len(env_types):
+        _fail("env_count", env_count, f"allowed is at least one env per type ({len(env_types)} types)")
+    lc = cfg.learner
+    hidden = OmegaConf.to_container(lc.hidden)
+    if not hidden or not all(isinstance(h, int) and h > 0 for h in hidden):
+        _fail("learner.hidden", hidden, "allowed is a non-empty list of positive ints")
+    learner = LearnerSpec(
+        device=_choice("learner.device", lc.device, ("cpu", "cuda", "auto")),
+        torch_threads=_positive_int("learner.torch_threads", lc.torch_threads),
+        hidden=tuple(hidden),
+        rollout_len=_positive_int("learner.rollout_len", lc.rollout_len),
+        update_envs=_positive_int("learner.update_envs", lc.update_envs),
+        learning_rate=_positive_number("learner.learning_rate", lc.learning_rate),
+        anneal_lr=bool(lc.anneal_lr),
+        gamma=_unit_interval("learner.gamma", lc.gamma),
+        gae_lambda=_unit_interval("learner.gae_lambda", lc.gae_lambda),
+        clip_coef=_positive_number("learner.clip_coef", lc.clip_coef),
+        clip_vloss=bool(lc.clip_vloss),
+        ent_coef=float(lc.ent_coef),
+        vf_coef=_positive_number("learner.vf_coef", lc.vf_coef),
+        max_grad_norm=_positive_number("learner.max_grad_norm", lc.max_grad_norm),
+        epochs=_positive_int("learner.epochs", lc.epochs),
+        minibatch_size=_positive_int("learner.minibatch_size", lc.minibatch_size),
+        norm_adv=bool(lc.norm_adv),
+    )
+    if learner.ent_coef < 0:
+        _fail("learner.ent_coef", learner.ent_coef, "allowed is a number >= 0")
+    group_size = _positive_int("groups.size", cfg.groups.size)
+    slices = _positive_int("worker.slices", cfg.worker.slices)
+    if slices > group_size:
+        _fail("worker.slices", slices, f"allowed is at most groups.size ({group_size})")
+    url = cfg.redis.url
+    if url is not None and not str(url).startswith(("redis://", "rediss://", "unix://")):
+        _fail("redis.url", url, "allowed is null (embedded) or a redis://, rediss:// or unix:// url")
+    duration = _positive_number("run.duration_s", cfg.run.duration_s, allow_none=True)
+    total = cfg.run.total_env_steps
+    if total is not None:
+        _positive_int("run.total_env_steps", total)
+    if duration is None and total is None:
+        _fail("run.duration_s", None, "at least one of run.duration_s and run.total_env_steps "
+              "must be set, or the run never stops")
+    return RunSpec(
+        env_count=env_count,
+        stage=cfg.stage,
+        env_types=env_types,
+        obs_keys=_obs_keys(cfg.buffer),
+        board_sync=_choice("buffer.sync", cfg.buffer.sync, ("seqlock", "lock")),
+        group_size=group_size,
+        worker_slices=slices,
+        worker_threads=_positive_int("worker.threads", cfg.worker.threads),
+        start_method=_choice("worker.start_method", cfg.worker.start_method, ("forkserver", "spawn")),
+        doorbell_timeout_s=_positive_number("worker.doorbell_timeout_s", cfg.worker.doorbell_timeout_s),
+        learner=learner,
+        redis_url=url,
+        heartbeat_redis_interval_s=_positive_number("heartbeat.redis_interval_s",
+                                                    cfg.heartbeat.redis_interval_s),
+        duration_s=duration,
+        total_env_steps=total,
+        seed=int(cfg.run.seed),
+        progress_interval_s=_positive_number("logging.progress_interval_s",
+                                             cfg.logging.progress_interval_s),
+    )

@@ -1,0 +1,80 @@
+"""Env types of a run: factories (one per type), specs, and the env-id -> type assignment."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from hydra.utils import instantiate
+
+from rlpipe.config import ConfigError, EnvTypeSpec, ObsKey
+from rlpipe.envs.contract import CONTINUOUS, DISCRETE, EnvSpec, check_fits
+
+
+def make_factory(node: dict) -> functools.partial:
+    """One partial per type (`_partial_: true`); the worker calls it per env id."""
+    factory = instantiate(node)
+    if not isinstance(factory, functools.partial):
+        raise ValueError(f"env config {node.get('_target_')} must set _partial_: true")
+    return factory
+
+
+def describe(node: dict) -> EnvSpec:
+    factory = make_factory(node)
+    return factory.func.describe(**factory.keywords)
+
+
+@dataclass(frozen=True)
+class ActionSpace:
+    """The run's unified action spec: one discrete head, one continuous head."""
+    discrete_n: int          # largest discrete action count in the mix (0: no discrete type)
+    cont_dim: int            # largest continuous dim in the mix (0: no continuous type)
+
+
+@dataclass(frozen=True)
+class MixPlan:
+    names: tuple[str, ...]                # type index -> name
+    specs: tuple[EnvSpec, ...]
+    env_type: np.ndarray                  # env id -> type index (int16)
+    actions: ActionSpace
+
+    def counts(self) -> dict[str, int]:
+        return {name: int((self.env_type == i).sum()) for i, name in enumerate(self.names)}
+
+
+def assign_types(weights: list[float], env_count: int) -> np.ndarray:
+    """Largest-remainder counts by weight, interleaved so every worker group gets a mix."""
+    w = np.asarray(weights, dtype=np.float64)
+    exact = w / w.sum() * env_count
+    counts = np.floor(exact).astype(np.int64)
+    counts = np.maximum(counts, 1)
+    while counts.sum() > env_count:
+        counts[np.argmax(counts)] -= 1
+    order = np.argsort(-(exact - np.floor(exact)), kind="stable")
+    i = 0
+    while counts.sum() < env_count:
+        counts[order[i % len(order)]] += 1
+        i += 1
+    # Spread each type evenly along the id range: type t's k-th env sits at (k + 0.5) / n_t.
+    keys = np.concatenate([(np.arange(n) + 0.5) / n for n in counts])
+    types = np.concatenate([np.full(n, t, dtype=np.int16) for t, n in enumerate(counts)])
+    return types[np.argsort(keys, kind="stable")]
+
+
+def plan_mix(env_types: tuple[EnvTypeSpec, ...], env_count: int,
+             board_keys: tuple[ObsKey, ...]) -> MixPlan:
+    specs = []
+    for t in env_types:
+        try:
+            spec = describe(t.node)
+        except ConfigError:
+            raise
+        except Exception as exc:   # unknown ids, unsupported spaces, bad parameters
+            raise ConfigError(f"env type '{t.name}' (env_mix.types.{t.name}, _target_ "
+                              f"{t.node.get('_target_')}) cannot be built: {exc}") from exc
+        check_fits(t.name, spec, board_keys)
+        specs.append(spec)
+    disc = max((s.action_n for s in specs if s.action_kind == DISCRETE), default=0)
+    cont = max((s.action_n for s in specs if s.action_kind == CONTINUOUS), default=0)
+    return MixPlan(tuple(t.name for t in env_types), tuple(specs),
+                   assign_types([t.weight for t in env_types], env_count), ActionSpace(disc, cont))

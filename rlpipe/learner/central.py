@@ -1,0 +1,164 @@
+"""Central inference and training: gathers ready slices from the boards, runs the policy,
+writes actions back, keeps rollouts per slice and runs PPO on what is ready.
+
+The learner never waits for a particular worker: it serves whichever slices have rung, and
+a PPO update starts once `update_envs` env-rollouts are ready, wherever they came from.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rlpipe.config import RunSpec
+from rlpipe.envs.registry import MixPlan
+from rlpipe.learner.policy import Policy
+from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
+from rlpipe.learner.rollout import SliceRollout
+
+
+@dataclass
+class SliceRef:
+    """One ready slice: its worker's handle and the env range inside that worker."""
+    handle: object            # supervisor.workers.WorkerHandle
+    slice_index: int
+    seq: int
+
+
+@dataclass
+class Counters:
+    env_steps: int = 0
+    updates: int = 0
+    episodes: int = 0
+    torn_retries: int = 0
+    first_step_at: float | None = None
+    returns: dict = field(default_factory=dict)     # type name -> deque of last 100 returns
+    losses: list = field(default_factory=list)      # (time, total loss) per update
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+class CentralLearner:
+    def __init__(self, spec: RunSpec, plan: MixPlan):
+        self.spec = spec
+        self.cfg = spec.learner
+        self.plan = plan
+        self.device = pick_device(self.cfg.device)
+        torch.manual_seed(spec.seed)
+        self.generator = torch.Generator().manual_seed(spec.seed)
+        self.policy = Policy(plan, spec.obs_keys, self.cfg.hidden).to(self.device)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.learning_rate, eps=1e-5)
+        self.env_type = torch.from_numpy(plan.env_type.astype(np.int64))
+        # One batch buffer per obs key, sized for every env at once; each round uses a prefix.
+        self.obs_buf = {k.name: torch.zeros((spec.env_count,) + k.shape,
+                                            dtype=getattr(torch, k.dtype)) for k in spec.obs_keys}
+        self.row_bytes = [k.nbytes for k in spec.obs_keys]
+        self.rollouts: dict[tuple[int, int], SliceRollout] = {}
+        self.ready_blocks: list[dict] = []
+        self.ready_types: list[np.ndarray] = []
+        self.ready_envs = 0
+        self.update_envs = min(self.cfg.update_envs, spec.env_count)
+        self.counters = Counters(returns={n: collections.deque(maxlen=100) for n in plan.names})
+        self.last_stats: UpdateStats | None = None
+        self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
+
+    # -- inference ---------------------------------------------------------------------------
+    def serve(self, ready: list[SliceRef]) -> None:
+        """One inference round over the slices that rang: gather, act, ring back, store."""
+        cfg = self.cfg
+        rows = []                      # (ref, lo, hi, row offset)
+        off = 0
+        for ref in ready:
+            lo, hi = ref.handle.bounds[ref.slice_index]
+            rows.append((ref, lo, hi, off))
+            off += hi - lo
+        b = off
+        for ref, lo, hi, row in rows:
+            ptrs = [buf.data_ptr() + row * nb for buf, nb in zip(self.obs_buf.values(), self.row_bytes)]
+            self.counters.torn_retries += ref.handle.views.board.gather(ptrs, self.row_bytes, lo, hi - lo)
+        global_ids = np.concatenate([np.arange(ref.handle.env_lo + lo, ref.handle.env_lo + hi)
+                                     for ref, lo, hi, _ in rows])
+        types = self.env_type[global_ids]
+        obs = {k: v[:b] for k, v in self.obs_buf.items()}
+        dev_obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
+        a_disc, a_cont, logp, value = self.policy.act(dev_obs, types.to(self.device))
+        a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
+        logp, value = logp.cpu().numpy(), value.cpu().numpy()
+
+        # Actions out first: the workers step while we book-keep.
+        for ref, lo, hi, row in rows:
+            acts = ref.handle.views.actions
+            acts["discrete"][lo:hi] = a_disc[row:row + hi - lo]
+            if self.plan.actions.cont_dim:
+                acts["continuous"][lo:hi] = a_cont[row:row + hi - lo]
+            ref.handle.ring(ref.slice_index, ref.seq)
+
+        now = time.monotonic()
+        for ref, lo, hi, row in rows:
+            key = (ref.handle.worker_id, ref.slice_index)
+            ro = self.rollouts.get(key)
+            if ro is None or ref.seq == 0:
+                # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
+                ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.spec.obs_keys,
+                                                       self.plan.actions.cont_dim)
+            else:
+                res = ref.handle.views.results
+                ro.add_outcome(res["reward"][lo:hi], res["terminated"][lo:hi],
+                               res["truncated"][lo:hi], cfg.gamma)
+                self._episodes(ref, lo, hi, res)
+                self.counters.env_steps += hi - lo
+                if self.counters.first_step_at is None:
+                    self.counters.first_step_at = now
+            sl = slice(row, row + hi - lo)
+            if ro.full:
+                self.ready_blocks.append(ro.finish(value[sl], cfg.gamma, cfg.gae_lambda))
+                self.ready_types.append(np.repeat(types[sl].numpy()[None], cfg.rollout_len, 0).reshape(-1))
+                self.ready_envs += hi - lo
+            ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
+                        logp[sl], value[sl])
+
+    def _episodes(self, ref: SliceRef, lo: int, hi: int, res: dict) -> None:
+        ep_len = res["ep_len"][lo:hi]
+        done = np.nonzero(ep_len > 0)[0]
+        if not len(done):
+            return
+        rets = res["ep_return"][lo:hi][done]
+        types = self.plan.env_type[ref.handle.env_lo + lo + done]
+        for r, t in zip(rets.tolist(), types.tolist()):
+            name = self.plan.names[t]
+            self.counters.returns[name].append(r)
+            self.recent_returns[name].append(r)
+        self.counters.episodes += len(done)
+
+    # -- training ----------------------------------------------------------------------------
+    @property
+    def update_due(self) -> bool:
+        return self.ready_envs >= self.update_envs
+
+    def update(self, progress: float) -> UpdateStats:
+        if self.cfg.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.cfg.learning_rate * max(1.0 - progress, 0.02)
+        batch = concat_blocks(self.ready_blocks, self.ready_types, self.device)
+        self.ready_blocks, self.ready_types, self.ready_envs = [], [], 0
+        stats = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator)
+        self.counters.updates += 1
+        self.counters.losses.append((time.monotonic(), stats.total_loss))
+        self.last_stats = stats
+        return stats
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def drop_worker(self, worker_id: int) -> None:
+        """Forget a replaced worker's half-collected rollouts (never mixed across a restart)."""
+        for key in [k for k in self.rollouts if k[0] == worker_id]:
+            del self.rollouts[key]

@@ -1,0 +1,72 @@
+"""Rollout storage kept per slice of envs, and GAE.
+
+A slice's envs step in lockstep, so a slice collects T transitions as one [T, n] block.
+When the T-th reward arrives, the value of the current obs bootstraps the block, GAE runs,
+and the block joins the queue of ready rollouts for the next PPO update.
+
+done[t] marks that the episode ended with transition t (terminated, truncated, or cut by an
+env rebuild): no return flows across it. A time-limit truncation still bootstraps: its
+reward gets gamma * V(s_t) added, the value of the last obs standing in for the final obs
+the autoreset replaced.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class SliceRollout:
+    def __init__(self, n: int, T: int, obs_keys, cont_dim: int):
+        self.n, self.T = n, T
+        self.obs = {k.name: np.zeros((T, n) + k.shape, dtype=k.dtype) for k in obs_keys}
+        self.a_disc = np.zeros((T, n), dtype=np.int64)
+        self.a_cont = np.zeros((T, n, max(cont_dim, 1)), dtype=np.float32)
+        self.logp = np.zeros((T, n), dtype=np.float32)
+        self.value = np.zeros((T, n), dtype=np.float32)
+        self.reward = np.zeros((T, n), dtype=np.float32)
+        self.done = np.zeros((T, n), dtype=np.bool_)
+        self.t = 0
+
+    def add_outcome(self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                    gamma: float) -> None:
+        """Reward and end flags of the transition taken at t - 1."""
+        t = self.t - 1
+        timeout = truncated.astype(bool) & ~terminated.astype(bool)
+        self.reward[t] = reward + gamma * self.value[t] * timeout
+        self.done[t] = terminated.astype(bool) | truncated.astype(bool)
+
+    def add_step(self, obs: dict, a_disc, a_cont, logp, value) -> None:
+        t = self.t
+        for name, arr in obs.items():
+            self.obs[name][t] = arr
+        self.a_disc[t] = a_disc
+        self.a_cont[t] = a_cont
+        self.logp[t] = logp
+        self.value[t] = value
+        self.t += 1
+
+    @property
+    def full(self) -> bool:
+        return self.t == self.T
+
+    def finish(self, next_value: np.ndarray, gamma: float, lam: float) -> dict:
+        """GAE over the block; returns it flattened to [T * n] and resets the slice."""
+        adv = np.zeros((self.T, self.n), dtype=np.float32)
+        last = np.zeros(self.n, dtype=np.float32)
+        for t in reversed(range(self.T)):
+            nonterminal = 1.0 - self.done[t]
+            nv = next_value if t == self.T - 1 else self.value[t + 1]
+            delta = self.reward[t] + gamma * nv * nonterminal - self.value[t]
+            last = delta + gamma * lam * nonterminal * last
+            adv[t] = last
+        m = self.T * self.n
+        block = {
+            "obs": {k: v.reshape((m,) + v.shape[2:]).copy() for k, v in self.obs.items()},
+            "a_disc": self.a_disc.reshape(m).copy(),
+            "a_cont": self.a_cont.reshape(m, -1).copy(),
+            "logp": self.logp.reshape(m).copy(),
+            "value": self.value.reshape(m).copy(),
+            "adv": adv.reshape(m),
+            "ret": (adv + self.value).reshape(m),
+        }
+        self.t = 0
+        return block

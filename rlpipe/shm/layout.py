@@ -1,0 +1,107 @@
+"""Byte layout of one worker's segment, and numpy/native views over it.
+
+One segment per worker *generation* (`rlpipe_<run>_w<k>g<gen>`): when the watchdog replaces
+a worker, its successor gets a fresh segment and the learner reads only that one, so a
+replaced writer (killed, or stopped and later continued) has no way into the board the
+learner reads. The header's generation word is also checked by every publish, so a stale
+writer notices and stops.
+
+    header (4096 B)     magic, owner generation, pid, OS heartbeat ns, steps, ready envs
+    ctrl   n x 64 B     per env: seqlock word at +0 | process-shared mutex at +8 (lock board)
+    obs    per key      n x 2 slots (A/B) x stride, stride = nbytes rounded up to 64
+    results             reward f32, terminated u8, truncated u8, episode return f32, length i32
+    actions             discrete i32, continuous f32[cont_dim]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlpipe.config import ObsKey
+from rlpipe.native.board import BoardView, load_u64, store_u64
+
+ALIGN = 64
+HEADER_BYTES = 4096
+CTRL_BYTES = 64
+MAGIC = 0x726C70697065_0001  # "rlpipe" + layout version
+
+# header word offsets (uint64 each)
+H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY = (8 * i for i in range(6))
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class WorkerLayout:
+    n_envs: int
+    obs_keys: tuple[ObsKey, ...]
+    cont_dim: int
+    ctrl_off: int
+    key_offsets: tuple[int, ...]
+    strides: tuple[int, ...]
+    results: dict          # field -> (offset, dtype, per-env shape)
+    actions: dict
+    size: int
+
+    @classmethod
+    def build(cls, n_envs: int, obs_keys: tuple[ObsKey, ...], cont_dim: int) -> "WorkerLayout":
+        off = HEADER_BYTES
+        ctrl_off = off
+        off += align(n_envs * CTRL_BYTES)
+        key_offsets, strides = [], []
+        for key in obs_keys:
+            stride = align(key.nbytes)
+            key_offsets.append(off)
+            strides.append(stride)
+            off += n_envs * 2 * stride
+
+        def fields(spec):
+            nonlocal off
+            out = {}
+            for name, dtype, shape in spec:
+                out[name] = (off, dtype, shape)
+                off += align(n_envs * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+            return out
+
+        results = fields([("reward", "float32", ()), ("terminated", "uint8", ()),
+                          ("truncated", "uint8", ()), ("ep_return", "float32", ()),
+                          ("ep_len", "int32", ())])
+        actions = fields([("discrete", "int32", ()), ("continuous", "float32", (max(cont_dim, 1),))])
+        return cls(n_envs, obs_keys, cont_dim, ctrl_off, tuple(key_offsets), tuple(strides),
+                   results, actions, off)
+
+
+class WorkerViews:
+    """numpy views and the native board handle over one mapped worker segment."""
+
+    def __init__(self, layout: WorkerLayout, segment, locked: bool):
+        self.layout = layout
+        self.segment = segment
+        buf = segment.buf
+        n = layout.n_envs
+        self.header = np.frombuffer(buf, dtype=np.uint64, count=HEADER_BYTES // 8)
+        self.header_addr = segment.base
+
+        def view(spec):
+            off, dtype, shape = spec
+            return np.frombuffer(buf, dtype=dtype, count=n * int(np.prod(shape, dtype=np.int64)),
+                                 offset=off).reshape((n,) + tuple(shape))
+
+        self.results = {name: view(spec) for name, spec in layout.results.items()}
+        self.actions = {name: view(spec) for name, spec in layout.actions.items()}
+        self.board = BoardView(segment.base, layout.ctrl_off, list(layout.key_offsets),
+                               list(layout.strides), [k.nbytes for k in layout.obs_keys],
+                               segment.base + H_GENERATION, locked=locked)
+
+    # header words: atomics, because the OS-beat signal handler and the watchdog race here
+    def load(self, word: int) -> int:
+        return load_u64(self.header_addr + word)
+
+    def store(self, word: int, value: int) -> None:
+        store_u64(self.header_addr + word, value)
+
+    def release(self) -> None:
+        self.header = self.results = self.actions = self.board = None

@@ -1,0 +1,113 @@
+"""POSIX shared-memory segments under /dev/shm: create, attach, unlink, sweep.
+
+Segments are plain files in /dev/shm opened with os.open + mmap, not
+multiprocessing.shared_memory: Python 3.11's SharedMemory registers every attach with the
+resource tracker, which then unlinks (and warns about) segments it does not own. Here the
+driver alone creates and unlinks; workers only map.
+
+Names are `rlpipe_<run_id>_<part>` with run_id = `<driver pid>-<random hex>`, so a sweep can
+tell a dead run's leftovers (owner pid gone) from a live run's segments.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import secrets
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+PREFIX = "rlpipe_"
+_NAME_RE = re.compile(r"^rlpipe_(\d+)-[0-9a-f]+_")
+log = logging.getLogger(__name__)
+
+
+def new_run_id() -> str:
+    return f"{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def segment_name(run_id: str, part: str) -> str:
+    return f"{PREFIX}{run_id}_{part}"
+
+
+class Segment:
+    """One mapped segment. `buf` is the writable mmap; `base` its address for native code."""
+
+    def __init__(self, name: str, mm: mmap.mmap, owner: bool):
+        self.name = name
+        self.buf = mm
+        self.size = len(mm)
+        self.owner = owner
+        import numpy as np  # local: keep this module importable without numpy for sweeps
+        self._u8 = np.frombuffer(mm, dtype=np.uint8)
+        self.base = self._u8.ctypes.data
+
+    @classmethod
+    def create(cls, name: str, size: int) -> "Segment":
+        fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(SHM_DIR / name)
+            raise
+        os.close(fd)
+        return cls(name, mm, owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> "Segment":
+        fd = os.open(SHM_DIR / name, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        return cls(name, mm, owner=False)
+
+    def unlink(self) -> None:
+        """Remove the name; mappings stay valid until closed (a replaced worker's included)."""
+        try:
+            os.unlink(SHM_DIR / self.name)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Unmap. Views into the buffer must be dropped first; if any survive, the mapping
+        is left to the garbage collector rather than raising."""
+        self._u8 = None
+        try:
+            self.buf.close()
+        except BufferError:
+            pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead_segments() -> list[str]:
+    """Unlink rlpipe segments whose owner (driver) pid is gone; leave live runs' alone."""
+    removed = []
+    for path in SHM_DIR.glob(PREFIX + "*"):
+        match = _NAME_RE.match(path.name)
+        if match is None or _pid_alive(int(match.group(1))):
+            continue
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except FileNotFoundError:
+            pass
+    if removed:
+        log.info("swept %d shared-memory segment(s) left by dead runs", len(removed))
+    return removed
+
+
+def run_segments(run_id: str) -> list[str]:
+    return sorted(p.name for p in SHM_DIR.glob(f"{PREFIX}{run_id}_*"))

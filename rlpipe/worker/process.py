@@ -1,0 +1,207 @@
+"""The worker process: owns env ids [env_lo, env_hi), steps them on the learner's doorbell,
+publishes obs on its shared-memory board, beats its heartbeat into Redis.
+
+Started from a forkserver whose preload imported this module (numpy, gymnasium, zmq, redis;
+never torch), so a new worker is a cheap fork of a warm interpreter.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import redis
+import zmq
+
+from rlpipe import redis_client
+from rlpipe.config import ObsKey
+from rlpipe.envs.contract import EnvSpec
+from rlpipe.envs.registry import make_factory
+from rlpipe.shm.layout import H_GENERATION, H_PID, H_READY, H_STEPS, WorkerLayout, WorkerViews
+from rlpipe.shm.segment import Segment
+from rlpipe.supervisor.lifecycle import LifecycleClient
+from rlpipe.worker.doorbell import ACT, RING, STOP_SLICE, slice_bounds
+from rlpipe.worker.envtable import EnvTable
+
+PR_SET_PDEATHSIG = 1
+log = logging.getLogger("rlpipe.worker")
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """Everything a worker needs, picklable once at spawn (nothing crosses a socket later)."""
+    worker_id: int
+    generation: int
+    run_id: str
+    env_lo: int
+    type_index: np.ndarray          # env type index of each of this worker's envs
+    type_names: tuple[str, ...]
+    type_nodes: tuple[dict, ...]    # config node per type (instantiated once per type here)
+    type_specs: tuple[EnvSpec, ...]
+    type_versions: tuple[str, ...]
+    obs_keys: tuple[ObsKey, ...]
+    cont_dim: int
+    segment_name: str
+    locked_board: bool
+    slices: int
+    threads: int
+    seed: int
+    ready_endpoint: str
+    act_endpoint: str
+    lifecycle_endpoint: str
+    redis_url: str
+    heartbeat_interval_s: float
+    doorbell_timeout_s: float
+    driver_pid: int
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGKILL when our parent (the forkserver, which itself exits when the
+    driver dies) goes away; the doorbell timeout also checks the driver's pid directly."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _driver_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class _Heartbeat:
+    """Application-level beat: a pipelined HSET every interval. Redis trouble never stops
+    the worker; the watchdog, not the worker, decides what silence means."""
+
+    def __init__(self, url: str, key: str, interval_s: float):
+        self.client = redis_client.connect(url)
+        self.key = key
+        self.interval_s = interval_s
+        self.next_at = 0.0
+        self.failures = 0
+
+    def maybe_beat(self, now: float, fields: dict) -> None:
+        if now < self.next_at:
+            return
+        self.next_at = now + self.interval_s
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(self.key, mapping=fields)
+            pipe.execute()
+        except redis.RedisError:
+            self.failures += 1
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def run_worker(args: WorkerArgs) -> None:
+    _die_with_parent()
+    os.setpgrp()                                   # out of the terminal's Ctrl-C group
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver coordinates shutdown
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        from setproctitle import setproctitle
+        setproctitle(f"rlpipe: worker {args.worker_id}")
+    except ImportError:
+        pass
+
+    n = len(args.type_index)
+    layout = WorkerLayout.build(n, args.obs_keys, args.cont_dim)
+    segment = Segment.attach(args.segment_name)
+    views = WorkerViews(layout, segment, locked=args.locked_board)
+    views.store(H_PID, os.getpid())
+    ctx = zmq.Context(io_threads=1)
+    lifecycle = LifecycleClient(args.lifecycle_endpoint, ctx, worker_id=args.worker_id,
+                                generation=args.generation)
+    ready = ctx.socket(zmq.PUSH)
+    ready.setsockopt(zmq.LINGER, 0)
+    ready.setsockopt(zmq.SNDHWM, 1000)
+    ready.setsockopt(zmq.SNDTIMEO, 1000)
+    ready.connect(args.ready_endpoint)
+    act = ctx.socket(zmq.PULL)
+    act.setsockopt(zmq.LINGER, 0)
+    act.connect(args.act_endpoint)
+    beat = _Heartbeat(args.redis_url, f"rlpipe:{args.run_id}:worker:{args.worker_id}",
+                      args.heartbeat_interval_s)
+
+    staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in args.obs_keys]
+    ptrs = [s.ctypes.data for s in staging]
+    row_strides = [s.strides[0] for s in staging]
+    factories = [make_factory(node) for node in args.type_nodes]
+    table = EnvTable(args.env_lo, args.type_index, args.type_names, args.type_specs, factories,
+                     args.obs_keys, staging, args.seed, args.threads)
+    bounds = slice_bounds(n, args.slices)
+    steps = 0
+
+    def report_faults() -> None:
+        for fault in table.faults:
+            t = args.type_index[fault.env_id - args.env_lo]
+            detail = {"error": fault.error, "fingerprint": fault.fingerprint}
+            lifecycle.event(fault.kind, env_id=fault.env_id, env_type=args.type_names[t],
+                            env_version=args.type_versions[t], detail=detail)
+            lifecycle.event("env_rebuild", env_id=fault.env_id, env_type=args.type_names[t],
+                            env_version=args.type_versions[t])
+        table.faults.clear()
+
+    def publish(lo: int, hi: int) -> bool:
+        rows = [p + lo * s for p, s in zip(ptrs, row_strides)]
+        return views.board.publish(rows, row_strides, lo, hi - lo, args.generation) >= 0
+
+    try:
+        lifecycle.event("worker_spawn", detail={"pid": os.getpid(), "envs": n})
+        for i in range(n):
+            table.start(i)
+            t = args.type_index[i]
+            lifecycle.event("env_create", env_id=args.env_lo + i, env_type=args.type_names[t],
+                            env_version=args.type_versions[t])
+        report_faults()
+        for s, (lo, hi) in enumerate(bounds):
+            if not publish(lo, hi):
+                return
+            ready.send(RING.pack(args.worker_id, s, args.generation, 0))
+        views.store(H_READY, n)
+        disc, cont = views.actions["discrete"], views.actions["continuous"]
+        results = views.results
+        timeout_ms = int(args.doorbell_timeout_s * 1000)
+        while not stopping:
+            if act.poll(timeout_ms):
+                s, seq = ACT.unpack(act.recv())
+                if s == STOP_SLICE:
+                    break
+                lo, hi = bounds[s]
+                table.step_range(lo, hi, disc, cont, results)
+                if not publish(lo, hi):
+                    break                      # replaced: a successor owns these env ids now
+                steps += hi - lo
+                views.store(H_STEPS, steps)
+                ready.send(RING.pack(args.worker_id, s, args.generation, seq + 1))
+                if table.faults:
+                    report_faults()
+            elif not _driver_alive(args.driver_pid):
+                break
+            if views.load(H_GENERATION) != args.generation:
+                break
+            beat.maybe_beat(time.time(), {"pid": os.getpid(), "generation": args.generation,
+                                          "steps": steps, "ts": time.time()})
+    finally:
+        table.close_all()
+        lifecycle.event("worker_exit", detail={"steps": steps})
+        lifecycle.close()
+        beat.close()
+        ready.close()
+        act.close()
+        ctx.term()
+        views.release()
+        segment.close()
