@@ -24,6 +24,9 @@ def run_job(cfg: DictConfig) -> int:
     try:
         spec = to_plain(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if spec.mode == "validate":
+            from rlpipe.envs.validate import validate_types
+            return validate_types(spec, run_dir)
         driver = Driver(spec, run_dir, OmegaConf.to_yaml(cfg))
         return driver.run()
     except (ConfigError, OmegaConfBaseException) as exc:

@@ -69,6 +69,7 @@ class WorkerSchema:
 
 @dataclass
 class LearnerSchema:
+    mode: str = "ppo"
     device: str = "cpu"
     torch_threads: int = 1
     hidden: list[int] = field(default_factory=lambda: [64, 64])
@@ -100,6 +101,7 @@ class HeartbeatSchema:
 
 @dataclass
 class RunSchema:
+    mode: str = "train"
     duration_s: Optional[float] = 300.0
     total_env_steps: Optional[int] = None
     seed: int = 1
@@ -151,6 +153,7 @@ class EnvTypeSpec:
 
 @dataclass(frozen=True)
 class LearnerSpec:
+    mode: str               # "ppo": policy acts and trains | "random": uniform actions, no training
     device: str
     torch_threads: int
     hidden: tuple[int, ...]
@@ -175,6 +178,7 @@ class RunSpec:
     """Everything a run needs, as plain Python values."""
     env_count: int
     stage: Optional[str]
+    mode: str                       # "train" | "validate" (day0: check every env type, no learner)
     env_types: tuple[EnvTypeSpec, ...]
     obs_keys: tuple[ObsKey, ...]
     board_sync: str
@@ -274,6 +278,7 @@ def to_plain(cfg: DictConfig) -> RunSpec:
     if not hidden or not all(isinstance(h, int) and h > 0 for h in hidden):
         _fail("learner.hidden", hidden, "allowed is a non-empty list of positive ints")
     learner = LearnerSpec(
+        mode=_choice("learner.mode", lc.mode, ("ppo", "random")),
         device=_choice("learner.device", lc.device, ("cpu", "cuda", "auto")),
         torch_threads=_positive_int("learner.torch_threads", lc.torch_threads),
         hidden=tuple(hidden),
@@ -311,6 +316,7 @@ def to_plain(cfg: DictConfig) -> RunSpec:
     return RunSpec(
         env_count=env_count,
         stage=cfg.stage,
+        mode=_choice("run.mode", cfg.run.mode, ("train", "validate")),
         env_types=env_types,
         obs_keys=_obs_keys(cfg.buffer),
         board_sync=_choice("buffer.sync", cfg.buffer.sync, ("seqlock", "lock")),

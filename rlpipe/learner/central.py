@@ -68,6 +68,10 @@ class CentralLearner:
         self.counters = Counters(returns={n: collections.deque(maxlen=100) for n in plan.names})
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
+        self.random = self.cfg.mode == "random"
+        self.rng = np.random.default_rng(spec.seed)
+        self.disc_counts = np.array([s.action_n if s.action_kind != "continuous" else 1
+                                     for s in plan.specs], dtype=np.int64)
 
     # -- inference ---------------------------------------------------------------------------
     def serve(self, ready: list[SliceRef]) -> None:
@@ -87,10 +91,13 @@ class CentralLearner:
                                      for ref, lo, hi, _ in rows])
         types = self.env_type[global_ids]
         obs = {k: v[:b] for k, v in self.obs_buf.items()}
-        dev_obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
-        a_disc, a_cont, logp, value = self.policy.act(dev_obs, types.to(self.device))
-        a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
-        logp, value = logp.cpu().numpy(), value.cpu().numpy()
+        if self.random:
+            a_disc, a_cont = self._random_actions(types.numpy())
+        else:
+            dev_obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
+            a_disc, a_cont, logp, value = self.policy.act(dev_obs, types.to(self.device))
+            a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
+            logp, value = logp.cpu().numpy(), value.cpu().numpy()
 
         # Actions out first: the workers step while we book-keep.
         for ref, lo, hi, row in rows:
@@ -101,6 +108,9 @@ class CentralLearner:
             ref.handle.ring(ref.slice_index, ref.seq)
 
         now = time.monotonic()
+        if self.random:
+            self._count_only(rows, now)
+            return
         for ref, lo, hi, row in rows:
             key = (ref.handle.worker_id, ref.slice_index)
             ro = self.rollouts.get(key)
@@ -124,6 +134,20 @@ class CentralLearner:
             ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
                         logp[sl], value[sl])
 
+    def _random_actions(self, types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Uniform actions over each env's valid entries (learner.mode=random: benchmarks)."""
+        a_disc = (self.rng.random(len(types)) * self.disc_counts[types]).astype(np.int64)
+        a_cont = self.rng.uniform(-1.0, 1.0, (len(types), max(self.plan.actions.cont_dim, 1)))
+        return a_disc, a_cont.astype(np.float32)
+
+    def _count_only(self, rows, now: float) -> None:
+        for ref, lo, hi, _row in rows:
+            if ref.seq > 0:
+                self._episodes(ref, lo, hi, ref.handle.views.results)
+                self.counters.env_steps += hi - lo
+                if self.counters.first_step_at is None:
+                    self.counters.first_step_at = now
+
     def _episodes(self, ref: SliceRef, lo: int, hi: int, res: dict) -> None:
         ep_len = res["ep_len"][lo:hi]
         done = np.nonzero(ep_len > 0)[0]
@@ -140,7 +164,7 @@ class CentralLearner:
     # -- training ----------------------------------------------------------------------------
     @property
     def update_due(self) -> bool:
-        return self.ready_envs >= self.update_envs
+        return not self.random and self.ready_envs >= self.update_envs
 
     def update(self, progress: float) -> UpdateStats:
         if self.cfg.anneal_lr:

@@ -54,6 +54,9 @@ class WorkerHandle:
     def _new_segment(self) -> None:
         """A fresh segment per generation: a replaced writer keeps only a dead mapping."""
         old = self.segment
+        if old is not None:
+            self.views.store(H_GENERATION, self.generation)   # revoke: the old writer's publishes fail
+            self.views.release()
         name = segment_name(self.run_id, f"w{self.worker_id}g{self.generation}")
         self.segment = Segment.create(name, self.layout.size)
         self.views = WorkerViews(self.layout, self.segment, locked=self.spec.board_sync == "lock")
