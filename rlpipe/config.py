@@ -52,6 +52,7 @@ class BufferSchema:
 class EnvMixSchema:
     types: dict[str, Any] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
+    id: Optional[str] = None        # env_mix=gym: the Gymnasium id to run
 
 
 @dataclass
@@ -311,8 +312,8 @@ def to_plain(cfg: DictConfig) -> RunSpec:
     if total is not None:
         _positive_int("run.total_env_steps", total)
     if duration is None and total is None:
-        _fail("run.duration_s", None, "at least one of run.duration_s and run.total_env_steps "
-              "must be set, or the run never stops")
+        _fail("run.duration_s", None, "allowed is a positive number, or null only when "
+              "run.total_env_steps is set (with both null the run never stops)")
     return RunSpec(
         env_count=env_count,
         stage=cfg.stage,

@@ -1,0 +1,27 @@
+# One entry point for people and CI. `make run` / `make test` create .venv on first use:
+# the CPU build of torch is installed first (a bare `torch` requirement would pull CUDA).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard rlpipe/native/*.pyx)
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+.PHONY: install run test test-slow bench
+install: $(VENV)/.installed
+
+run: $(VENV)/.installed      ## the main job on its embedded defaults
+	$(PY) -m rlpipe
+
+test: $(VENV)/.installed     ## the default (fast) test suite
+	$(PY) -m pytest -q
+
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -q -m slow
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/engine_sps.py

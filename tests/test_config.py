@@ -1,0 +1,85 @@
+"""Config composition of every group option through Hydra's compose API, and clear errors."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, compose_cfg, run_cli
+from rlpipe.config import ConfigError, conf_dir, to_plain
+
+GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name not in ("env", "stage"))
+
+
+def group_options():
+    for group in GROUPS:
+        for option in sorted((conf_dir() / group).glob("*.yaml")):
+            yield group, option.stem
+
+
+@pytest.mark.parametrize("group,option", list(group_options()))
+def test_every_group_option_composes_and_validates(group, option):
+    overrides = [f"{group}={option}"]
+    if group == "env_mix" and option == "gym":
+        overrides.append("env_mix.id=CartPole-v1")
+    cfg = compose_cfg(overrides)
+    spec = to_plain(cfg)
+    assert spec.env_count == cfg.env_count
+
+
+def test_defaults_are_plain_values():
+    spec = to_plain(compose_cfg())
+    assert spec.env_types[0].name == "cartpole"
+    assert spec.obs_keys[0].name == "state"
+    assert spec.redis_url is None
+    assert isinstance(spec.learner.hidden, tuple)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("env_count=0", "env_count"),
+    ("env_count=-5", "env_count"),
+    ("buffer.keys.state.shape=[0]", "buffer.keys.state.shape"),
+    ("buffer.keys.state.shape=[4,-1]", "buffer.keys.state.shape"),
+    ("buffer.sync=spin", "buffer.sync"),
+    ("learner.gamma=1.5", "learner.gamma"),
+    ("worker.start_method=fork", "worker.start_method"),
+    ("redis.url=localhost:6379", "redis.url"),
+    ("run.duration_s=null", "run.duration_s"),
+])
+def test_bad_values_raise_config_error_naming_the_key(override, key):
+    overrides = [override] + (["run.total_env_steps=null"] if key == "run.duration_s" else [])
+    with pytest.raises(ConfigError) as err:
+        to_plain(compose_cfg(overrides))
+    assert key in str(err.value)
+    assert "allowed" in str(err.value)
+
+
+def test_cli_bad_value_is_one_paragraph_no_traceback(short_tmp):
+    out = run_cli(short_tmp / "run", "env_count=0", timeout=60)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "env_count=0" in out.stderr and "positive integer" in out.stderr
+    assert not (short_tmp / "run" / "summary.json").exists()
+
+
+def test_cli_unknown_group_option_lists_what_is_allowed(short_tmp):
+    out = run_cli(short_tmp / "run", "buffer=huge", timeout=60)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert "buffer/huge" in out.stderr and "state_only" in out.stderr
+
+
+def test_cli_wrong_type_is_clear(short_tmp):
+    out = run_cli(short_tmp / "run", "env_count=many", timeout=60)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert "env_count" in out.stderr
+
+
+def test_env_type_that_does_not_fit_the_buffer(short_tmp):
+    out = run_cli(short_tmp / "run", "buffer.keys.state.shape=[2]", timeout=60)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "buffer.keys.state.shape" in out.stderr and "cartpole" in out.stderr
+
+
+def test_conf_dir_is_the_repository_one():
+    assert conf_dir() == REPO / "conf"

@@ -1,0 +1,110 @@
+"""End to end through the real CLI: real workers, Redis, ZMQ, SQLite, shared memory."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import subprocess
+import time
+
+from conftest import REPO, read_summary, rlpipe_cmd, rlpipe_processes, run_cli, shm_segments
+
+SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps", "wall_s", "sps",
+                "startup_first_step_s", "all_envs_ready_s", "updates", "episodes",
+                "mean_return_last100", "peak_rss_mb", "shm_bytes", "faults", "board",
+                "cgroup_driver", "redis", "env_versions", "loss_std", "loss_std_checkpoints",
+                "resumed_from_step", "dist"}
+
+
+def assert_nothing_left(run_dir, before_segments):
+    deadline = time.monotonic() + 10
+    while rlpipe_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rlpipe_processes() == []
+    assert shm_segments() == before_segments
+    assert not list(run_dir.glob("*.ipc")) and not (run_dir / "redis.sock").exists()
+    assert not list(run_dir.glob("*.sqlite-*"))
+
+
+def test_short_run_learns_and_cleans_up(short_tmp):
+    before = shm_segments()
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "env_mix=cartpole", "env_count=32", "run.total_env_steps=60000",
+                  "run.duration_s=240")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["env_steps"] >= 60000
+    assert summary["env_types"] == {"cartpole": 32}
+    assert summary["active_envs_end"] == 32
+    assert summary["updates"] > 10
+    # Random CartPole lasts ~22 steps; a learning policy is well past that after 60k steps.
+    assert summary["mean_return_last100"]["cartpole"] > 60
+    assert summary["redis"] == "embedded"
+    assert summary["sps"] > 0 and summary["peak_rss_mb"] > 0 and summary["shm_bytes"] > 0
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert "rlpipe done" in out.stdout
+    assert_nothing_left(run_dir, before)
+    with contextlib.closing(sqlite3.connect(run_dir / "lifecycle.sqlite")) as db:
+        kinds = dict(db.execute("SELECT kind, COUNT(*) FROM events GROUP BY kind").fetchall())
+    assert kinds["env_create"] == 32 and kinds["worker_spawn"] == 1
+
+
+def test_mixed_discrete_and_continuous_run(short_tmp):
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "env_mix=mixed", "env_count=16", "groups.size=8",
+                  "run.total_env_steps=8000", "run.duration_s=120", "learner.update_envs=16")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["env_types"] == {"cartpole": 8, "pendulum": 8}
+    assert summary["updates"] >= 1
+    assert summary["loss_std"] is None or summary["loss_std"] >= 0
+
+
+def test_tensorboard_tags(short_tmp):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "env_count=16", "run.total_env_steps=20000", "run.duration_s=120")
+    assert out.returncode == 0, out.stderr[-3000:]
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"charts/sps", "losses/policy", "losses/value", "losses/entropy", "envs/active",
+            "charts/episodic_return/cartpole"} <= tags
+
+
+def _start_and_wait_for_steps(run_dir):
+    proc = subprocess.Popen(rlpipe_cmd(run_dir, "env_count=64", "groups.size=32",
+                                       "run.duration_s=300", "run.total_env_steps=null"),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if "steps" in line and "steps 0 " not in line:
+            return proc
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+    proc.kill()
+    raise AssertionError("the run never reported env steps")
+
+
+def test_sigterm_stops_cleanly_with_its_exit_code(short_tmp):
+    before = shm_segments()
+    run_dir = short_tmp / "run"
+    proc = _start_and_wait_for_steps(run_dir)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["env_steps"] > 0
+    assert_nothing_left(run_dir, before)
+
+
+def test_sigint_stops_cleanly_with_its_exit_code(short_tmp):
+    before = shm_segments()
+    run_dir = short_tmp / "run"
+    proc = _start_and_wait_for_steps(run_dir)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert (run_dir / "summary.json").exists()
+    assert_nothing_left(run_dir, before)
