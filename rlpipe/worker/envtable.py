@@ -7,6 +7,7 @@ that ended the episode, and the episode's return and length are reported with it
 from __future__ import annotations
 
 import hashlib
+import math
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlpipe.config import ObsKey
-from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_obs, check_step
+from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_obs
 
 
 MAX_BUILD_ATTEMPTS = 10
@@ -55,11 +56,19 @@ class EnvTable:
         key_pos = {k.name: i for i, k in enumerate(board_keys)}
         self._writes = [[(key_pos[key], key, int(np.prod(shape))) for key, (shape, _) in s.obs.items()]
                         for s in specs]
+        self._expected = [[(key, tuple(shape), np.dtype(dtype)) for key, (shape, dtype) in s.obs.items()]
+                          for s in specs]
+        # Per env, the staging views its obs are copied into (built once: no per-step slicing).
+        self._rows = [[(staging[k][i].reshape(-1)[:length], key)
+                       for k, key, length in self._writes[type_index[i]]] for i in range(self.n)]
+        self._float_staging = [block for block in staging if block.dtype.kind == "f"]
         self._discrete = [s.action_kind == DISCRETE for s in specs]
         self._cont_n = [s.action_n for s in specs]
+        self._all_discrete = all(self._discrete[t] for t in set(type_index.tolist()))
         self.envs: list = [None] * self.n
-        self.ep_return = np.zeros(self.n, dtype=np.float64)
-        self.ep_len = np.zeros(self.n, dtype=np.int64)
+        # Python lists, not numpy: per-env scalar updates on the hot path are cheaper.
+        self.ep_return = [0.0] * self.n
+        self.ep_len = [0] * self.n
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="step") if threads > 1 else None
         self.faults: list[EnvFault] = []
 
@@ -70,8 +79,8 @@ class EnvTable:
         return self.factories[t](env_id=env_id, seed=self.seed + env_id + 1_000_003 * int(self.rebuilds[i]))
 
     def _write(self, i: int, obs: dict) -> None:
-        for k, key, length in self._writes[self.type_index[i]]:
-            self.staging[k][i].reshape(-1)[:length] = obs[key].reshape(-1)
+        for view, key in self._rows[i]:
+            view[:] = obs[key].reshape(-1)
 
     def _fault(self, i: int, exc: BaseException) -> None:
         kind = "env_quarantine" if isinstance(exc, ContractViolation) else "env_crash"
@@ -111,47 +120,88 @@ class EnvTable:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
-    def step_one(self, i: int, disc: np.ndarray, cont: np.ndarray, out: dict) -> None:
+    def _check_fast(self, t: int, obs: object) -> None:
+        """Keys, shapes and dtypes of one obs: the hot-path form of contract.check_obs
+        (finiteness is checked once per slice on the staged block, in step_range)."""
+        expected = self._expected[t]
+        if type(obs) is not dict or len(obs) != len(expected):
+            check_obs(self.specs[t], obs)          # raises with the full explanation
+        for key, shape, dtype in expected:
+            value = obs.get(key)
+            if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+                check_obs(self.specs[t], obs)
+
+    def step_one(self, i: int, action) -> tuple:
+        """Step env i; returns (reward, terminated, truncated, finished return, finished length)
+        with length 0 when no episode finished at this step."""
         t = self.type_index[i]
         env_id = self.env_lo + i
-        action = np.int64(disc[i]) if self._discrete[t] else cont[i, :self._cont_n[t]]
         try:
-            obs, reward, terminated, truncated = check_step(
-                self.specs[t], self.envs[i].step(env_id, np.asarray(action)))
-            done = terminated or truncated
-            if done:
+            obs, reward, terminated, truncated, _info = self.envs[i].step(env_id, action)
+            self._check_fast(t, obs)
+            if type(reward) is not float:
+                if not isinstance(reward, (float, np.floating)):
+                    raise ContractViolation(f"reward {reward!r} is not a float")
+                reward = float(reward)
+            if not math.isfinite(reward):
+                raise ContractViolation(f"reward {reward!r} is not finite")
+            if type(terminated) is not bool or type(truncated) is not bool:
+                if not isinstance(terminated, (bool, np.bool_)) or not isinstance(truncated, (bool, np.bool_)):
+                    raise ContractViolation("terminated and truncated must be bools")
+                terminated, truncated = bool(terminated), bool(truncated)
+            if terminated or truncated:
                 finished = (self.ep_return[i] + reward, self.ep_len[i] + 1)
+                self.ep_return[i] = 0.0
+                self.ep_len[i] = 0
                 obs = self.envs[i].reset(env_id)
-                check_obs(self.specs[t], obs)
+                self._check_fast(t, obs)
+            else:
+                finished = (0.0, 0)
+                self.ep_return[i] += reward
+                self.ep_len[i] += 1
+            for view, key in self._rows[i]:
+                value = obs[key]
+                view[:] = value if value.ndim == 1 else value.reshape(-1)
         except Exception as exc:
             # Crash or contract violation: the episode is cut here (reported as truncated, with
             # no finished-episode stats, so the learner never joins transitions across the
             # rebuild) and the env is rebuilt by id; its neighbours go on.
-            self._fault(i, exc)
-            self._discard(i)
-            self.rebuilds[i] += 1
-            out["reward"][i] = 0.0
-            out["terminated"][i] = 0
-            out["truncated"][i] = 1
-            out["ep_len"][i] = 0
-            self.start(i)
-            return
-        out["reward"][i] = reward
-        out["terminated"][i] = terminated
-        out["truncated"][i] = truncated
-        if done:
-            out["ep_return"][i], out["ep_len"][i] = finished
-            self.ep_return[i] = 0.0
-            self.ep_len[i] = 0
-        else:
-            out["ep_len"][i] = 0          # 0 = no episode finished at this step
-            self.ep_return[i] += reward
-            self.ep_len[i] += 1
-        self._write(i, obs)
+            self._recover(i, exc)
+            return 0.0, False, True, 0.0, 0
+        return reward, terminated, truncated, finished[0], finished[1]
+
+    def _recover(self, i: int, exc: BaseException) -> None:
+        self._fault(i, exc)
+        self._discard(i)
+        self.rebuilds[i] += 1
+        self.start(i)
 
     def step_range(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray, out: dict) -> None:
-        if self.pool is None:
-            for i in range(lo, hi):
-                self.step_one(i, disc, cont, out)
+        """Step envs [lo, hi) with their actions; results land in `out` with one bulk write
+        per field, obs in the staging rows."""
+        if self._all_discrete:
+            actions = disc[lo:hi].tolist()
         else:
-            list(self.pool.map(lambda i: self.step_one(i, disc, cont, out), range(lo, hi)))
+            discrete, cont_n, types = self._discrete, self._cont_n, self.type_index
+            actions = [int(disc[i]) if discrete[types[i]] else cont[i, :cont_n[types[i]]]
+                       for i in range(lo, hi)]
+        if self.pool is None:
+            results = [self.step_one(i, a) for i, a in zip(range(lo, hi), actions)]
+        else:
+            results = list(self.pool.map(self.step_one, range(lo, hi), actions))
+        reward, terminated, truncated, ep_return, ep_len = zip(*results)
+        out["reward"][lo:hi] = reward
+        out["terminated"][lo:hi] = terminated
+        out["truncated"][lo:hi] = truncated
+        out["ep_return"][lo:hi] = ep_return
+        out["ep_len"][lo:hi] = ep_len
+        # NaN/inf check over the whole staged block at once; offenders are quarantined.
+        for block in self._float_staging:
+            rows = block[lo:hi].reshape(hi - lo, -1)
+            if not np.isfinite(rows).all():
+                for j in np.nonzero(~np.isfinite(rows).all(axis=1))[0]:
+                    self._recover(lo + int(j), ContractViolation("obs holds NaN or inf"))
+                    out["reward"][lo + j] = 0.0
+                    out["terminated"][lo + j] = 0
+                    out["truncated"][lo + j] = 1
+                    out["ep_len"][lo + j] = 0
