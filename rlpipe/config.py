@@ -9,13 +9,14 @@ loop ever touches OmegaConf.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 OBS_KEYS = ("rgb", "state", "vector")
 OBS_DTYPES = ("uint8", "float32")
@@ -58,6 +59,13 @@ class EnvMixSchema:
 @dataclass
 class GroupsSchema:
     size: int = 70
+    hot: int = 1
+    wake_after_steps: int = 1000
+    wake_batch: int = 1
+    wake_growth: float = 1.0
+    cgroup: str = "auto"
+    dormant_cpu_pct: float = 1.0
+    dormant_mem_mb: int = 512
 
 
 @dataclass
@@ -66,6 +74,10 @@ class WorkerSchema:
     threads: int = 1
     start_method: str = "forkserver"
     doorbell_timeout_s: float = 1.0
+    step_timeout_s: Optional[float] = 30.0
+    max_rss_mb: Optional[float] = None
+    cpu_affinity: Any = None
+    sched_fifo: Optional[int] = None
 
 
 @dataclass
@@ -97,7 +109,12 @@ class RedisSchema:
 
 @dataclass
 class HeartbeatSchema:
+    signal_interval_s: float = 1.0
     redis_interval_s: float = 10.0
+    scan_interval_s: float = 30.0
+    timeout_s: float = 90.0
+    term_grace_s: float = 5.0
+    startup_timeout_s: float = 300.0
 
 
 @dataclass
@@ -175,6 +192,27 @@ class LearnerSpec:
 
 
 @dataclass(frozen=True)
+class GroupsSpec:
+    hot: int                 # groups active from the start
+    wake_after_steps: int    # steps each env of the last woken group makes before the next wake
+    wake_batch: int          # groups woken at once
+    wake_growth: float       # the batch is multiplied by this after each wake
+    cgroup: str              # auto | v2 | v1 | none
+    dormant_cpu_pct: float
+    dormant_mem_mb: int
+
+
+@dataclass(frozen=True)
+class HeartbeatSpec:
+    signal_interval_s: float
+    redis_interval_s: float
+    scan_interval_s: float
+    timeout_s: float
+    term_grace_s: float
+    startup_timeout_s: float
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """Everything a run needs, as plain Python values."""
     env_count: int
@@ -184,13 +222,18 @@ class RunSpec:
     obs_keys: tuple[ObsKey, ...]
     board_sync: str
     group_size: int
+    groups: "GroupsSpec"
     worker_slices: int
     worker_threads: int
     start_method: str
     doorbell_timeout_s: float
+    step_timeout_s: Optional[float]
+    max_rss_mb: Optional[float]
+    cpu_affinity: Optional[tuple[int, ...]]       # None, or the CPUs each worker may use
+    sched_fifo: Optional[int]
     learner: LearnerSpec
     redis_url: Optional[str]
-    heartbeat_redis_interval_s: float
+    heartbeat: "HeartbeatSpec"
     duration_s: Optional[float]
     total_env_steps: Optional[int]
     seed: int
@@ -268,6 +311,53 @@ def _env_types(mix: DictConfig) -> tuple[EnvTypeSpec, ...]:
     return tuple(specs)
 
 
+def _groups(g: DictConfig) -> GroupsSpec:
+    growth = _positive_number("groups.wake_growth", g.wake_growth)
+    if growth < 1:
+        _fail("groups.wake_growth", growth, "allowed is a number >= 1 (the wake batch never shrinks)")
+    pct = _positive_number("groups.dormant_cpu_pct", g.dormant_cpu_pct)
+    if pct > 100:
+        _fail("groups.dormant_cpu_pct", pct, "allowed is a percentage in (0, 100]")
+    return GroupsSpec(hot=_positive_int("groups.hot", g.hot),
+                      wake_after_steps=_positive_int("groups.wake_after_steps", g.wake_after_steps),
+                      wake_batch=_positive_int("groups.wake_batch", g.wake_batch),
+                      wake_growth=growth,
+                      cgroup=_choice("groups.cgroup", g.cgroup, ("auto", "v2", "v1", "none")),
+                      dormant_cpu_pct=pct,
+                      dormant_mem_mb=_positive_int("groups.dormant_mem_mb", g.dormant_mem_mb))
+
+
+def _heartbeat(h: DictConfig) -> HeartbeatSpec:
+    spec = HeartbeatSpec(*(_positive_number(f"heartbeat.{k}", h[k]) for k in (
+        "signal_interval_s", "redis_interval_s", "scan_interval_s", "timeout_s", "term_grace_s",
+        "startup_timeout_s")))
+    slowest = max(spec.signal_interval_s, spec.redis_interval_s)
+    if spec.timeout_s <= slowest:
+        _fail("heartbeat.timeout_s", spec.timeout_s, f"allowed is more than the slowest beat interval "
+              f"({slowest} s), or every worker would look dead")
+    return spec
+
+
+def _affinity(value: Any) -> Optional[tuple[int, ...]]:
+    if value is None:
+        return None
+    if value == "auto":
+        return tuple(sorted(os.sched_getaffinity(0)))
+    cpus = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+    available = sorted(os.sched_getaffinity(0))
+    if not isinstance(cpus, list) or not cpus or not all(isinstance(c, int) and c in available for c in cpus):
+        _fail("worker.cpu_affinity", cpus, f"allowed is null, auto, or a list of CPUs among {available}")
+    return tuple(cpus)
+
+
+def _fifo(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if not isinstance(value, int) or not 1 <= value <= 99:
+        _fail("worker.sched_fifo", value, "allowed is null (off) or a SCHED_FIFO priority in 1..99")
+    return value
+
+
 def to_plain(cfg: DictConfig) -> RunSpec:
     """Validate the composed config and copy it into plain values (raises ConfigError)."""
     env_count = _positive_int("env_count", cfg.env_count)
@@ -322,14 +412,18 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         obs_keys=_obs_keys(cfg.buffer),
         board_sync=_choice("buffer.sync", cfg.buffer.sync, ("seqlock", "lock")),
         group_size=group_size,
+        groups=_groups(cfg.groups),
         worker_slices=slices,
         worker_threads=_positive_int("worker.threads", cfg.worker.threads),
         start_method=_choice("worker.start_method", cfg.worker.start_method, ("forkserver", "spawn")),
         doorbell_timeout_s=_positive_number("worker.doorbell_timeout_s", cfg.worker.doorbell_timeout_s),
+        step_timeout_s=_positive_number("worker.step_timeout_s", cfg.worker.step_timeout_s, allow_none=True),
+        max_rss_mb=_positive_number("worker.max_rss_mb", cfg.worker.max_rss_mb, allow_none=True),
+        cpu_affinity=_affinity(cfg.worker.cpu_affinity),
+        sched_fifo=_fifo(cfg.worker.sched_fifo),
         learner=learner,
         redis_url=url,
-        heartbeat_redis_interval_s=_positive_number("heartbeat.redis_interval_s",
-                                                    cfg.heartbeat.redis_interval_s),
+        heartbeat=_heartbeat(cfg.heartbeat),
         duration_s=duration,
         total_env_steps=total,
         seed=int(cfg.run.seed),

@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -28,29 +26,33 @@ def rlpipe_cmd(run_dir: Path, *overrides: str) -> list[str]:
 
 
 def run_cli(run_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(rlpipe_cmd(run_dir, *overrides), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    """Run `python -m rlpipe` to the end; the result carries the driver's pid (`.pid`), which
+    names the run's shared-memory segments and cgroups."""
+    proc = subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"rlpipe did not finish in {timeout} s:\n{err[-3000:]}")
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    result.pid = proc.pid
+    return result
 
 
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def rlpipe_processes(exclude_pid: int | None = None) -> list[str]:
-    """Processes that belong to rlpipe runs: titled workers, forkservers, embedded redis."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["pid"] in (os.getpid(), exclude_pid):
-            continue
-        if cmd.startswith("rlpipe:") or ("forkserver" in cmd and "rlpipe" in cmd) \
-                or ("redis-server" in cmd and "unixsocket" not in cmd and "rlpipe" in cmd):
-            found.append(f"{p.info['pid']}: {cmd[:120]}")
+def run_leftovers(driver_pid: int) -> list[str]:
+    """Shared-memory segments and cgroup dirs still named after a (finished) driver pid."""
+    pattern = f"rlpipe_{driver_pid}-*"
+    found = [str(p) for p in Path("/dev/shm").glob(pattern)]
+    for base in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified"):
+        found += [str(p) for p in Path(base).glob(pattern)]
+    found += [str(p) for p in Path("/tmp").glob(pattern)]
     return found
-
-
-def shm_segments() -> list[str]:
-    return sorted(p.name for p in Path("/dev/shm").glob("rlpipe_*"))
 
 
 @pytest.fixture

@@ -7,7 +7,9 @@ import sqlite3
 import subprocess
 import time
 
-from conftest import REPO, read_summary, rlpipe_cmd, rlpipe_processes, run_cli, shm_segments
+import psutil
+
+from conftest import REPO, read_summary, rlpipe_cmd, run_cli, run_leftovers
 
 SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps", "wall_s", "sps",
                 "startup_first_step_s", "all_envs_ready_s", "updates", "episodes",
@@ -16,18 +18,33 @@ SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps
                 "resumed_from_step", "dist"}
 
 
-def assert_nothing_left(run_dir, before_segments):
+def run_processes(driver_pid, run_dir):
+    """Processes of one run (other runs may be going on beside the tests): its embedded Redis
+    (the run dir is on its command line) and workers mapping the run's segments."""
+    marker = f"rlpipe_{driver_pid}-"
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        try:
+            if str(run_dir) in cmd or (cmd.startswith("rlpipe:") and
+                                       any(marker in m.path for m in p.memory_maps())):
+                found.append(f"{p.info['pid']}: {cmd[:100]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def assert_nothing_left(run_dir, driver_pid):
     deadline = time.monotonic() + 10
-    while rlpipe_processes() and time.monotonic() < deadline:
+    while run_processes(driver_pid, run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert rlpipe_processes() == []
-    assert shm_segments() == before_segments
+    assert run_processes(driver_pid, run_dir) == []
+    assert run_leftovers(driver_pid) == []
     assert not list(run_dir.glob("*.ipc")) and not (run_dir / "redis.sock").exists()
     assert not list(run_dir.glob("*.sqlite-*"))
 
 
 def test_short_run_learns_and_cleans_up(short_tmp):
-    before = shm_segments()
     run_dir = short_tmp / "run"
     out = run_cli(run_dir, "env_mix=cartpole", "env_count=32", "run.total_env_steps=60000",
                   "run.duration_s=240")
@@ -44,7 +61,7 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     assert summary["sps"] > 0 and summary["peak_rss_mb"] > 0 and summary["shm_bytes"] > 0
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert "rlpipe done" in out.stdout
-    assert_nothing_left(run_dir, before)
+    assert_nothing_left(run_dir, out.pid)
     with contextlib.closing(sqlite3.connect(run_dir / "lifecycle.sqlite")) as db:
         kinds = dict(db.execute("SELECT kind, COUNT(*) FROM events GROUP BY kind").fetchall())
     assert kinds["env_create"] == 32 and kinds["worker_spawn"] == 1
@@ -88,7 +105,6 @@ def _start_and_wait_for_steps(run_dir):
 
 
 def test_sigterm_stops_cleanly_with_its_exit_code(short_tmp):
-    before = shm_segments()
     run_dir = short_tmp / "run"
     proc = _start_and_wait_for_steps(run_dir)
     proc.send_signal(signal.SIGTERM)
@@ -96,15 +112,14 @@ def test_sigterm_stops_cleanly_with_its_exit_code(short_tmp):
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     summary = read_summary(run_dir)
     assert summary["env_steps"] > 0
-    assert_nothing_left(run_dir, before)
+    assert_nothing_left(run_dir, proc.pid)
 
 
 def test_sigint_stops_cleanly_with_its_exit_code(short_tmp):
-    before = shm_segments()
     run_dir = short_tmp / "run"
     proc = _start_and_wait_for_steps(run_dir)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert (run_dir / "summary.json").exists()
-    assert_nothing_left(run_dir, before)
+    assert_nothing_left(run_dir, proc.pid)

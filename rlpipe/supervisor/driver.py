@@ -25,8 +25,11 @@ from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.central import CentralLearner, SliceRef
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
+from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
+from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.lifecycle import LifecycleWriter, fault_counts
 from rlpipe.supervisor.memory import PeakMemory
+from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.redis_client import connect as redis_client
 from rlpipe.supervisor.redis_service import RedisService
 from rlpipe.supervisor.workers import (WorkerHandle, group_ranges, ready_envs, stop_workers,
@@ -34,6 +37,7 @@ from rlpipe.supervisor.workers import (WorkerHandle, group_ranges, ready_envs, s
 from rlpipe.telemetry.progress import Progress
 from rlpipe.telemetry.tb import RunBoard
 from rlpipe.worker.doorbell import RING
+from rlpipe.worker.process import EXIT_RECYCLE
 
 log = logging.getLogger("rlpipe")
 IPC_PATH_MAX = 100          # sun_path is 108 bytes; keep a margin for "ipc://" and names
@@ -102,7 +106,10 @@ class Driver:
         self.all_ready_at: float | None = None
         self.versions: dict[str, str] = {}
         self.shm_bytes = 0
-        self.worker_restarts = 0
+        self.cgroups = None
+        self.schedule: WakeSchedule | None = None
+        self.watchdog: Watchdog | None = None
+        self.next_redis_check = 0.0
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -151,14 +158,23 @@ class Driver:
             locked_board=spec.board_sync == "lock", slices=spec.worker_slices,
             threads=spec.worker_threads, seed=spec.seed,
             ready_endpoint=f"ipc://{self.sock_dir}/ready.ipc", lifecycle_endpoint=lifecycle_ep,
-            redis_url=self.redis.url, heartbeat_interval_s=spec.heartbeat_redis_interval_s,
+            redis_url=self.redis.url, heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
+            heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
+            step_timeout_s=spec.step_timeout_s, max_rss_mb=spec.max_rss_mb,
+            cpu_affinity=spec.cpu_affinity, sched_fifo=spec.sched_fifo,
             doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid())
         self.ctx = ctx
-        for k, (lo, hi) in enumerate(group_ranges(spec.env_count, spec.group_size)):
+        g = spec.groups
+        self.cgroups = make_cgroup_driver(g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb)
+        ranges = group_ranges(spec.env_count, spec.group_size)
+        self.schedule = WakeSchedule(len(ranges), g)
+        self.watchdog = Watchdog(spec.heartbeat, self.run_id, self.rcli, self.lifecycle)
+        for k, (lo, hi) in enumerate(ranges):
             h = WorkerHandle(k, lo, hi, spec, self.plan, self.run_id, self.zctx,
                              f"ipc://{self.sock_dir}/act_w{k}.ipc")
+            h.awake = self.schedule.awake[k]
             self.handles.append(h)
-            h.spawn(ctx, self.args_common)
+            self._spawn(h)
         self.shm_bytes = sum(h.layout.size for h in self.handles)
         self.memory.start()
         self.rcli.hset(f"rlpipe:{self.run_id}:run", "state", "running")
@@ -173,18 +189,54 @@ class Driver:
             fractions.append((time.monotonic() - self.t0) / spec.duration_s)
         return min(1.0, max(fractions))
 
-    def _respawn_dead_workers(self) -> None:
-        """A worker that exited on its own is replaced by a new generation on the same ids."""
+    def _spawn(self, h: WorkerHandle) -> None:
+        """Start (or restart) a worker; a dormant group's worker joins its cgroup first thing."""
+        paths = [] if h.awake else self.cgroups.dormant_paths(h.worker_id)
+        h.spawn(self.ctx, self.args_common, paths)
+
+    def _replace(self, h: WorkerHandle, reason: str, detail: dict) -> None:
+        self.lifecycle.record("worker_restart", worker_id=h.worker_id, generation=h.generation,
+                              detail={"reason": reason, **detail})
+        self.learner.drop_worker(h.worker_id)
+        for s in range(len(h.bounds)):
+            self.slice_seen.pop((h.worker_id, s), None)
+        self._spawn(h)
+        self.shm_bytes = sum(x.layout.size for x in self.handles)
+
+    def _supervise(self, now: float) -> None:
+        """Once a second: replace workers that exited, advance the watchdog, keep Redis up."""
         for h in self.handles:
-            if h.proc is not None and not h.proc.is_alive():
-                code = h.proc.exitcode
-                h.proc.join()
-                self.lifecycle.record("worker_restart", worker_id=h.worker_id, generation=h.generation,
-                                      detail={"reason": "exited", "exitcode": code})
-                self.learner.drop_worker(h.worker_id)
-                h.spawn(self.ctx, self.args_common)
-                self.shm_bytes = sum(x.layout.size for x in self.handles)
-                self.worker_restarts += 1
+            if h.worker_id in self.watchdog.pending or h.proc is None or h.proc.is_alive():
+                continue
+            h.proc.join()
+            code = h.proc.exitcode
+            reason = "rss" if code == EXIT_RECYCLE else "exited"
+            self._replace(h, reason, {"exitcode": code})
+        self.watchdog.scan(self.handles, now)
+        for rep in self.watchdog.reap(now):
+            self._replace(rep.handle, rep.reason, rep.detail)
+        if now >= self.next_redis_check:
+            self.next_redis_check = now + 5.0
+            if self.redis.restart_if_dead():
+                self.lifecycle.record("redis_restart", detail={"url_kind": self.redis.mode})
+
+    def _wake_due(self, now: float) -> list[SliceRef]:
+        """Wake the groups the schedule says are due; return their parked rings."""
+        min_steps = {h.worker_id: min(h.slice_seq) for h in self.handles if h.awake}
+        refs = []
+        for k in self.schedule.due(min_steps):
+            h = self.handles[k]
+            h.awake = True
+            if h.alive():
+                try:
+                    self.cgroups.wake(k, h.proc.pid)
+                except OSError as exc:
+                    log.warning("moving worker %d to the active cgroup failed: %s", k, exc)
+            self.lifecycle.record("group_wake", worker_id=k, generation=h.generation,
+                                  detail={"envs": h.n, "wake": self.schedule.wakes})
+            refs.extend(h.parked)
+            h.parked = []
+        return refs
 
     def active_envs(self, now: float) -> int:
         return sum(h.bounds[s][1] - h.bounds[s][0]
@@ -216,10 +268,16 @@ class Driver:
                         h = by_id.get(w)
                         if h is None or gen != h.generation:
                             continue           # a replaced generation's late doorbell
-                        refs.append(SliceRef(h, s, seq))
+                        ref = SliceRef(h, s, seq)
+                        if not h.awake:
+                            h.parked.append(ref)   # dormant: built, not stepped until its wake
+                            continue
+                        refs.append(ref)
+                        h.slice_seq[s] = seq
                         self.slice_seen[(w, s)] = now
                         if seq > 0 and (w, s) not in self.slice_first_step:
                             self.slice_first_step[(w, s)] = now
+                refs.extend(self._wake_due(now))
                 if refs:
                     learner.serve(refs)
                     if self.all_ready_at is None and len(self.slice_first_step) == n_slices:
@@ -233,7 +291,7 @@ class Driver:
                         "charts/learning_rate": learner.learning_rate})
                 if now >= next_check:
                     next_check = now + 1.0
-                    self._respawn_dead_workers()
+                    self._supervise(now)
                 if now >= next_tb:
                     next_tb = now + TB_INTERVAL_S
                     sps = (c.env_steps - last_tb_steps) / max(now - last_tb_t, 1e-9)
@@ -262,6 +320,7 @@ class Driver:
         steps = [
             lambda: stop_workers(self.handles),
             lambda: self.memory.stop(),
+            lambda: self.cgroups.cleanup() if self.cgroups else None,
             lambda: [h.close() for h in self.handles],
             lambda: self.ready.close() if hasattr(self, "ready") else None,
             lambda: self.lifecycle.stop() if self.lifecycle else None,
@@ -315,7 +374,7 @@ class Driver:
             "shm_bytes": self.shm_bytes,
             "faults": faults,
             "board": {"torn_retries": c.torn_retries},
-            "cgroup_driver": "none",
+            "cgroup_driver": self.cgroups.name if self.cgroups else "none",
             "redis": self.redis.mode,
             "env_versions": {k: [v] for k, v in self.versions.items()},
             "loss_std": round(float(np.std(late_losses)), 6) if len(late_losses) > 1 else None,

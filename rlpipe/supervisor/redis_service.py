@@ -61,7 +61,8 @@ class RedisService:
         if self.external:
             client(self.url).ping()
             return
-        password = secrets.token_hex(16)
+        self.password = getattr(self, "password", None) or secrets.token_hex(16)
+        password = self.password
         self.socket_path.unlink(missing_ok=True)
         args = [redis_server_binary(), "--port", "0", "--unixsocket", str(self.socket_path),
                 "--unixsocketperm", "700", "--requirepass", password, "--save", "",
@@ -85,6 +86,16 @@ class RedisService:
                 raise RuntimeError(f"embedded redis-server did not answer within {timeout_s:.0f} s; "
                                    f"see {self.log_path}")
             time.sleep(0.02)
+
+    def restart_if_dead(self) -> bool:
+        """Embedded only: start the server again (same socket, same password) if it died.
+        Clients reconnect on their next command; state lost with it is rebuilt by the next
+        beats. Returns whether a restart happened."""
+        if self.external or self.proc is None or self.proc.poll() is None:
+            return False
+        self.proc = None
+        self.start()
+        return True
 
     def stop(self) -> None:
         if self.proc is None:

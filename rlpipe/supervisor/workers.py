@@ -50,6 +50,9 @@ class WorkerHandle:
         self.views: WorkerViews | None = None
         self.proc = None
         self.spawned_at = 0.0
+        self.awake = False
+        self.parked: list = []                     # rings of a dormant group, served on wake
+        self.slice_seq = [0] * len(self.bounds)    # last step seq per slice (steps per env)
 
     def _new_segment(self) -> None:
         """A fresh segment per generation: a replaced writer keeps only a dead mapping."""
@@ -68,13 +71,15 @@ class WorkerHandle:
             old.unlink()
             old.close()
 
-    def spawn(self, ctx, args_common: dict) -> None:
+    def spawn(self, ctx, args_common: dict, cgroup_paths: list[str]) -> None:
         self.generation += 1
         self._new_segment()
+        self.parked = []
+        self.slice_seq = [0] * len(self.bounds)
         args = WorkerArgs(worker_id=self.worker_id, generation=self.generation, run_id=self.run_id,
                           env_lo=self.env_lo, type_index=self.plan.env_type[self.env_lo:self.env_hi].copy(),
                           segment_name=self.segment.name, act_endpoint=self.act_endpoint,
-                          **args_common)
+                          cgroup_paths=tuple(cgroup_paths), **args_common)
         self.proc = ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
                                 daemon=False)
         self.proc.start()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import math
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +31,7 @@ def fingerprint(exc: BaseException) -> str:
 @dataclass
 class EnvFault:
     env_id: int
-    kind: str            # "env_crash" (exception) | "env_quarantine" (contract violation)
+    kind: str            # "env_crash" (exception) | "env_quarantine" (contract violation) | "env_hang"
     error: str
     fingerprint: str
 
@@ -42,7 +41,7 @@ class EnvTable:
 
     def __init__(self, env_lo: int, type_index: np.ndarray, names: tuple[str, ...],
                  specs: tuple[EnvSpec, ...], factories: list, board_keys: tuple[ObsKey, ...],
-                 staging: list[np.ndarray], seed: int, threads: int):
+                 staging: list[np.ndarray], seed: int):
         self.env_lo = env_lo
         self.n = len(type_index)
         self.type_index = type_index
@@ -69,7 +68,6 @@ class EnvTable:
         # Python lists, not numpy: per-env scalar updates on the hot path are cheaper.
         self.ep_return = [0.0] * self.n
         self.ep_len = [0] * self.n
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="step") if threads > 1 else None
         self.faults: list[EnvFault] = []
 
     def _build(self, i: int):
@@ -117,8 +115,6 @@ class EnvTable:
     def close_all(self) -> None:
         for i in range(self.n):
             self._discard(i)
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _check_fast(self, t: int, obs: object) -> None:
         """Keys, shapes and dtypes of one obs: the hot-path form of contract.check_obs
@@ -176,19 +172,28 @@ class EnvTable:
         self.rebuilds[i] += 1
         self.start(i)
 
-    def step_range(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray, out: dict) -> None:
-        """Step envs [lo, hi) with their actions; results land in `out` with one bulk write
-        per field, obs in the staging rows."""
+    def actions(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray) -> list:
+        """The actions of envs [lo, hi) as each env's head expects them."""
         if self._all_discrete:
-            actions = disc[lo:hi].tolist()
-        else:
-            discrete, cont_n, types = self._discrete, self._cont_n, self.type_index
-            actions = [int(disc[i]) if discrete[types[i]] else cont[i, :cont_n[types[i]]]
-                       for i in range(lo, hi)]
-        if self.pool is None:
-            results = [self.step_one(i, a) for i, a in zip(range(lo, hi), actions)]
-        else:
-            results = list(self.pool.map(self.step_one, range(lo, hi), actions))
+            return disc[lo:hi].tolist()
+        discrete, cont_n, types = self._discrete, self._cont_n, self.type_index
+        return [int(disc[i]) if discrete[types[i]] else cont[i, :cont_n[types[i]]]
+                for i in range(lo, hi)]
+
+    def abandon(self, i: int, timeout_s: float) -> None:
+        """Env i's step ran past the deadline: its thread keeps the old env object (never
+        closed here, it may still be inside step); a new env takes the id."""
+        self.faults.append(EnvFault(self.env_lo + i, "env_hang",
+                                    f"step exceeded worker.step_timeout_s={timeout_s}", ""))
+        self.envs[i] = None
+        self.rebuilds[i] += 1
+        self.start(i)
+
+    def finish(self, lo: int, hi: int, results: list, out: dict) -> None:
+        """Write the slice's step results with one bulk write per field; hung steps (None
+        after abandon) and NaN/inf obs are cut episodes, like crashes."""
+        cut = (0.0, False, True, 0.0, 0)
+        results = [r if type(r) is tuple else cut for r in results]
         reward, terminated, truncated, ep_return, ep_len = zip(*results)
         out["reward"][lo:hi] = reward
         out["terminated"][lo:hi] = terminated
@@ -205,3 +210,8 @@ class EnvTable:
                     out["terminated"][lo + j] = 0
                     out["truncated"][lo + j] = 1
                     out["ep_len"][lo + j] = 0
+
+    def step_range(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray, out: dict) -> None:
+        """Step envs [lo, hi) inline (tests and tools; the worker goes through Stepper)."""
+        actions = self.actions(lo, hi, disc, cont)
+        self.finish(lo, hi, [self.step_one(i, a) for i, a in zip(range(lo, hi), actions)], out)

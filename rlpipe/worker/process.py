@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import redis
@@ -21,14 +22,21 @@ from rlpipe import redis_client
 from rlpipe.config import ObsKey
 from rlpipe.envs.contract import EnvSpec
 from rlpipe.envs.registry import make_factory
-from rlpipe.shm.layout import H_GENERATION, H_PID, H_READY, H_STEPS, WorkerLayout, WorkerViews
+from rlpipe.native.board import store_u64
+from rlpipe.shm.layout import (H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
+                                WorkerViews)
 from rlpipe.shm.segment import Segment
 from rlpipe.supervisor.lifecycle import LifecycleClient
 from rlpipe.worker.doorbell import ACT, RING, STOP_SLICE, slice_bounds
 from rlpipe.worker.envtable import EnvTable
+from rlpipe.worker.stepper import Stepper
 
 PR_SET_PDEATHSIG = 1
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 log = logging.getLogger("rlpipe.worker")
+
+
+EXIT_RECYCLE = 75          # the worker left on purpose (RSS past worker.max_rss_mb): replace it
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,18 @@ class WorkerArgs:
     locked_board: bool
     slices: int
     threads: int
+    step_timeout_s: float | None
+    max_rss_mb: float | None
+    cpu_affinity: tuple[int, ...] | None
+    sched_fifo: int | None
+    cgroup_paths: tuple[str, ...]   # cgroup.procs files to join before building envs
     seed: int
     ready_endpoint: str
     act_endpoint: str
     lifecycle_endpoint: str
     redis_url: str
-    heartbeat_interval_s: float
+    heartbeat_redis_interval_s: float
+    heartbeat_signal_interval_s: float
     doorbell_timeout_s: float
     driver_pid: int
 
@@ -79,9 +93,29 @@ def _driver_alive(pid: int) -> bool:
         return True
 
 
+def _join_cgroups(paths: tuple[str, ...]) -> None:
+    """First thing after fork: join the group's cgroup, so env construction is already
+    under its limits."""
+    pid = str(os.getpid())
+    for path in paths:
+        with open(path, "w") as f:
+            f.write(pid)
+
+
+def _scheduling(args: WorkerArgs, lifecycle: LifecycleClient) -> None:
+    if args.cpu_affinity:
+        os.sched_setaffinity(0, args.cpu_affinity)
+    if args.sched_fifo:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.sched_fifo))
+        except PermissionError:
+            lifecycle.event("worker_spawn", detail={"warning": "worker.sched_fifo needs "
+                                                    "CAP_SYS_NICE; running with the default policy"})
+
+
 class _Heartbeat:
-    """Application-level beat: a pipelined HSET every interval. Redis trouble never stops
-    the worker; the watchdog, not the worker, decides what silence means."""
+    """Application-level beat: a pipelined HSET of pid, generation, steps, RSS and time every
+    interval. Redis trouble never stops the worker; the watchdog decides what silence means."""
 
     def __init__(self, url: str, key: str, interval_s: float):
         self.client = redis_client.connect(url)
@@ -90,13 +124,13 @@ class _Heartbeat:
         self.next_at = 0.0
         self.failures = 0
 
-    def maybe_beat(self, now: float, fields: dict) -> None:
+    def maybe_beat(self, now: float, fields: Callable[[], dict]) -> None:
         if now < self.next_at:
             return
         self.next_at = now + self.interval_s
         try:
             pipe = self.client.pipeline(transaction=False)
-            pipe.hset(self.key, mapping=fields)
+            pipe.hset(self.key, mapping=fields())
             pipe.execute()
         except redis.RedisError:
             self.failures += 1
@@ -105,9 +139,15 @@ class _Heartbeat:
         self.client.close()
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE_BYTES / 2**20
+
+
 def run_worker(args: WorkerArgs) -> None:
     _die_with_parent()
-    os.setpgrp()                                   # out of the terminal's Ctrl-C group
+    _join_cgroups(args.cgroup_paths)
+    os.setpgrp()                                   # own process group: OS beats, no terminal Ctrl-C
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver coordinates shutdown
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
@@ -122,9 +162,15 @@ def run_worker(args: WorkerArgs) -> None:
     segment = Segment.attach(args.segment_name)
     views = WorkerViews(layout, segment, locked=args.locked_board)
     views.store(H_PID, os.getpid())
+    # OS-level beat: the handler stamps CLOCK_MONOTONIC into shared memory. It runs only when
+    # this interpreter's main thread is alive and reaching bytecode boundaries.
+    beat_addr = views.header_addr + H_OS_BEAT_NS
+    signal.signal(signal.SIGUSR1, lambda *_: store_u64(beat_addr, time.monotonic_ns()))
+    store_u64(beat_addr, time.monotonic_ns())
     ctx = zmq.Context(io_threads=1)
     lifecycle = LifecycleClient(args.lifecycle_endpoint, ctx, worker_id=args.worker_id,
                                 generation=args.generation)
+    _scheduling(args, lifecycle)
     ready = ctx.socket(zmq.PUSH)
     ready.setsockopt(zmq.LINGER, 0)
     ready.setsockopt(zmq.SNDHWM, 1000)
@@ -132,27 +178,40 @@ def run_worker(args: WorkerArgs) -> None:
     ready.connect(args.ready_endpoint)
     act = ctx.socket(zmq.PULL)
     act.setsockopt(zmq.LINGER, 0)
+    act.setsockopt(zmq.RCVHWM, 1000)
     act.connect(args.act_endpoint)
     beat = _Heartbeat(args.redis_url, f"rlpipe:{args.run_id}:worker:{args.worker_id}",
-                      args.heartbeat_interval_s)
+                      args.heartbeat_redis_interval_s)
+    steps = 0
+    next_signal = 0.0
+
+    def heartbeats() -> None:
+        nonlocal next_signal
+        now = time.monotonic()
+        if now >= next_signal:
+            next_signal = now + args.heartbeat_signal_interval_s
+            os.killpg(0, signal.SIGUSR1)
+        beat.maybe_beat(now, lambda: {"pid": os.getpid(), "generation": args.generation,
+                                      "steps": steps, "rss_mb": round(_rss_mb(), 1), "ts": time.time()})
 
     staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in args.obs_keys]
     ptrs = [s.ctypes.data for s in staging]
     row_strides = [s.strides[0] for s in staging]
     factories = [make_factory(node) for node in args.type_nodes]
     table = EnvTable(args.env_lo, args.type_index, args.type_names, args.type_specs, factories,
-                     args.obs_keys, staging, args.seed, args.threads)
+                     args.obs_keys, staging, args.seed)
+    stepper = Stepper(table, args.threads, args.step_timeout_s, tick=heartbeats)
     bounds = slice_bounds(n, args.slices)
-    steps = 0
+    exit_code = 0
 
     def report_faults() -> None:
         for fault in table.faults:
             t = args.type_index[fault.env_id - args.env_lo]
-            detail = {"error": fault.error, "fingerprint": fault.fingerprint}
-            lifecycle.event(fault.kind, env_id=fault.env_id, env_type=args.type_names[t],
-                            env_version=args.type_versions[t], detail=detail)
-            lifecycle.event("env_rebuild", env_id=fault.env_id, env_type=args.type_names[t],
-                            env_version=args.type_versions[t])
+            fields = dict(env_id=fault.env_id, env_type=args.type_names[t],
+                          env_version=args.type_versions[t])
+            lifecycle.event(fault.kind, detail={"error": fault.error, "fingerprint": fault.fingerprint},
+                            **fields)
+            lifecycle.event("env_rebuild", **fields)
         table.faults.clear()
 
     def publish(lo: int, hi: int) -> bool:
@@ -166,6 +225,7 @@ def run_worker(args: WorkerArgs) -> None:
             t = args.type_index[i]
             lifecycle.event("env_create", env_id=args.env_lo + i, env_type=args.type_names[t],
                             env_version=args.type_versions[t])
+            heartbeats()
         report_faults()
         for s, (lo, hi) in enumerate(bounds):
             if not publish(lo, hi):
@@ -175,29 +235,43 @@ def run_worker(args: WorkerArgs) -> None:
         disc, cont = views.actions["discrete"], views.actions["continuous"]
         results = views.results
         timeout_ms = int(args.doorbell_timeout_s * 1000)
+        next_rss_check = 0.0
         while not stopping:
             if act.poll(timeout_ms):
                 s, seq = ACT.unpack(act.recv())
                 if s == STOP_SLICE:
                     break
                 lo, hi = bounds[s]
-                table.step_range(lo, hi, disc, cont, results)
+                out, hung = stepper.step(lo, hi, table.actions(lo, hi, disc, cont))
+                for i in hung:
+                    table.abandon(i, args.step_timeout_s)
+                table.finish(lo, hi, out, results)
                 if not publish(lo, hi):
                     break                      # replaced: a successor owns these env ids now
                 steps += hi - lo
                 views.store(H_STEPS, steps)
-                ready.send(RING.pack(args.worker_id, s, args.generation, seq + 1))
+                try:
+                    ready.send(RING.pack(args.worker_id, s, args.generation, seq + 1))
+                except zmq.Again:
+                    pass                       # the learner is gone or drowning; we check below
                 if table.faults:
                     report_faults()
             elif not _driver_alive(args.driver_pid):
                 break
             if views.load(H_GENERATION) != args.generation:
                 break
-            beat.maybe_beat(time.time(), {"pid": os.getpid(), "generation": args.generation,
-                                          "steps": steps, "ts": time.time()})
+            heartbeats()
+            now = time.monotonic()
+            if args.max_rss_mb and now >= next_rss_check:
+                next_rss_check = now + 1.0
+                if _rss_mb() > args.max_rss_mb:
+                    exit_code = EXIT_RECYCLE   # leave cleanly; the driver starts a fresh worker
+                    lifecycle.event("worker_exit", detail={"reason": "rss", "rss_mb": round(_rss_mb())})
+                    break
     finally:
+        stepper.close()
         table.close_all()
-        lifecycle.event("worker_exit", detail={"steps": steps})
+        lifecycle.event("worker_exit", detail={"steps": steps, "hung_steps": stepper.hung_total})
         lifecycle.close()
         beat.close()
         ready.close()
@@ -205,3 +279,5 @@ def run_worker(args: WorkerArgs) -> None:
         ctx.term()
         views.release()
         segment.close()
+    if exit_code:
+        os._exit(exit_code)

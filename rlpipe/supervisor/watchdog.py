@@ -1,0 +1,103 @@
+"""The learner-level heartbeat: decides which workers are dead and drives their replacement.
+
+A worker is judged every `heartbeat.scan_interval_s` on two beats: the OS beat (a CLOCK_MONOTONIC
+stamp its SIGUSR1 handler writes into shared memory) and the Redis beat (`ts` in its hash).
+Silent on either past `heartbeat.timeout_s` (or `startup_timeout_s` while still building its
+envs) means dead. When Redis cannot be read, only the OS beat counts: Redis being down is not
+a dead worker. A dead worker gets SIGTERM, SIGKILL after `term_grace_s`, and once reaped a new
+worker with a bumped generation takes over its env ids. A worker that exits by itself (a crash,
+or an RSS recycle) is replaced at the next check, without a scan.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import redis
+
+from rlpipe.config import HeartbeatSpec
+from rlpipe.shm.layout import H_OS_BEAT_NS, H_READY
+
+log = logging.getLogger("rlpipe.watchdog")
+
+
+@dataclass
+class Replacement:
+    handle: object
+    reason: str
+    detail: dict
+    term_at: float
+    killed: bool = False
+
+
+class Watchdog:
+    def __init__(self, spec: HeartbeatSpec, run_id: str, redis_client: redis.Redis, lifecycle):
+        self.spec = spec
+        self.run_id = run_id
+        self.redis = redis_client
+        self.lifecycle = lifecycle
+        self.next_scan = time.monotonic() + spec.scan_interval_s
+        self.pending: dict[int, Replacement] = {}
+        self.redis_down_scans = 0
+
+    def _redis_beats(self, handles) -> dict[int, float] | None:
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for h in handles:
+                pipe.hget(f"rlpipe:{self.run_id}:worker:{h.worker_id}", "ts")
+            values = pipe.execute()
+        except redis.RedisError:
+            self.redis_down_scans += 1
+            return None
+        return {h.worker_id: float(v) for h, v in zip(handles, values) if v is not None}
+
+    def scan(self, handles, now: float) -> None:
+        """Judge every live worker on both beats; start replacing the silent ones."""
+        if now < self.next_scan:
+            return
+        self.next_scan = now + self.spec.scan_interval_s
+        live = [h for h in handles if h.alive() and h.worker_id not in self.pending]
+        beats = self._redis_beats(live)
+        wall, mono_ns = time.time(), time.monotonic_ns()
+        for h in live:
+            building = h.views.load(H_READY) == 0
+            limit = self.spec.startup_timeout_s if building else self.spec.timeout_s
+            if now - h.spawned_at < limit:
+                continue                       # too young to be judged on silence
+            os_age = (mono_ns - h.views.load(H_OS_BEAT_NS)) / 1e9
+            redis_age = (wall - beats[h.worker_id]) if beats and h.worker_id in beats else None
+            if os_age > limit:
+                self._terminate(h, "os_heartbeat", {"os_beat_age_s": round(os_age, 1)})
+            elif beats is not None and (redis_age is None or redis_age > limit):
+                # A worker that never beat into a reachable Redis is as silent as a stale one.
+                self._terminate(h, "redis_heartbeat",
+                                {"redis_beat_age_s": None if redis_age is None else round(redis_age, 1)})
+
+    def _terminate(self, h, reason: str, detail: dict) -> None:
+        log.warning("worker %d (pid %d) silent (%s): SIGTERM", h.worker_id, h.proc.pid, reason)
+        self.lifecycle.record("worker_term", worker_id=h.worker_id, generation=h.generation,
+                              detail={"reason": reason, **detail})
+        try:
+            os.kill(h.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        self.pending[h.worker_id] = Replacement(h, reason, detail, time.monotonic())
+
+    def reap(self, now: float) -> list[Replacement]:
+        """Advance replacements: SIGKILL after the grace, and return those whose process is
+        gone (the caller respawns them)."""
+        done = []
+        for wid, rep in list(self.pending.items()):
+            proc = rep.handle.proc
+            if proc.is_alive() and not rep.killed and now - rep.term_at >= self.spec.term_grace_s:
+                self.lifecycle.record("worker_kill", worker_id=wid, generation=rep.handle.generation,
+                                      detail={"reason": rep.reason})
+                proc.kill()                    # SIGKILL also ends a SIGSTOPped process
+                rep.killed = True
+            if not proc.is_alive():
+                proc.join()
+                done.append(self.pending.pop(wid))
+        return done
