@@ -118,6 +118,13 @@ class HeartbeatSchema:
 
 
 @dataclass
+class ChaosSchema:
+    kill_worker_every_s: Optional[float] = None
+    stop_worker_every_s: Optional[float] = None
+    kill_redis_at_s: Optional[float] = None
+
+
+@dataclass
 class RunSchema:
     mode: str = "train"
     duration_s: Optional[float] = 300.0
@@ -139,6 +146,7 @@ class RlpipeSchema:
     learner: LearnerSchema = MISSING
     redis: RedisSchema = MISSING
     heartbeat: HeartbeatSchema = MISSING
+    chaos: ChaosSchema = MISSING
     run: RunSchema = MISSING
     logging: LoggingSchema = MISSING
     env_count: int = 64
@@ -213,6 +221,19 @@ class HeartbeatSpec:
 
 
 @dataclass(frozen=True)
+class ChaosSpec:
+    kill_worker_every_s: Optional[float]
+    stop_worker_every_s: Optional[float]
+    kill_redis_at_s: Optional[float]
+    seed: int
+
+    @property
+    def enabled(self) -> bool:
+        return any(v is not None for v in (self.kill_worker_every_s, self.stop_worker_every_s,
+                                           self.kill_redis_at_s))
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """Everything a run needs, as plain Python values."""
     env_count: int
@@ -234,6 +255,7 @@ class RunSpec:
     learner: LearnerSpec
     redis_url: Optional[str]
     heartbeat: "HeartbeatSpec"
+    chaos: ChaosSpec
     duration_s: Optional[float]
     total_env_steps: Optional[int]
     seed: int
@@ -424,6 +446,14 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         learner=learner,
         redis_url=url,
         heartbeat=_heartbeat(cfg.heartbeat),
+        chaos=ChaosSpec(
+            kill_worker_every_s=_positive_number("chaos.kill_worker_every_s",
+                                                 cfg.chaos.kill_worker_every_s, allow_none=True),
+            stop_worker_every_s=_positive_number("chaos.stop_worker_every_s",
+                                                 cfg.chaos.stop_worker_every_s, allow_none=True),
+            kill_redis_at_s=_positive_number("chaos.kill_redis_at_s", cfg.chaos.kill_redis_at_s,
+                                             allow_none=True),
+            seed=int(cfg.run.seed)),
         duration_s=duration,
         total_env_steps=total,
         seed=int(cfg.run.seed),

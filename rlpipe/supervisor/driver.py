@@ -26,6 +26,7 @@ from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.central import CentralLearner, SliceRef
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
+from rlpipe.supervisor.chaos import Chaos
 from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.lifecycle import LifecycleWriter, fault_counts
 from rlpipe.supervisor.memory import PeakMemory
@@ -110,6 +111,7 @@ class Driver:
         self.schedule: WakeSchedule | None = None
         self.watchdog: Watchdog | None = None
         self.next_redis_check = 0.0
+        self.chaos: Chaos | None = None
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -169,6 +171,11 @@ class Driver:
         ranges = group_ranges(spec.env_count, spec.group_size)
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, self.rcli, self.lifecycle)
+        hb = spec.heartbeat
+        quiet = (self.t0 + spec.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
+                 if spec.duration_s else None)
+        self.chaos = Chaos(spec.chaos, self.t0, self.lifecycle, self.redis, self.watchdog.pending,
+                           quiet) if spec.chaos.enabled else None
         for k, (lo, hi) in enumerate(ranges):
             h = WorkerHandle(k, lo, hi, spec, self.plan, self.run_id, self.zctx,
                              f"ipc://{self.sock_dir}/act_w{k}.ipc")
@@ -212,6 +219,8 @@ class Driver:
             code = h.proc.exitcode
             reason = "rss" if code == EXIT_RECYCLE else "exited"
             self._replace(h, reason, {"exitcode": code})
+        if self.chaos is not None:
+            self.chaos.tick(self.handles, now)
         self.watchdog.scan(self.handles, now)
         for rep in self.watchdog.reap(now):
             self._replace(rep.handle, rep.reason, rep.detail)
@@ -275,6 +284,9 @@ class Driver:
                         refs.append(ref)
                         h.slice_seq[s] = seq
                         self.slice_seen[(w, s)] = now
+                        if seq == 1 and s == 0:
+                            self.lifecycle.record("worker_ready", worker_id=w, generation=gen,
+                                                  detail={"since_spawn_s": round(now - h.spawned_at, 3)})
                         if seq > 0 and (w, s) not in self.slice_first_step:
                             self.slice_first_step[(w, s)] = now
                 refs.extend(self._wake_due(now))
@@ -318,6 +330,7 @@ class Driver:
         """Every resource of the run, in reverse order of creation; each step guarded so one
         failure cannot leave the rest behind."""
         steps = [
+            lambda: self._continue_stopped(),
             lambda: stop_workers(self.handles),
             lambda: self.memory.stop(),
             lambda: self.cgroups.cleanup() if self.cgroups else None,
@@ -337,6 +350,14 @@ class Driver:
                 log.exception("teardown step failed")
         for name in run_segments(self.run_id):      # belt and braces: nothing of ours stays
             Path("/dev/shm", name).unlink(missing_ok=True)
+
+    def _continue_stopped(self) -> None:
+        """Workers the chaos monkey SIGSTOPped and nobody replaced yet: let them hear STOP."""
+        for pid in self.chaos.stopped if self.chaos else ():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def _remove_sockets(self) -> None:
         if self.sock_dir is None:

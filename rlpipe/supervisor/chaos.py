@@ -1,0 +1,75 @@
+"""Declarative fault injection (conf/chaos/): the run attacks itself on a schedule, and every
+injection is a lifecycle row (`chaos_inject`) so recovery can be checked against it.
+
+- kill_worker_every_s: SIGKILL a random awake worker;
+- stop_worker_every_s: SIGSTOP a random awake worker and leave it stopped (the watchdog must
+  notice the silence and replace it);
+- kill_redis_at_s: SIGKILL the embedded redis-server once, this many seconds into the run.
+
+Injections stop when less of the run is left than the watchdog needs to notice and heal a
+fault (timeout + grace + two scans), so every injection of a finished run has its recovery.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+
+from rlpipe.config import ChaosSpec
+
+log = logging.getLogger("rlpipe.chaos")
+
+
+class Chaos:
+    def __init__(self, spec: ChaosSpec, t0: float, lifecycle, redis_service, pending: dict,
+                 quiet_from: float | None = None):
+        self.spec = spec
+        self.lifecycle = lifecycle
+        self.redis = redis_service
+        self.pending = pending            # the watchdog's replacements under way: not targets
+        self.rng = random.Random(spec.seed)
+        self.t0 = t0
+        self.next_kill = t0 + spec.kill_worker_every_s if spec.kill_worker_every_s else None
+        self.next_stop = t0 + spec.stop_worker_every_s if spec.stop_worker_every_s else None
+        self.redis_at = t0 + spec.kill_redis_at_s if spec.kill_redis_at_s is not None else None
+        self.stopped: set[int] = set()     # pids we SIGSTOPped (continued or killed at teardown)
+        # No injections once too little run is left for the watchdog to see the fault healed.
+        self.quiet_from = quiet_from
+        self.injected = 0
+
+    def _target(self, handles):
+        candidates = [h for h in handles if h.awake and h.alive() and h.worker_id not in self.pending
+                      and h.proc.pid not in self.stopped]
+        return self.rng.choice(candidates) if candidates else None
+
+    def _record(self, what: str, h=None, **detail) -> None:
+        self.injected += 1
+        fields = dict(worker_id=h.worker_id, generation=h.generation) if h is not None else {}
+        self.lifecycle.record("chaos_inject", detail={"what": what, **detail}, **fields)
+        log.warning("chaos: %s %s", what, detail)
+
+    def tick(self, handles, now: float) -> None:
+        if self.quiet_from is not None and now >= self.quiet_from:
+            return
+        if self.next_kill is not None and now >= self.next_kill:
+            self.next_kill = now + self.spec.kill_worker_every_s
+            h = self._target(handles)
+            if h is not None:
+                self._record("kill_worker", h, pid=h.proc.pid, signal="SIGKILL",
+                             t=round(now - self.t0, 2))
+                os.kill(h.proc.pid, signal.SIGKILL)
+        if self.next_stop is not None and now >= self.next_stop:
+            self.next_stop = now + self.spec.stop_worker_every_s
+            h = self._target(handles)
+            if h is not None:
+                self._record("stop_worker", h, pid=h.proc.pid, signal="SIGSTOP",
+                             t=round(now - self.t0, 2))
+                self.stopped.add(h.proc.pid)
+                os.kill(h.proc.pid, signal.SIGSTOP)
+        if self.redis_at is not None and now >= self.redis_at:
+            self.redis_at = None
+            proc = getattr(self.redis, "proc", None)
+            if proc is not None and proc.poll() is None:
+                self._record("kill_redis", pid=proc.pid, signal="SIGKILL", t=round(now - self.t0, 2))
+                proc.kill()

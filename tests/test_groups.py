@@ -1,0 +1,115 @@
+"""Groups: wake order and counts, cgroup drivers on this machine, the `none` fallback."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import read_summary, run_cli
+from rlpipe.config import GroupsSpec
+from rlpipe.supervisor.cgroups import CgroupRoots, make_driver, sweep_dead_cgroups
+from rlpipe.supervisor.groups import WakeSchedule
+
+
+def spec(**kw) -> GroupsSpec:
+    base = dict(hot=1, wake_after_steps=10, wake_batch=1, wake_growth=1.0, cgroup="none",
+                dormant_cpu_pct=1.0, dormant_mem_mb=512)
+    return GroupsSpec(**{**base, **kw})
+
+
+def test_wake_order_and_counts():
+    s = WakeSchedule(6, spec(hot=2, wake_batch=1, wake_growth=2.0))
+    assert s.awake == [True, True, False, False, False, False]
+    assert s.due({0: 9, 1: 50}) == []              # group 0 has not made its 10 steps yet
+    assert s.due({0: 10, 1: 10}) == [2]            # batch 1, then it doubles
+    assert s.due({0: 99, 1: 99, 2: 3}) == []       # waits for the group just woken
+    assert s.due({0: 99, 1: 99, 2: 10}) == [3, 4]
+    assert s.due({3: 10, 4: 9}) == []
+    assert s.due({3: 10, 4: 10}) == [5]            # only one dormant group left
+    assert s.all_awake and s.due({5: 1000}) == [] and s.wakes == 3
+
+
+def test_everything_hot():
+    s = WakeSchedule(3, spec(hot=5))
+    assert s.all_awake and s.due({}) == []
+
+
+def _v1_writable() -> bool:
+    return all(os.access(f"/sys/fs/cgroup/{c}", os.W_OK) for c in ("cpu", "memory"))
+
+
+@pytest.mark.skipif(not _v1_writable(), reason="cgroup v1 cpu+memory not writable on this machine")
+def test_v1_places_moves_and_cleans_up():
+    run_id = f"{os.getpid()}-7e57"
+    driver = make_driver("v1", run_id, cpu_pct=1.0, mem_mb=512)
+    assert driver.name == "v1"
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        for path in driver.dormant_paths(4):
+            Path(path).write_text(str(proc.pid))
+        groups = Path(f"/proc/{proc.pid}/cgroup").read_text()
+        assert f"cpu:/rlpipe_{run_id}/g4" in groups and f"memory:/rlpipe_{run_id}/g4" in groups
+        g4 = Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}/g4")
+        assert (g4 / "cpu.cfs_quota_us").read_text().strip() == "1000"
+        assert (Path(f"/sys/fs/cgroup/memory/rlpipe_{run_id}/g4/memory.limit_in_bytes")
+                .read_text().strip() == str(512 * 2**20))
+        driver.wake(4, proc.pid)
+        groups = Path(f"/proc/{proc.pid}/cgroup").read_text()
+        assert f"cpu:/rlpipe_{run_id}/active" in groups
+        driver.hibernate(4, proc.pid)
+        assert f"cpu:/rlpipe_{run_id}/g4" in Path(f"/proc/{proc.pid}/cgroup").read_text()
+        driver.cleanup()      # the live process is moved out, then every dir removed
+        assert not Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}").exists()
+        assert not Path(f"/sys/fs/cgroup/memory/rlpipe_{run_id}").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        driver.cleanup()
+
+
+def test_none_fallback_when_nothing_is_writable(tmp_path, caplog):
+    # Roots we control: a v2 root without cpu/memory delegated, a v1 root with only `cpu`.
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cgroup.controllers").write_text("freezer\n")
+    (tmp_path / "v2" / "cgroup.subtree_control").write_text("")
+    (tmp_path / "v1" / "cpu").mkdir(parents=True)
+    roots = CgroupRoots(v2=tmp_path / "v2", v1=tmp_path / "v1")
+    with caplog.at_level(logging.WARNING, logger="rlpipe.cgroups"):
+        driver = make_driver("auto", "1-abc", 1.0, 512, roots=roots)
+    assert driver.name == "none"
+    assert driver.dormant_paths(0) == []
+    lines = [r for r in caplog.records if r.name == "rlpipe.cgroups"]
+    assert len(lines) == 1 and "cgroup driver: none" in lines[0].getMessage()
+
+
+def test_sweep_removes_dead_runs_only(tmp_path):
+    roots = CgroupRoots(v2=tmp_path / "v2", v1=tmp_path / "v1")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for base in (roots.v2, roots.v1 / "cpu"):
+        (base / f"rlpipe_{dead.pid}-abc" / "g1").mkdir(parents=True)
+        (base / f"rlpipe_{os.getpid()}-abc").mkdir(parents=True)
+    removed = sweep_dead_cgroups(roots)
+    assert len(removed) == 2
+    assert (roots.v2 / f"rlpipe_{os.getpid()}-abc").exists()
+    assert not (roots.v2 / f"rlpipe_{dead.pid}-abc").exists()
+
+
+def test_engine_wakes_groups_in_order(short_tmp):
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "env_count=210", "groups.size=70", "groups.hot=1",
+                  "groups.wake_after_steps=20", "groups.wake_batch=1", "run.duration_s=40",
+                  "run.total_env_steps=60000")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["active_envs_end"] == 210
+    assert summary["cgroup_driver"] == ("v1" if _v1_writable() else summary["cgroup_driver"])
+    with contextlib.closing(sqlite3.connect(f"file:{run_dir}/lifecycle.sqlite?mode=ro&immutable=1",
+                                            uri=True)) as db:
+        wakes = db.execute("SELECT worker_id FROM events WHERE kind = 'group_wake' ORDER BY ts").fetchall()
+    assert [w for (w,) in wakes] == [1, 2]
