@@ -1,78 +1,235 @@
-"""Gymnasium environments through the contract: spaces mapped onto obs keys and action heads.
+"""Any Gymnasium environment through the contract: spaces mapped onto obs keys and action heads.
 
-Box obs of rank 1 -> `state` (or `vector` via obs_key), rank 3 uint8 -> `rgb`;
-Discrete actions -> the discrete head; Box actions -> the continuous head, where the policy's
-[-1, 1] output is mapped linearly onto the space's bounds.
+Used by the classic-control, lunar_lander and atari types and by `env_mix=gym env_mix.id=<Id>`.
+
+Observations (walked through Dict and Tuple spaces):
+- the first image-like part (uint8 Box of HxW or HxWxC, C in 1/3/4) -> `rgb`, resized
+  (nearest) to `rgb_shape` when that is given (the buffer's rgb shape);
+- every other Box, Discrete (one-hot), MultiBinary and MultiDiscrete part -> flattened and
+  concatenated as float32 into `state` (or `vector` via obs_key);
+- parts with no numeric form (Text, Graph, ...) are left out.
+Actions:
+- Discrete(n, start) -> the discrete head with n valid entries (start is added back);
+- Box -> the continuous head with prod(shape) dims; the policy's [-1, 1] is mapped linearly
+  onto finite bounds (clipped first); dims with an infinite bound get the raw value.
+Anything else (MultiDiscrete, MultiBinary, Dict actions) is refused with a clear error.
+
+Ids of plugin packages register on demand: `ALE/...` imports ale_py, `MiniGrid-...`/`BabyAI-...`
+import minigrid, and `module:Id` imports `module` (Gymnasium's own syntax).
 """
 from __future__ import annotations
+
+import difflib
+import importlib
 
 import gymnasium as gym
 import numpy as np
 
 from rlpipe.envs.contract import CONTINUOUS, DISCRETE, EnvInterface, EnvSpec
+from rlpipe.envs.image import Resizer, as_rgb_shape
+
+# id prefix -> package that registers it when imported
+PLUGINS = (("ALE/", "ale_py"), ("MiniGrid-", "minigrid"), ("BabyAI-", "minigrid"))
+OBS_KEYS_FLAT = ("state", "vector")
 
 
-def _spaces(env_id_str: str, make_kwargs: dict):
-    env = gym.make(env_id_str, **make_kwargs)
+def ensure_registered(gym_id: str) -> None:
+    """Import the plugin package an id needs; raise ValueError naming the id if it is unknown."""
+    if gym_id is None:
+        raise ValueError("no Gymnasium id given: set one, e.g. `env_mix=gym env_mix.id=CartPole-v1`")
+    if not isinstance(gym_id, str) or not gym_id:
+        raise ValueError(f"Gymnasium id {gym_id!r} is not a non-empty string")
+    if ":" in gym_id:            # "module:Id": Gymnasium imports the module itself
+        module, _, rest = gym_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"Gymnasium id {gym_id!r}: module {module!r} cannot be imported "
+                             f"({exc})") from None
+        gym_id = rest
+    else:
+        for prefix, module in PLUGINS:
+            if gym_id.startswith(prefix):
+                try:
+                    mod = importlib.import_module(module)
+                except ImportError:
+                    raise ValueError(f"Gymnasium id {gym_id!r} needs the package {module!r}, "
+                                     "which is not installed") from None
+                if module == "ale_py" and hasattr(mod, "LoggerMode"):
+                    mod.ALEInterface.setLoggerMode(mod.LoggerMode.Error)   # no banner per env
+                if hasattr(gym, "register_envs"):
+                    gym.register_envs(mod)
     try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
+        gym.spec(gym_id)
+    except gym.error.Error as exc:
+        close = difflib.get_close_matches(gym_id, list(gym.registry), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"Gymnasium id {gym_id!r} does not exist ({exc}){hint} "
+                         "(python -c 'import gymnasium; gymnasium.pprint_registry()' lists the "
+                         "registered ids)") from None
 
 
-def _obs_key(space, obs_key: str | None) -> str:
-    if not isinstance(space, gym.spaces.Box):
-        raise ValueError(f"observation space {space} is not a Box")
-    if len(space.shape) == 3 and space.dtype == np.uint8:
-        return "rgb"
-    if len(space.shape) == 1:
-        return obs_key or "state"
-    raise ValueError(f"observation space {space} is neither a vector nor an HxWxC uint8 image")
+def _import(path: str):
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ValueError(f"wrapper {path!r} is not a dotted path module.Name")
+    return getattr(importlib.import_module(module), name)
+
+
+def make_gym(gym_id: str, make_kwargs: dict | None = None, wrappers: list | None = None):
+    """gym.make plus wrappers: each a dotted path or {path: ..., kwargs: {...}}."""
+    ensure_registered(gym_id)
+    kwargs = {"disable_env_checker": True, **(make_kwargs or {})}
+    env = gym.make(gym_id, **kwargs)
+    for w in wrappers or ():
+        if isinstance(w, str):
+            env = _import(w)(env)
+        else:
+            env = _import(w["path"])(env, **(w.get("kwargs") or {}))
+    return env
+
+
+# --- observation mapping --------------------------------------------------------------------
+
+def _leaves(space, path=()):
+    if isinstance(space, gym.spaces.Dict):
+        for k, sub in space.spaces.items():
+            yield from _leaves(sub, path + (k,))
+    elif isinstance(space, gym.spaces.Tuple):
+        for i, sub in enumerate(space.spaces):
+            yield from _leaves(sub, path + (i,))
+    else:
+        yield path, space
+
+
+def _is_image(space) -> bool:
+    if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8:
+        return False
+    s = space.shape
+    return (len(s) == 3 and s[2] in (1, 3, 4) and min(s[:2]) >= 8) or (len(s) == 2 and min(s) >= 8)
+
+
+_FLAT = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
+
+
+def _get(raw, path):
+    for k in path:
+        raw = raw[k]
+    return raw
+
+
+class ObsMap:
+    """One observation space mapped onto contract keys; `spec` and `convert(raw)`."""
+
+    def __init__(self, space, obs_key: str | None = None, rgb_shape=None):
+        if obs_key is not None and obs_key not in OBS_KEYS_FLAT:
+            raise ValueError(f"obs_key {obs_key!r} is not one of {', '.join(OBS_KEYS_FLAT)}")
+        self.flat_key = obs_key or "state"
+        self.image_path = None
+        self.flat: list[tuple[tuple, gym.Space]] = []
+        for path, sub in _leaves(space):
+            if self.image_path is None and _is_image(sub):
+                self.image_path, self.image_space = path, sub
+            elif isinstance(sub, _FLAT):
+                self.flat.append((path, sub))
+        if self.image_path is None and not self.flat:
+            raise ValueError(f"observation space {space} has no Box, Discrete, MultiBinary or "
+                             "MultiDiscrete part to map onto rgb/state/vector")
+        self.spec: dict = {}
+        self.resize = None
+        if self.image_path is not None:
+            src = tuple(self.image_space.shape)
+            native = (src[0], src[1], 3)
+            out = as_rgb_shape(rgb_shape) or native
+            self.resize = Resizer(src, out)
+            self.spec["rgb"] = (out, "uint8")
+        self.flat_dim = sum(int(gym.spaces.flatdim(sub)) for _, sub in self.flat)
+        self._single_box = (len(self.flat) == 1 and self.flat[0][0] == ()
+                            and isinstance(self.flat[0][1], gym.spaces.Box))
+        if self.flat:
+            self.spec[self.flat_key] = ((self.flat_dim,), "float32")
+
+    def convert(self, raw) -> dict[str, np.ndarray]:
+        out = {}
+        if self.resize is not None:
+            out["rgb"] = self.resize(np.asarray(_get(raw, self.image_path)))
+        if self.flat:
+            if self._single_box:
+                out[self.flat_key] = np.asarray(raw, dtype=np.float32).reshape(-1)
+            else:
+                out[self.flat_key] = np.concatenate(
+                    [np.asarray(gym.spaces.flatten(sub, _get(raw, path)), dtype=np.float32).reshape(-1)
+                     for path, sub in self.flat])
+        return out
+
+
+def action_head(space) -> tuple[str, int]:
+    if isinstance(space, gym.spaces.Discrete):
+        return DISCRETE, int(space.n)
+    if isinstance(space, gym.spaces.Box) and space.shape and np.issubdtype(space.dtype, np.floating):
+        return CONTINUOUS, int(np.prod(space.shape))
+    raise ValueError(f"action space {space} is not supported: rlpipe's heads take one Discrete "
+                     "or one float Box action")
 
 
 class GymnasiumEnv(EnvInterface):
+    """One Gymnasium env per env id. Parameters (all config): id, obs_key (state|vector for
+    the flat part), rgb_shape (the board's rgb shape; null keeps the native frame size),
+    make_kwargs (passed to gym.make), wrappers (dotted paths or {path, kwargs})."""
+
     def __init__(self, id: str, env_id: int, seed: int, obs_key: str | None = None,
-                 make_kwargs: dict | None = None):
+                 rgb_shape=None, make_kwargs: dict | None = None, wrappers: list | None = None):
         self.gym_id = id
-        self.env = gym.make(id, **(make_kwargs or {}))
-        self._key = _obs_key(self.env.observation_space, obs_key)
-        self._dtype = np.uint8 if self._key == "rgb" else np.float32
-        space = self.env.action_space
-        self._discrete = isinstance(space, gym.spaces.Discrete)
-        if not self._discrete:
-            self._low = space.low.astype(np.float32)
-            self._half = ((space.high - space.low) / 2).astype(np.float32)
+        self.env = make_gym(id, make_kwargs, wrappers)
+        try:
+            self._map = ObsMap(self.env.observation_space, obs_key, rgb_shape)
+            space = self.env.action_space
+            kind, _n = action_head(space)
+        except Exception:
+            self.env.close()
+            raise
+        self._discrete = kind == DISCRETE
+        if self._discrete:
+            self._start = int(space.start)
+        else:
+            self._shape = space.shape
+            low = space.low.reshape(-1).astype(np.float64)
+            high = space.high.reshape(-1).astype(np.float64)
+            finite = np.isfinite(low) & np.isfinite(high)
+            self._finite = finite
+            self._low = np.where(finite, low, 0.0)
+            self._half = np.where(finite, (high - low) / 2, 1.0)
+            self._dtype = space.dtype
         self._seed = seed
         self._first_reset = True
 
     @classmethod
-    def describe(cls, id: str, obs_key: str | None = None, make_kwargs: dict | None = None) -> EnvSpec:
-        obs_space, act_space = _spaces(id, make_kwargs or {})
-        key = _obs_key(obs_space, obs_key)
-        dtype = "uint8" if key == "rgb" else "float32"
-        if isinstance(act_space, gym.spaces.Discrete):
-            return EnvSpec({key: (tuple(obs_space.shape), dtype)}, DISCRETE, int(act_space.n))
-        if isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
-            return EnvSpec({key: (tuple(obs_space.shape), dtype)}, CONTINUOUS, int(act_space.shape[0]))
-        raise ValueError(f"action space {act_space} is neither Discrete nor a 1-D Box")
-
-    def _obs(self, raw) -> dict[str, np.ndarray]:
-        return {self._key: np.asarray(raw, dtype=self._dtype)}
+    def describe(cls, id: str, obs_key: str | None = None, rgb_shape=None,
+                 make_kwargs: dict | None = None, wrappers: list | None = None) -> EnvSpec:
+        env = make_gym(id, make_kwargs, wrappers)
+        try:
+            obs_map = ObsMap(env.observation_space, obs_key, rgb_shape)
+            kind, n = action_head(env.action_space)
+        finally:
+            env.close()
+        return EnvSpec(dict(obs_map.spec), kind, n)
 
     def reset(self, env_id: int) -> dict[str, np.ndarray]:
         # Seed once per env id; later resets continue that env's own random stream.
         seed = self._seed if self._first_reset else None
         self._first_reset = False
         obs, _info = self.env.reset(seed=seed)
-        return self._obs(obs)
+        return self._map.convert(obs)
 
     def step(self, env_id: int, action: np.ndarray):
         if self._discrete:
-            act = int(action)
+            act = self._start + int(action)
         else:
-            act = self._low + (np.clip(action, -1.0, 1.0) + 1.0) * self._half
+            a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
+            a = np.where(self._finite, self._low + (a + 1.0) * self._half, a)
+            act = a.astype(self._dtype).reshape(self._shape)
         obs, reward, terminated, truncated, info = self.env.step(act)
-        return self._obs(obs), float(reward), bool(terminated), bool(truncated), info
+        return self._map.convert(obs), float(reward), bool(terminated), bool(truncated), info
 
     def close(self, env_id: int) -> None:
         self.env.close()

@@ -6,6 +6,8 @@ The worker calls the type's factory once per env id and holds `env_id -> env` it
 """
 from __future__ import annotations
 
+import hashlib
+import traceback
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -38,11 +40,19 @@ class EnvInterface(ABC):
 
     @abstractmethod
     def step(self, env_id: int, action: np.ndarray) -> tuple[dict[str, np.ndarray], float, bool, bool, dict]:
-        """One step. Discrete types get an int64 scalar array; continuous ones a float32 array
-        of `action_n` entries in [-1, 1], which the env maps onto its own bounds."""
+        """One step. Discrete types get an integer in [0, action_n) (a Python int or an int64
+        scalar array: read it with int(action)); continuous ones a float32 array of `action_n`
+        entries in [-1, 1], which the env maps onto its own bounds."""
 
     @abstractmethod
     def close(self, env_id: int) -> None: ...
+
+    @classmethod
+    def declared_fault_rates(cls, **params) -> tuple[float, float]:
+        """(per reset, per step) probability that this type raises or breaks the contract on
+        purpose (the chaos emulators); day0 validation tolerates faults up to these rates and
+        fails a type on any fault it does not declare."""
+        return 0.0, 0.0
 
 
 def check_fits(type_name: str, spec: EnvSpec, board_keys: tuple[ObsKey, ...]) -> None:
@@ -86,3 +96,11 @@ def check_step(spec: EnvSpec, result: object) -> tuple[dict, float, bool, bool]:
     if not isinstance(terminated, (bool, np.bool_)) or not isinstance(truncated, (bool, np.bool_)):
         raise ContractViolation("terminated and truncated must be bools")
     return obs, float(reward), bool(terminated), bool(truncated)
+
+
+def fingerprint(exc: BaseException) -> str:
+    """md5 of the traceback's frames (file, function, source line) and the exception type:
+    stable across runs, addresses and line-number drift excluded (the worker's error key)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    text = "|".join(f"{f.filename}:{f.name}:{f.line}" for f in frames) + type(exc).__name__
+    return hashlib.md5(text.encode()).hexdigest()

@@ -68,13 +68,15 @@ class Watchdog:
             if now - h.spawned_at < limit:
                 continue                       # too young to be judged on silence
             os_age = (mono_ns - h.views.load(H_OS_BEAT_NS)) / 1e9
-            redis_age = (wall - beats[h.worker_id]) if beats and h.worker_id in beats else None
-            if os_age > limit:
-                self._terminate(h, "os_heartbeat", {"os_beat_age_s": round(os_age, 1)})
-            elif beats is not None and (redis_age is None or redis_age > limit):
-                # A worker that never beat into a reachable Redis is as silent as a stale one.
-                self._terminate(h, "redis_heartbeat",
-                                {"redis_beat_age_s": None if redis_age is None else round(redis_age, 1)})
+            # A worker that never beat into a reachable Redis is as silent as a stale one.
+            redis_age = None if beats is None else wall - beats.get(h.worker_id, h.spawned_wall)
+            stale = [name for name, age in (("os", os_age), ("redis", redis_age))
+                     if age is not None and age > limit]
+            if stale:
+                self._terminate(h, "heartbeat", {
+                    "stale": stale, "os_beat_age_s": round(os_age, 2),
+                    "redis_beat_age_s": None if redis_age is None else round(redis_age, 2),
+                    "redis_reachable": beats is not None, "limit_s": limit})
 
     def _terminate(self, h, reason: str, detail: dict) -> None:
         log.warning("worker %d (pid %d) silent (%s): SIGTERM", h.worker_id, h.proc.pid, reason)

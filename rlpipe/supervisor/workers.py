@@ -84,6 +84,7 @@ class WorkerHandle:
                                 daemon=False)
         self.proc.start()
         self.spawned_at = time.monotonic()
+        self.spawned_wall = time.time()
 
     def ring(self, slice_index: int, seq: int) -> bool:
         try:

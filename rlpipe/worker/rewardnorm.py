@@ -34,6 +34,7 @@ raises ValueError with a clear message; a restarted worker (same env-id range) r
 """
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Iterable
 
@@ -88,9 +89,8 @@ class RewardNormalizer:
                            ((x - x.mean(axis=0)) ** 2).sum(axis=0))
             mean, std = self.mean[lo:hi], np.sqrt(self.m2[lo:hi] / self.count[lo:hi])
         else:
-            bm = x.mean()
-            self._chan(slice(0, 1), x.size, bm, ((x - bm) ** 2).sum())
-            mean, std = self.mean[0], np.sqrt(self.m2[0] / self.count[0])
+            self._chan_global(x)
+            mean, std = float(self.mean[0]), math.sqrt(self.m2[0] / self.count[0])
         x -= mean
         x /= std + EPS
         if self.clip is not None:
@@ -103,6 +103,19 @@ class RewardNormalizer:
         delta = x - mean
         mean += delta / count
         m2 += delta * (x - mean)
+
+    def _chan_global(self, x: np.ndarray) -> None:
+        """`_chan` into the single global row, in Python scalars (cheaper for one row)."""
+        nb = x.size
+        mb = float(x.sum()) / nb
+        d = (x - mb).ravel()
+        m2b = float(d @ d)
+        na = int(self.count[0])
+        n = na + nb
+        delta = mb - float(self.mean[0])
+        self.mean[0] += delta * (nb / n)
+        self.m2[0] += m2b + delta * delta * (na * (nb / n))
+        self.count[0] = n
 
     def _chan(self, rows: slice, nb, mb, m2b) -> None:
         """Chan's parallel combine of a batch (nb samples, mean mb, M2 m2b) into `rows`."""

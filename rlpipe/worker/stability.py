@@ -126,26 +126,29 @@ class StabilityTracker:
         f = self.filled[lo:hi]
         r = self.rewards[lo:hi]
         cnt = np.maximum(f, 1).astype(np.float64)
-        valid = self._cols < f[:, None]
-        mean = np.where(valid, r, 0.0).sum(axis=1) / cnt
-        dev = np.where(valid, r - mean[:, None], 0.0)
-        spread = np.sqrt((dev * dev).sum(axis=1) / cnt) * self.inv_scale[lo:hi]
+        mean = r.sum(axis=1) / cnt                  # columns not yet written hold 0.0
+        dev = r - mean[:, None]
+        if (f < self.window).any():                 # partly filled windows: mask the unwritten
+            dev *= self._cols < f[:, None]
+        spread = np.sqrt(np.einsum("ij,ij->i", dev, dev) / cnt) * self.inv_scale[lo:hi]
 
         lf = self.len_filled[lo:hi]
         L = self.lengths[lo:hi]
-        lvalid = np.arange(self.episodes) < lf[:, None]
         lcnt = np.maximum(lf, 1).astype(np.float64)
-        lmean = np.where(lvalid, L, 0.0).sum(axis=1) / lcnt
-        ldev = np.where(lvalid, L - lmean[:, None], 0.0)
-        lstd = np.sqrt((ldev * ldev).sum(axis=1) / lcnt)
-        len_cv = np.where((lf >= 2) & (lmean > 0), lstd / np.maximum(lmean, 1e-300), 0.0)
-        cut_frac = np.where(lvalid, self.cuts[lo:hi], False).sum(axis=1) / lcnt
+        lmean = L.sum(axis=1) / lcnt                # unwritten slots hold 0 (and no cut)
+        ldev = L - lmean[:, None]
+        if (lf < self.episodes).any():
+            ldev *= np.arange(self.episodes) < lf[:, None]
+        lstd = np.sqrt(np.einsum("ij,ij->i", ldev, ldev) / lcnt)
+        len_cv = lstd / np.maximum(lmean, 1.0)      # lengths are >= 1 when recorded
+        len_cv[lf < 2] = 0.0
+        cut_frac = self.cuts[lo:hi].sum(axis=1) / lcnt
         return spread, len_cv, cut_frac, f >= self.min_steps
 
     def scores(self, lo: int, hi: int) -> np.ndarray:
         """Stability scores of envs [lo, hi): float32 in [0, 1] (formula in the module doc)."""
         spread, len_cv, cut_frac, enough = self.terms(lo, hi)
-        score = stability_score(spread, len_cv, cut_frac)
+        score = ((1.0 - cut_frac) / (1.0 + spread + len_cv)).astype(np.float32)   # all terms >= 0
         score[~enough] = self.neutral
         return score
 
@@ -193,6 +196,8 @@ class EpsilonGreedy:
         self.epsilon = np.zeros(self.n, dtype=np.float64)
         self.rng = np.random.default_rng(seed)
         self._log_u_disc = -np.log(self.n_valid.astype(np.float64))
+        self._log_u_cont = -self.n_valid.astype(np.float64) * LOG2
+        self._dims: dict[int, np.ndarray] = {}     # D -> [n, D] valid-dim mask of continuous envs
 
     def set_epsilon(self, epsilon: np.ndarray | float, lo: int = 0) -> None:
         """Rates for envs [lo, lo + len(epsilon)) (a scalar: every env), clipped to [0, 1]."""
@@ -219,11 +224,15 @@ class EpsilonGreedy:
         ex_disc = np.where(explored, alt_disc, a_disc)
         ex_cont = np.where(explored[:, None], alt_cont, a_cont) if np.ndim(a_cont) == 2 else a_cont
         pi_logp = np.where(explored, alt_logp, logp)
+        log_u = self._log_u_disc[lo:hi]
         is_cont = self.is_cont[lo:hi]
-        if is_cont.any():
-            log_u = uniform_logp(is_cont, self.n_valid[lo:hi], ex_cont)
-        else:
-            log_u = self._log_u_disc[lo:hi]
+        if is_cont.any():                          # u(a) = 2^-d inside [-1, 1]^d, else 0
+            D = ex_cont.shape[1]
+            dims = self._dims.get(D)
+            if dims is None:
+                dims = self._dims[D] = (np.arange(D) < self.n_valid[:, None]) & self.is_cont[:, None]
+            outside = ((np.abs(ex_cont) > 1.0) & dims[lo:hi]).any(axis=1)
+            log_u = np.where(is_cont, np.where(outside, -np.inf, self._log_u_cont[lo:hi]), log_u)
         return ex_disc, ex_cont, mixture_logp(pi_logp, eps, log_u).astype(np.float32), explored
 
 

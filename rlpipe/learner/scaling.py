@@ -1,0 +1,153 @@
+"""Per-env gradient scaling and score-steered exploration, learner side.
+
+Stability scores (rlpipe.worker.stability, in [0, 1]) arrive with the step results. Here:
+
+- weight  w = min_weight + (1 - min_weight) * score        (scaling.min_weight, default 0.3)
+  linear and monotone: score 1 -> 1.0, score 0 -> min_weight. scaling=off: weight 1 (pass
+  weights=None to `weighted_ppo_terms` to reproduce the unweighted loss bit for bit).
+- epsilon eps = eps_min + (eps_max - eps_min) * (1 - score)
+  Choice: the LESS stable an env, the MORE it explores. Instability (reward spread, erratic
+  episode lengths) says the policy has not settled on that env; those envs are also the ones
+  whose samples carry the smallest gradient weight, so their off-policy exploratory samples
+  move the update least, while stable envs (full weight) stay on-policy (eps_min, default 0).
+  Passing eps_max < eps_min inverts the direction (stable envs explore more).
+- behaviour log-prob under epsilon-greedy: log((1 - eps) pi(a) + eps u(a)); see the worker
+  module for u(a) (1/n_valid discrete; 2^-d inside [-1, 1]^d continuous, 0 outside) and for
+  the data the worker needs: `act_with_alternative` produces it (the policy's sample and
+  log-prob, plus one uniform alternative and the policy's log-prob of it).
+- `weighted_ppo_terms`: PPO's clipped surrogate, value loss and entropy, each the weighted
+  mean sum(w * term) / sum(w) over the minibatch (normalized by the weight sum: the weights
+  set the relative share of envs within a minibatch, not the loss scale).
+
+Functions taking scores accept numpy arrays or torch tensors and return the same kind.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from rlpipe.worker.stability import mixture_logp as mixture_logp_np
+from rlpipe.worker.stability import uniform_logp as uniform_logp_np
+
+__all__ = ["score_to_weight", "score_to_epsilon", "mixture_logp", "mixture_logp_np",
+           "uniform_logp", "uniform_logp_np", "act_with_alternative", "ActOut",
+           "weighted_ppo_terms", "PPOTerms"]
+
+
+def _clip01(x):
+    return x.clamp(0.0, 1.0) if isinstance(x, torch.Tensor) else np.clip(np.asarray(x, dtype=np.float32), 0.0, 1.0)
+
+
+def score_to_weight(scores, min_weight: float = 0.3):
+    """Gradient weight in [min_weight, 1], linear and monotone in the score."""
+    if not 0.0 <= min_weight <= 1.0:
+        raise ValueError(f"scaling.min_weight must be in [0, 1], got {min_weight}")
+    return min_weight + (1.0 - min_weight) * _clip01(scores)
+
+
+def score_to_epsilon(scores, eps_max: float = 0.1, eps_min: float = 0.0):
+    """Exploration rate: eps_max at score 0, eps_min at score 1 (linear)."""
+    for name, v in (("eps_max", eps_max), ("eps_min", eps_min)):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"scaling.{name} must be in [0, 1], got {v}")
+    return eps_min + (eps_max - eps_min) * (1.0 - _clip01(scores))
+
+
+def mixture_logp(policy_logp, epsilon, log_u):
+    """log((1 - eps) exp(policy_logp) + eps exp(log_u)); exactly policy_logp where eps == 0.
+    torch tensors -> torch (same dtype as policy_logp); numpy -> numpy float64."""
+    if not isinstance(policy_logp, torch.Tensor):
+        return mixture_logp_np(policy_logp, epsilon, log_u)
+    eps = torch.as_tensor(epsilon, dtype=policy_logp.dtype, device=policy_logp.device).expand_as(policy_logp)
+    log_u = torch.as_tensor(log_u, dtype=policy_logp.dtype, device=policy_logp.device).expand_as(policy_logp)
+    mixed = torch.logaddexp(torch.log1p(-eps) + policy_logp, torch.log(eps) + log_u)
+    return torch.where(eps > 0, mixed, policy_logp)
+
+
+def uniform_logp(is_cont: torch.Tensor, n_valid: torch.Tensor, a_cont: torch.Tensor | None = None) -> torch.Tensor:
+    """torch twin of the worker's `uniform_logp`: -log n_valid (discrete), -d log 2 inside
+    [-1, 1]^d over the d valid dims else -inf (continuous)."""
+    n = n_valid.to(torch.float32)
+    out = -torch.log(n.clamp_min(1.0))
+    if a_cont is not None and bool(is_cont.any()):
+        dims = torch.arange(a_cont.shape[1], device=a_cont.device) < n_valid[:, None]
+        inside = ((a_cont.abs() <= 1.0) | ~dims).all(dim=1)
+        cont = torch.where(inside, -n * math.log(2.0), torch.full_like(n, -math.inf))
+        out = torch.where(is_cont, cont, out)
+    return out
+
+
+class ActOut(NamedTuple):
+    a_disc: torch.Tensor       # [B] int64   policy sample
+    a_cont: torch.Tensor       # [B, D]      policy sample (unclipped)
+    logp: torch.Tensor         # [B]         log pi(a)
+    value: torch.Tensor        # [B]
+    alt_disc: torch.Tensor     # [B] int64   uniform over the env type's valid actions
+    alt_cont: torch.Tensor     # [B, D]      uniform over [-1, 1) on valid dims, 0 elsewhere
+    alt_logp: torch.Tensor     # [B]         log pi(alt)
+
+
+@torch.no_grad()
+def act_with_alternative(policy, obs: dict, types: torch.Tensor,
+                         generator: torch.Generator | None = None) -> ActOut:
+    """`Policy.act` plus one uniform alternative per sample and the policy's log-prob of it:
+    what a worker needs to apply epsilon-greedy and report the behaviour log-prob.
+
+    The policy sample is drawn exactly as `Policy.act` draws it (same global RNG use, same
+    order); the alternative uses `generator` (give a dedicated one, on the policy's device,
+    so exploration does not shift the policy's random stream). Uses Policy's internals
+    (`features`, `_dists`, `_logp_entropy`, `disc_mask`, `cont_mask`)."""
+    feat = policy.features(obs, types)
+    disc, cont = policy._dists(feat, types)
+    b, dev = len(types), feat.device
+    a_disc = disc.sample() if disc is not None else torch.zeros(b, dtype=torch.int64, device=dev)
+    a_cont = cont.sample() if cont is not None else torch.zeros(b, 1, device=dev)
+    logp, _ = policy._logp_entropy(disc, cont, types, a_disc, a_cont)
+    n_valid = policy.disc_mask[types].sum(-1).clamp_min(1)
+    alt_disc = torch.minimum((torch.rand(b, generator=generator, device=dev) * n_valid).long(), n_valid - 1)
+    alt_cont = (torch.rand(a_cont.shape, generator=generator, device=dev) * 2.0 - 1.0) \
+        * policy.cont_mask[types][:, :a_cont.shape[1]]
+    alt_logp, _ = policy._logp_entropy(disc, cont, types, alt_disc, alt_cont)
+    return ActOut(a_disc, a_cont, logp, policy.critic(feat).squeeze(-1), alt_disc, alt_cont, alt_logp)
+
+
+@dataclass
+class PPOTerms:
+    pg_loss: torch.Tensor       # weighted clipped surrogate (to minimize)
+    v_loss: torch.Tensor        # weighted 0.5 * (clipped) squared error
+    entropy: torch.Tensor       # weighted mean entropy
+    approx_kl: torch.Tensor     # unweighted diagnostics, no grad (as in CleanRL)
+    clipfrac: torch.Tensor
+
+
+def weighted_ppo_terms(new_logp: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
+                       old_logp: torch.Tensor, old_value: torch.Tensor, adv: torch.Tensor,
+                       ret: torch.Tensor, clip_coef: float, clip_vloss: bool = True,
+                       weights: torch.Tensor | None = None) -> PPOTerms:
+    """PPO loss terms of one minibatch (adv already normalized if norm_adv).
+
+    old_logp is the behaviour log-prob (the mixture when the worker explored). With
+    weights=None every term is a plain mean (identical to rlpipe.learner.ppo); with weights
+    [B] each term is sum(w * term) / sum(w). Loss = pg_loss - ent_coef * entropy +
+    vf_coef * v_loss."""
+    logratio = new_logp - old_logp
+    ratio = logratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    if clip_vloss:
+        v_clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
+        v = torch.max((new_value - ret) ** 2, (v_clipped - ret) ** 2)
+    else:
+        v = (new_value - ret) ** 2
+    if weights is None:
+        return PPOTerms(pg.mean(), 0.5 * v.mean(), entropy.mean(), approx_kl, clipfrac)
+    w = weights.to(pg.dtype)
+    wsum = w.sum().clamp_min(1e-12)
+    return PPOTerms((w * pg).sum() / wsum, 0.5 * (w * v).sum() / wsum, (w * entropy).sum() / wsum,
+                    approx_kl, clipfrac)

@@ -1,0 +1,147 @@
+"""Faults from outside the run and from inside it: the run heals and says why."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from conftest import REPO, read_summary, rlpipe_cmd, run_cli, run_leftovers
+from rlpipe.redis_client import connect, keepalive_options
+
+FAST_BEATS = ["heartbeat.timeout_s=4", "heartbeat.scan_interval_s=0.5",
+              "heartbeat.redis_interval_s=0.5", "heartbeat.signal_interval_s=0.2",
+              "heartbeat.term_grace_s=1"]
+
+
+def events(run_dir, kind=None):
+    with contextlib.closing(sqlite3.connect(f"file:{run_dir}/lifecycle.sqlite?mode=ro", uri=True)) as db:
+        q = "SELECT kind, worker_id, generation, detail FROM events"
+        rows = db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY ts",
+                          (kind,) if kind else ()).fetchall()
+    return [(k, w, g, json.loads(d) if d else None) for k, w, g, d in rows]
+
+
+def workers_of(driver_pid):
+    marker = f"rlpipe_{driver_pid}-"
+    found = {}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if not cmd.startswith("rlpipe: worker "):
+            continue
+        try:
+            if any(marker in m.path for m in p.memory_maps()):
+                found[int(cmd.split()[-1])] = p.info["pid"]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def redis_of(run_dir):
+    return [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if "redis-server" in " ".join(p.info["cmdline"] or []) and str(run_dir) in
+            " ".join(p.info["cmdline"] or [])]
+
+
+def start(run_dir, *overrides):
+    return subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
+    run_dir = short_tmp / "run"
+    proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=35",
+                 "run.total_env_steps=null", *FAST_BEATS)
+    try:
+        pids = wait_for(lambda: (lambda w: w if len(w) == 3 else None)(workers_of(proc.pid)), 60,
+                        "three workers")
+        wait_for(lambda: (run_dir / "tb").exists() and redis_of(run_dir), 30, "the run to start")
+        time.sleep(3)
+        os.kill(redis_of(run_dir)[0], signal.SIGKILL)     # Redis down: nobody may look dead for it
+        os.kill(pids[0], signal.SIGKILL)
+        os.kill(pids[1], signal.SIGSTOP)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["faults"]["worker_restarts"] >= 2
+    assert summary["active_envs_end"] == 210
+    restarts = {w: d for _k, w, _g, d in events(run_dir, "worker_restart")}
+    assert set(restarts) == {0, 1}               # worker 2 was healthy all along
+    assert restarts[0]["reason"] == "exited" and restarts[0]["exitcode"] == -signal.SIGKILL
+    assert restarts[1]["reason"] == "heartbeat" and restarts[1]["stale"]
+    # No worker was judged by Redis while Redis was unreachable.
+    assert all(d["redis_reachable"] or d["stale"] == ["os"] for _k, _w, _g, d in events(run_dir, "worker_term"))
+    assert events(run_dir, "redis_restart")
+    assert run_leftovers(proc.pid) == []
+
+
+def test_rss_recycle(short_tmp):
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "env_count=16", "run.duration_s=12", "run.total_env_steps=null",
+                  "worker.max_rss_mb=1", *FAST_BEATS)
+    assert out.returncode == 0, out.stderr[-3000:]
+    reasons = [d["reason"] for _k, _w, _g, d in events(run_dir, "worker_restart")]
+    assert "rss" in reasons and set(reasons) == {"rss"}
+
+
+def test_driver_kill9_leaves_nothing_and_next_run_sweeps(short_tmp):
+    run_dir = short_tmp / "run"
+    proc = start(run_dir, "env_count=140", "groups.size=70", "run.duration_s=120",
+                 "run.total_env_steps=null", *FAST_BEATS)
+    wait_for(lambda: len(workers_of(proc.pid)) == 2, 60, "two workers")
+    wait_for(lambda: redis_of(run_dir), 30, "redis")
+    time.sleep(2)
+    proc.kill()
+    proc.wait()
+    # Workers die with their forkserver (PR_SET_PDEATHSIG), Redis with the driver.
+    wait_for(lambda: not workers_of(proc.pid) and not redis_of(run_dir), 4 + 1 + 5,
+             "the run's processes to die")
+    leftovers = run_leftovers(proc.pid)
+    assert leftovers, "a kill -9 cannot clean up; the next run must"
+    out = run_cli(short_tmp / "next", "env_count=8", "run.total_env_steps=2000")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert run_leftovers(proc.pid) == []
+
+
+def test_redis_client_keepalive_and_health_checks():
+    client = connect("redis://127.0.0.1:1/0")
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["socket_keepalive"] is True
+    assert kwargs["socket_keepalive_options"] == keepalive_options()
+    assert kwargs["health_check_interval"] == 30
+    if hasattr(__import__("socket"), "TCP_KEEPIDLE"):
+        assert sorted(keepalive_options().values()) == [3, 10, 60]
+    unix = connect("unix:///tmp/nothing.sock").connection_pool.connection_kwargs
+    assert "socket_keepalive" not in unix and unix["socket_timeout"] == 2.0
+
+
+@pytest.mark.slow
+def test_soak_chaos_1000_envs(short_tmp):
+    """10 minutes of chaos at 1,000 envs; prints the recovery figures."""
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "+stage=day5", "env_count=1000", "run.duration_s=600", timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    from rlpipe.supervisor.recovery import recovery_report
+    report = recovery_report(run_dir / "lifecycle.sqlite")
+    print(json.dumps(report, indent=2))
+    assert report["injected"] > 0 and report["unrecovered"] == 0
+    assert read_summary(run_dir)["active_envs_end"] == 1000
