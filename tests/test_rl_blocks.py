@@ -15,11 +15,11 @@ from rlpipe.envs.registry import ActionSpace, MixPlan
 from rlpipe.learner.checkpoint import (CheckpointError, checkpoint_files, load_latest, rng_state,
                                        save_checkpoint, set_rng_state)
 from rlpipe.learner.policy import Policy
-from rlpipe.learner.scaling import (act_with_alternative, mixture_logp, score_to_epsilon,
+from rlpipe.learner.scaling import (mixture_logp, score_to_epsilon,
                                     score_to_weight, uniform_logp, weighted_ppo_terms)
 from rlpipe.worker.rewardnorm import RewardNormalizer
-from rlpipe.worker.stability import (EpsilonGreedy, StabilityTracker, pack_epsilons,
-                                     stability_score, unpack_epsilons)
+from rlpipe.worker.exploration import EpsilonGreedy, pack_epsilons, unpack_epsilons
+from rlpipe.worker.stability import StabilityTracker, stability_score
 
 # (loc, scale) of the reward streams: unit, huge, huge offset with a small spread, tiny.
 SCALES = [(0.0, 1.0), (3e8, 1e8), (1e8, 1.0), (3e-8, 1e-8), (-1e-8, 1e-8)]
@@ -237,7 +237,7 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
     torch.manual_seed(5)
     ref = policy.act(obs, types)
     torch.manual_seed(5)
-    out = act_with_alternative(policy, obs, types, torch.Generator().manual_seed(1))
+    out = policy.act_explore(obs, types, torch.Generator().manual_seed(1))
     for a, b_ in zip(ref, (out.a_disc, out.a_cont, out.logp, out.value)):   # same draws as act()
         assert torch.equal(a, b_)
     # alternative's log-prob is the policy's own evaluation of it

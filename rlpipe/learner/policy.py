@@ -9,6 +9,8 @@ Initialisation and widths follow CleanRL's ppo.py (orthogonal, tanh, 0.01 actor 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from torch import nn
@@ -18,6 +20,16 @@ from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import MixPlan
 
 MASKED_LOGIT = -1e9
+
+
+class ActOut(NamedTuple):
+    a_disc: torch.Tensor       # [B] int64   policy sample
+    a_cont: torch.Tensor       # [B, D]      policy sample (unclipped)
+    logp: torch.Tensor         # [B]         log pi(a)
+    value: torch.Tensor        # [B]
+    alt_disc: torch.Tensor     # [B] int64   uniform over the env type's valid actions
+    alt_cont: torch.Tensor     # [B, D]      uniform over [-1, 1) on valid dims, 0 elsewhere
+    alt_logp: torch.Tensor     # [B]         log pi(alt)
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -137,6 +149,26 @@ class Policy(nn.Module):
         a_cont = cont.sample() if cont is not None else torch.zeros(b, 1)
         logp, _ = self._logp_entropy(disc, cont, types, a_disc, a_cont)
         return a_disc, a_cont, logp, self.critic(feat).squeeze(-1)
+
+    @torch.no_grad()
+    def act_explore(self, obs, types, generator: torch.Generator | None = None) -> ActOut:
+        """`act` plus one uniform alternative per sample and the policy's log-prob of it: what
+        a worker needs to apply epsilon-greedy and report the behaviour log-prob. The policy
+        sample is drawn exactly as `act` draws it; the alternative uses `generator` (a
+        dedicated one, so exploration does not shift the policy's random stream)."""
+        feat = self.features(obs, types)
+        disc, cont = self._dists(feat, types)
+        b, dev = len(types), feat.device
+        a_disc = disc.sample() if disc is not None else torch.zeros(b, dtype=torch.int64, device=dev)
+        a_cont = cont.sample() if cont is not None else torch.zeros(b, 1, device=dev)
+        logp, _ = self._logp_entropy(disc, cont, types, a_disc, a_cont)
+        n_valid = self.disc_mask[types].sum(-1).clamp_min(1)
+        alt_disc = torch.minimum((torch.rand(b, generator=generator, device=dev) * n_valid).long(),
+                                 n_valid - 1)
+        alt_cont = (torch.rand(a_cont.shape, generator=generator, device=dev) * 2.0 - 1.0) \
+            * self.cont_mask[types][:, :a_cont.shape[1]]
+        alt_logp, _ = self._logp_entropy(disc, cont, types, alt_disc, alt_cont)
+        return ActOut(a_disc, a_cont, logp, self.critic(feat).squeeze(-1), alt_disc, alt_cont, alt_logp)
 
     def evaluate(self, obs, types, a_disc, a_cont):
         feat = self.features(obs, types)

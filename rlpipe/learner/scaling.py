@@ -13,7 +13,7 @@ Stability scores (rlpipe.worker.stability, in [0, 1]) arrive with the step resul
   Passing eps_max < eps_min inverts the direction (stable envs explore more).
 - behaviour log-prob under epsilon-greedy: log((1 - eps) pi(a) + eps u(a)); see the worker
   module for u(a) (1/n_valid discrete; 2^-d inside [-1, 1]^d continuous, 0 outside) and for
-  the data the worker needs: `act_with_alternative` produces it (the policy's sample and
+  the data the worker needs: `Policy.act_explore` produces it (the policy's sample and
   log-prob, plus one uniform alternative and the policy's log-prob of it).
 - `weighted_ppo_terms`: PPO's clipped surrogate, value loss and entropy, each the weighted
   mean sum(w * term) / sum(w) over the minibatch (normalized by the weight sum: the weights
@@ -30,11 +30,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from rlpipe.worker.stability import mixture_logp as mixture_logp_np
-from rlpipe.worker.stability import uniform_logp as uniform_logp_np
+from rlpipe.worker.exploration import mixture_logp as mixture_logp_np
+from rlpipe.worker.exploration import uniform_logp as uniform_logp_np
 
 __all__ = ["score_to_weight", "score_to_epsilon", "mixture_logp", "mixture_logp_np",
-           "uniform_logp", "uniform_logp_np", "act_with_alternative", "ActOut",
+           "uniform_logp", "uniform_logp_np", 
            "weighted_ppo_terms", "PPOTerms"]
 
 
@@ -79,40 +79,6 @@ def uniform_logp(is_cont: torch.Tensor, n_valid: torch.Tensor, a_cont: torch.Ten
         cont = torch.where(inside, -n * math.log(2.0), torch.full_like(n, -math.inf))
         out = torch.where(is_cont, cont, out)
     return out
-
-
-class ActOut(NamedTuple):
-    a_disc: torch.Tensor       # [B] int64   policy sample
-    a_cont: torch.Tensor       # [B, D]      policy sample (unclipped)
-    logp: torch.Tensor         # [B]         log pi(a)
-    value: torch.Tensor        # [B]
-    alt_disc: torch.Tensor     # [B] int64   uniform over the env type's valid actions
-    alt_cont: torch.Tensor     # [B, D]      uniform over [-1, 1) on valid dims, 0 elsewhere
-    alt_logp: torch.Tensor     # [B]         log pi(alt)
-
-
-@torch.no_grad()
-def act_with_alternative(policy, obs: dict, types: torch.Tensor,
-                         generator: torch.Generator | None = None) -> ActOut:
-    """`Policy.act` plus one uniform alternative per sample and the policy's log-prob of it:
-    what a worker needs to apply epsilon-greedy and report the behaviour log-prob.
-
-    The policy sample is drawn exactly as `Policy.act` draws it (same global RNG use, same
-    order); the alternative uses `generator` (give a dedicated one, on the policy's device,
-    so exploration does not shift the policy's random stream). Uses Policy's internals
-    (`features`, `_dists`, `_logp_entropy`, `disc_mask`, `cont_mask`)."""
-    feat = policy.features(obs, types)
-    disc, cont = policy._dists(feat, types)
-    b, dev = len(types), feat.device
-    a_disc = disc.sample() if disc is not None else torch.zeros(b, dtype=torch.int64, device=dev)
-    a_cont = cont.sample() if cont is not None else torch.zeros(b, 1, device=dev)
-    logp, _ = policy._logp_entropy(disc, cont, types, a_disc, a_cont)
-    n_valid = policy.disc_mask[types].sum(-1).clamp_min(1)
-    alt_disc = torch.minimum((torch.rand(b, generator=generator, device=dev) * n_valid).long(), n_valid - 1)
-    alt_cont = (torch.rand(a_cont.shape, generator=generator, device=dev) * 2.0 - 1.0) \
-        * policy.cont_mask[types][:, :a_cont.shape[1]]
-    alt_logp, _ = policy._logp_entropy(disc, cont, types, alt_disc, alt_cont)
-    return ActOut(a_disc, a_cont, logp, policy.critic(feat).squeeze(-1), alt_disc, alt_cont, alt_logp)
 
 
 @dataclass

@@ -9,8 +9,8 @@ writer notices and stops.
     header (4096 B)     magic, owner generation, pid, OS heartbeat ns, steps, ready envs
     ctrl   n x 64 B     per env: seqlock word at +0 | process-shared mutex at +8 (lock board)
     obs    per key      n x 2 slots (A/B) x stride, stride = nbytes rounded up to 64
-    results             reward f32, terminated u8, truncated u8, episode return f32, length i32
-    actions             discrete i32, continuous f32[cont_dim]
+    results             rewards, end flags, episode stats, score, executed action, behaviour logp
+    actions             policy action (discrete i32, continuous f32[cont_dim]), logp, alternative
 """
 from __future__ import annotations
 
@@ -66,10 +66,20 @@ class WorkerLayout:
                 off += align(n_envs * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
             return out
 
-        results = fields([("reward", "float32", ()), ("terminated", "uint8", ()),
-                          ("truncated", "uint8", ()), ("ep_return", "float32", ()),
-                          ("ep_len", "int32", ())])
-        actions = fields([("discrete", "int32", ()), ("continuous", "float32", (max(cont_dim, 1),))])
+        cd = (max(cont_dim, 1),)
+        # worker -> learner, per step: reward (normalized when reward_norm is on) and the raw
+        # one, end flags, finished-episode stats, stability score, and the action actually
+        # executed with its behaviour log-prob (they differ from the policy's under epsilon).
+        results = fields([("reward", "float32", ()), ("reward_raw", "float32", ()),
+                          ("terminated", "uint8", ()), ("truncated", "uint8", ()),
+                          ("ep_return", "float32", ()), ("ep_len", "int32", ()),
+                          ("score", "float32", ()), ("exec_discrete", "int32", ()),
+                          ("exec_continuous", "float32", cd), ("behaviour_logp", "float32", ())])
+        # learner -> worker: the policy's action and log-prob, and a uniform alternative with
+        # the policy's log-prob of it (what epsilon-greedy needs for the mixture log-prob).
+        actions = fields([("discrete", "int32", ()), ("continuous", "float32", cd),
+                          ("logp", "float32", ()), ("alt_discrete", "int32", ()),
+                          ("alt_continuous", "float32", cd), ("alt_logp", "float32", ())])
         return cls(n_envs, obs_keys, cont_dim, ctrl_off, tuple(key_offsets), tuple(strides),
                    results, actions, off)
 
@@ -94,7 +104,8 @@ class WorkerViews:
         self.actions = {name: view(spec) for name, spec in layout.actions.items()}
         self.board = BoardView(segment.base, layout.ctrl_off, list(layout.key_offsets),
                                list(layout.strides), [k.nbytes for k in layout.obs_keys],
-                               segment.base + H_GENERATION, locked=locked)
+                               segment.base + H_GENERATION, locked=locked, n_envs=n,
+                               keepalive=buf)
 
     # header words: atomics, because the OS-beat signal handler and the watchdog race here
     def load(self, word: int) -> int:

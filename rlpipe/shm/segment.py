@@ -47,6 +47,7 @@ class Segment:
     def create(cls, name: str, size: int) -> "Segment":
         fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
+            os.fchmod(fd, 0o600)      # exactly 0600 whatever the umask (it can only take bits away)
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
@@ -83,13 +84,21 @@ class Segment:
 
 
 def _pid_alive(pid: int) -> bool:
+    """True if `pid` is a running process. A zombie (killed, not yet reaped by its parent)
+    counts as dead: it will never clean up, and a harness may start the next run before
+    reaping the last one."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True                      # no procfs: trust the signal probe
+    state = stat[stat.rfind(")") + 2:][:1]   # the command name may hold spaces and ')'
+    return state not in ("Z", "X")
 
 
 def sweep_dead_segments() -> list[str]:

@@ -1,5 +1,5 @@
-"""Per-env stability score and the worker's epsilon-greedy exploration (numpy only: the worker
-has no torch). Both are vectorized over a slice of envs [lo, hi) of one worker.
+"""Per-env stability score (numpy only: the worker has no torch), vectorized over a slice of
+envs [lo, hi) of one worker.
 
 Stability score
 ---------------
@@ -29,32 +29,10 @@ Per env, from the last `window` (scaling.window, default 100) rewards and the la
 - Too little data: an env with fewer than `min_steps` rewards in its window (default
   max(2, window // 10)) gets the neutral score `neutral` (default 1.0: the weight and
   epsilon of scaling=off, full weight until there is evidence).
-
-Epsilon-greedy (executed action and behaviour log-prob)
-------------------------------------------------------
-The learner writes, per env, the policy's sampled action a_pi with log pi(a_pi), and one
-uniformly drawn alternative a_u with log pi(a_u) (one extra action and one float: the full
-distribution is never needed). With probability eps (its env's latest exploration rate) the
-worker executes a_u instead of a_pi, so the behaviour policy is the mixture
-mu = (1 - eps) pi + eps U, and it reports the executed action with
-
-    log mu(a) = log((1 - eps) pi(a) + eps u(a))      (logaddexp, float64)
-
-where u(a) = 1 / n_valid for a discrete env (n_valid: that env type's action count), and for a
-continuous env the uniform density over [-1, 1]^d of its d valid dims: 2^-d if every valid dim
-of a lies in [-1, 1], else 0. The behaviour distribution lives on the unclipped action space:
-a Gaussian sample outside the cube (which the env then clips) has u(a) = 0 and
-log mu = log(1 - eps) + log pi(a); the stored and re-evaluated action is the unclipped one,
-as in CleanRL. eps = 0 returns log pi bit for bit.
 """
 from __future__ import annotations
 
-import math
-import struct
-
 import numpy as np
-
-LOG2 = math.log(2.0)
 
 
 def stability_score(reward_spread: np.ndarray, len_cv: np.ndarray, cut_frac: np.ndarray) -> np.ndarray:
@@ -151,109 +129,3 @@ class StabilityTracker:
         score = ((1.0 - cut_frac) / (1.0 + spread + len_cv)).astype(np.float32)   # all terms >= 0
         score[~enough] = self.neutral
         return score
-
-
-# -- exploration ---------------------------------------------------------------------------------
-
-def uniform_logp(is_cont: np.ndarray, n_valid: np.ndarray, a_cont: np.ndarray | None = None) -> np.ndarray:
-    """log u(a) of the exploration uniform: -log(n_valid) for discrete envs; for continuous
-    envs -d log 2 when the valid dims of a_cont [m, D] lie in [-1, 1], else -inf."""
-    is_cont = np.asarray(is_cont, dtype=bool)
-    n_valid = np.asarray(n_valid, dtype=np.float64)
-    out = -np.log(np.maximum(n_valid, 1.0))
-    if is_cont.any():
-        if a_cont is None:
-            raise ValueError("continuous envs need a_cont to evaluate the uniform density")
-        a = np.asarray(a_cont).reshape(len(is_cont), -1)
-        dims = np.arange(a.shape[1]) < n_valid[:, None]
-        inside = ((np.abs(a) <= 1.0) | ~dims).all(axis=1)
-        out = np.where(is_cont, np.where(inside, -n_valid * LOG2, -np.inf), out)
-    return out
-
-
-def mixture_logp(policy_logp: np.ndarray, epsilon: np.ndarray | float, log_u: np.ndarray) -> np.ndarray:
-    """log((1 - eps) exp(policy_logp) + eps exp(log_u)) in float64; exactly policy_logp
-    where eps == 0."""
-    lp = np.asarray(policy_logp, dtype=np.float64)
-    eps = np.broadcast_to(np.asarray(epsilon, dtype=np.float64), lp.shape)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mixed = np.logaddexp(np.log1p(-eps) + lp, np.log(eps) + np.asarray(log_u, dtype=np.float64))
-    return np.where(eps > 0, mixed, lp)
-
-
-class EpsilonGreedy:
-    """The worker's exploration over its envs [0, n): per-env rates from the learner's
-    pub/sub channel, applied to the action pair the learner wrote."""
-
-    def __init__(self, is_cont: np.ndarray, n_valid: np.ndarray, seed: int):
-        """is_cont [n] bool: env uses the continuous head; n_valid [n]: its type's discrete
-        action count, or its number of valid continuous dims."""
-        self.is_cont = np.asarray(is_cont, dtype=bool).copy()
-        self.n_valid = np.asarray(n_valid, dtype=np.int64).copy()
-        if (self.n_valid < 1).any():
-            raise ValueError("every env needs n_valid >= 1")
-        self.n = len(self.is_cont)
-        self.epsilon = np.zeros(self.n, dtype=np.float64)
-        self.rng = np.random.default_rng(seed)
-        self._log_u_disc = -np.log(self.n_valid.astype(np.float64))
-        self._log_u_cont = -self.n_valid.astype(np.float64) * LOG2
-        self._dims: dict[int, np.ndarray] = {}     # D -> [n, D] valid-dim mask of continuous envs
-
-    def set_epsilon(self, epsilon: np.ndarray | float, lo: int = 0) -> None:
-        """Rates for envs [lo, lo + len(epsilon)) (a scalar: every env), clipped to [0, 1]."""
-        eps = np.asarray(epsilon, dtype=np.float64)
-        if eps.ndim == 0:
-            self.epsilon[:] = np.clip(eps, 0.0, 1.0)
-        else:
-            self.epsilon[lo:lo + len(eps)] = np.clip(eps, 0.0, 1.0)
-
-    def apply(self, lo: int, hi: int, a_disc: np.ndarray, a_cont: np.ndarray, logp: np.ndarray,
-              alt_disc: np.ndarray, alt_cont: np.ndarray, alt_logp: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Envs [lo, hi): per env pick the uniform alternative with probability eps.
-
-        In: the learner's policy action (a_disc [m], a_cont [m, D], logp [m]) and its uniform
-        alternative (alt_disc, alt_cont, alt_logp = log pi(alt)). Out: executed (a_disc,
-        a_cont), behaviour log-prob float32 [m], explored bool [m]. With every eps 0 the
-        inputs come back as they are (logp unchanged, no random draw)."""
-        eps = self.epsilon[lo:hi]
-        m = hi - lo
-        if not eps.any():
-            return a_disc, a_cont, np.asarray(logp, dtype=np.float32), np.zeros(m, dtype=bool)
-        explored = self.rng.random(m) < eps
-        ex_disc = np.where(explored, alt_disc, a_disc)
-        ex_cont = np.where(explored[:, None], alt_cont, a_cont) if np.ndim(a_cont) == 2 else a_cont
-        pi_logp = np.where(explored, alt_logp, logp)
-        log_u = self._log_u_disc[lo:hi]
-        is_cont = self.is_cont[lo:hi]
-        if is_cont.any():                          # u(a) = 2^-d inside [-1, 1]^d, else 0
-            D = ex_cont.shape[1]
-            dims = self._dims.get(D)
-            if dims is None:
-                dims = self._dims[D] = (np.arange(D) < self.n_valid[:, None]) & self.is_cont[:, None]
-            outside = ((np.abs(ex_cont) > 1.0) & dims[lo:hi]).any(axis=1)
-            log_u = np.where(is_cont, np.where(outside, -np.inf, self._log_u_cont[lo:hi]), log_u)
-        return ex_disc, ex_cont, mixture_logp(pi_logp, eps, log_u).astype(np.float32), explored
-
-
-# -- the exploration-rate message (learner -> workers over Redis pub/sub) -------------------------
-
-_EPS_HEADER = struct.Struct("<4sII")       # magic, first env id, count
-_EPS_MAGIC = b"EPS1"
-
-
-def pack_epsilons(env_lo: int, epsilon: np.ndarray) -> bytes:
-    """Rates of envs [env_lo, env_lo + len) as one message (float32, little-endian)."""
-    eps = np.asarray(epsilon, dtype="<f4")
-    return _EPS_HEADER.pack(_EPS_MAGIC, env_lo, len(eps)) + eps.tobytes()
-
-
-def unpack_epsilons(data: bytes) -> tuple[int, np.ndarray]:
-    """(env_lo, float32 rates) of a `pack_epsilons` message; ValueError when malformed."""
-    data = bytes(data)
-    if len(data) < _EPS_HEADER.size:
-        raise ValueError(f"epsilon message of {len(data)} bytes is shorter than its header")
-    magic, env_lo, count = _EPS_HEADER.unpack_from(data)
-    if magic != _EPS_MAGIC or len(data) != _EPS_HEADER.size + 4 * count:
-        raise ValueError(f"malformed epsilon message (magic {magic!r}, {len(data)} bytes for {count} rates)")
-    return env_lo, np.frombuffer(data, dtype="<f4", offset=_EPS_HEADER.size).astype(np.float32)
