@@ -100,6 +100,27 @@ class LearnerSchema:
     epochs: int = 4
     minibatch_size: int = 512
     norm_adv: bool = True
+    checkpoint_interval_s: float = 300.0
+    keep_checkpoints: int = 3
+    loss_std_at: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
+    loss_std_window: int = 20
+
+
+@dataclass
+class ScalingSchema:
+    enabled: bool = False
+    window: int = 100
+    min_weight: float = 0.3
+    publish_interval_s: float = 5.0
+    eps_max: float = 0.1
+    eps_min: float = 0.0
+
+
+@dataclass
+class RewardNormSchema:
+    mode: str = "off"
+    clip: Optional[float] = 10.0
+    sync_every: int = 1000
 
 
 @dataclass
@@ -127,6 +148,7 @@ class ChaosSchema:
 @dataclass
 class RunSchema:
     mode: str = "train"
+    resume: bool = False
     duration_s: Optional[float] = 300.0
     total_env_steps: Optional[int] = None
     seed: int = 1
@@ -135,6 +157,7 @@ class RunSchema:
 @dataclass
 class LoggingSchema:
     progress_interval_s: float = 10.0
+    aggregate_interval_s: float = 60.0
 
 
 @dataclass
@@ -144,6 +167,8 @@ class RlpipeSchema:
     groups: GroupsSchema = MISSING
     worker: WorkerSchema = MISSING
     learner: LearnerSchema = MISSING
+    scaling: ScalingSchema = MISSING
+    reward_norm: RewardNormSchema = MISSING
     redis: RedisSchema = MISSING
     heartbeat: HeartbeatSchema = MISSING
     chaos: ChaosSchema = MISSING
@@ -197,6 +222,27 @@ class LearnerSpec:
     epochs: int
     minibatch_size: int
     norm_adv: bool
+    checkpoint_interval_s: float
+    keep_checkpoints: int
+    loss_std_at: tuple[float, ...]
+    loss_std_window: int
+
+
+@dataclass(frozen=True)
+class ScalingSpec:
+    enabled: bool
+    window: int
+    min_weight: float
+    publish_interval_s: float
+    eps_max: float
+    eps_min: float
+
+
+@dataclass(frozen=True)
+class RewardNormSpec:
+    mode: str                # per_env | global | off
+    clip: Optional[float]
+    sync_every: int
 
 
 @dataclass(frozen=True)
@@ -253,6 +299,9 @@ class RunSpec:
     cpu_affinity: Optional[tuple[int, ...]]       # None, or the CPUs each worker may use
     sched_fifo: Optional[int]
     learner: LearnerSpec
+    scaling: ScalingSpec
+    reward_norm: RewardNormSpec
+    resume: bool
     redis_url: Optional[str]
     heartbeat: "HeartbeatSpec"
     chaos: ChaosSpec
@@ -260,6 +309,7 @@ class RunSpec:
     total_env_steps: Optional[int]
     seed: int
     progress_interval_s: float
+    aggregate_interval_s: float
 
 
 def _fail(key: str, value: Any, allowed: str) -> None:
@@ -331,6 +381,24 @@ def _env_types(mix: DictConfig) -> tuple[EnvTypeSpec, ...]:
             _fail(f"env_mix.weights.{name}", mix.weights[name],
                   "allowed are weights for the types in env_mix.types: " + ", ".join(mix.types))
     return tuple(specs)
+
+
+def _scaling(c: DictConfig) -> ScalingSpec:
+    spec = ScalingSpec(enabled=bool(c.enabled), window=_positive_int("scaling.window", c.window),
+                       min_weight=_unit_interval("scaling.min_weight", c.min_weight),
+                       publish_interval_s=_positive_number("scaling.publish_interval_s",
+                                                           c.publish_interval_s),
+                       eps_max=_unit_interval("scaling.eps_max", c.eps_max),
+                       eps_min=_unit_interval("scaling.eps_min", c.eps_min))
+    if spec.window < 2:
+        _fail("scaling.window", spec.window, "allowed is an integer >= 2 (a std needs two rewards)")
+    return spec
+
+
+def _reward_norm(c: DictConfig) -> RewardNormSpec:
+    return RewardNormSpec(mode=_choice("reward_norm.mode", c.mode, ("per_env", "global", "off")),
+                          clip=_positive_number("reward_norm.clip", c.clip, allow_none=True),
+                          sync_every=_positive_int("reward_norm.sync_every", c.sync_every))
 
 
 def _groups(g: DictConfig) -> GroupsSpec:
@@ -409,6 +477,10 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         epochs=_positive_int("learner.epochs", lc.epochs),
         minibatch_size=_positive_int("learner.minibatch_size", lc.minibatch_size),
         norm_adv=bool(lc.norm_adv),
+        checkpoint_interval_s=_positive_number("learner.checkpoint_interval_s", lc.checkpoint_interval_s),
+        keep_checkpoints=_positive_int("learner.keep_checkpoints", lc.keep_checkpoints),
+        loss_std_at=tuple(_unit_interval("learner.loss_std_at", f) for f in lc.loss_std_at),
+        loss_std_window=_positive_int("learner.loss_std_window", lc.loss_std_window),
     )
     if learner.ent_coef < 0:
         _fail("learner.ent_coef", learner.ent_coef, "allowed is a number >= 0")
@@ -444,6 +516,9 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         cpu_affinity=_affinity(cfg.worker.cpu_affinity),
         sched_fifo=_fifo(cfg.worker.sched_fifo),
         learner=learner,
+        scaling=_scaling(cfg.scaling),
+        reward_norm=_reward_norm(cfg.reward_norm),
+        resume=bool(cfg.run.resume),
         redis_url=url,
         heartbeat=_heartbeat(cfg.heartbeat),
         chaos=ChaosSpec(
@@ -459,4 +534,6 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         seed=int(cfg.run.seed),
         progress_interval_s=_positive_number("logging.progress_interval_s",
                                              cfg.logging.progress_interval_s),
+        aggregate_interval_s=_positive_number("logging.aggregate_interval_s",
+                                              cfg.logging.aggregate_interval_s),
     )

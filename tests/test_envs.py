@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import json
 import threading
 import time
@@ -149,8 +148,7 @@ def test_faulty_is_quarantined_and_rebuilt_while_neighbours_keep_stepping():
     type_index = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1], dtype=np.int16)   # faulty at 0, 4, 8
     n = len(type_index)
     staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
-    extra = {"threads": 1} if "threads" in inspect.signature(EnvTable).parameters else {}
-    table = EnvTable(100, type_index, names, specs, factories, run.obs_keys, staging, 5, **extra)
+    table = EnvTable(100, type_index, names, specs, factories, run.obs_keys, staging, 5)
     disc = np.zeros(n, dtype=np.int64)
     cont = np.zeros((n, 2), dtype=np.float32)
     out = {"reward": np.zeros(n, np.float32), "terminated": np.zeros(n, np.uint8),
@@ -175,8 +173,8 @@ def test_faulty_is_quarantined_and_rebuilt_while_neighbours_keep_stepping():
         assert {f.env_id for f in table.faults} <= faulty_ids, [f for f in table.faults if f.env_id not in faulty_ids][:3]
         kinds = {f.kind for f in table.faults}
         assert kinds == {"env_quarantine", "env_crash"}
-        assert all(len(f.fingerprint) == 32 for f in table.faults)
-        assert any("ContractViolation" in f.error for f in table.faults)
+        assert all(len(f.record["stacktrace_hash"]) == 32 for f in table.faults)
+        assert any(f.record["error_type"] == "ContractViolation" for f in table.faults)
         # faulty envs were rebuilt by id; neighbours never were and stepped every round
         assert all(table.rebuilds[i] > 0 for i in range(n) if type_index[i] == 0)
         for i in neighbours:

@@ -1,6 +1,6 @@
 """Env types and the contract they keep (DESIGN §3).
 
-contract   EnvInterface, EnvSpec, the checker (check_obs/check_step/check_fits), fingerprint
+contract   EnvInterface, EnvSpec, the checker (check_obs/check_step/check_fits)
 registry   one factory per type (make_factory), describe, the run's MixPlan and action heads
 classic    GymnasiumEnv: any Gymnasium id, spaces mapped onto the contract
 bullet     BulletReacher: a KUKA arm in PyBullet DIRECT mode, clients shared per process
@@ -10,9 +10,9 @@ validate   day0: build, cycle and time every type of a mix (env_validation.json/
 """
 from rlpipe.envs.classic import GymnasiumEnv
 from rlpipe.envs.contract import (CONTINUOUS, DISCRETE, ContractViolation, EnvInterface, EnvSpec,
-                                  check_fits, check_obs, check_step, fingerprint)
+                                  check_fits, check_obs, check_step)
 from rlpipe.envs.registry import ActionSpace, MixPlan, assign_types, describe, make_factory, plan_mix
 
 __all__ = ["CONTINUOUS", "DISCRETE", "ActionSpace", "ContractViolation", "EnvInterface", "EnvSpec",
            "GymnasiumEnv", "MixPlan", "assign_types", "check_fits", "check_obs", "check_step",
-           "describe", "fingerprint", "make_factory", "plan_mix"]
+           "describe", "make_factory", "plan_mix"]

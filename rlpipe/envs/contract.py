@@ -6,8 +6,6 @@ The worker calls the type's factory once per env id and holds `env_id -> env` it
 """
 from __future__ import annotations
 
-import hashlib
-import traceback
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -98,9 +96,3 @@ def check_step(spec: EnvSpec, result: object) -> tuple[dict, float, bool, bool]:
     return obs, float(reward), bool(terminated), bool(truncated)
 
 
-def fingerprint(exc: BaseException) -> str:
-    """md5 of the traceback's frames (file, function, source line) and the exception type:
-    stable across runs, addresses and line-number drift excluded (the worker's error key)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    text = "|".join(f"{f.filename}:{f.name}:{f.line}" for f in frames) + type(exc).__name__
-    return hashlib.md5(text.encode()).hexdigest()

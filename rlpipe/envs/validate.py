@@ -35,8 +35,9 @@ import numpy as np
 
 from rlpipe.config import ObsKey, RunSpec
 from rlpipe.envs.contract import (DISCRETE, ContractViolation, EnvSpec, check_fits, check_obs,
-                                  check_step, fingerprint)
+                                  check_step)
 from rlpipe.envs.registry import describe, make_factory
+from rlpipe.shm.errorring import stacktrace_hash
 
 CYCLES = 3                 # build -> reset -> step -> close cycles per type
 ENVS_PER_CYCLE = 2         # envs of one type alive together in a cycle
@@ -88,7 +89,7 @@ class _TypeRun:
         self.faults.append({
             "stage": stage, "env_id": env_id,
             "kind": "env_quarantine" if isinstance(exc, ContractViolation) else "env_crash",
-            "error": f"{type(exc).__name__}: {exc}"[:300], "fingerprint": fingerprint(exc)})
+            "error": f"{type(exc).__name__}: {exc}"[:300], "fingerprint": stacktrace_hash(exc)})
 
     def _close(self, env, env_id: int) -> None:
         if env is None:

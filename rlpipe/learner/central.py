@@ -15,9 +15,11 @@ import torch
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
+from rlpipe.learner.checkpoint import rng_state, set_rng_state
 from rlpipe.learner.policy import Policy
 from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
 from rlpipe.learner.rollout import SliceRollout
+from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
 
 
 @dataclass
@@ -69,6 +71,10 @@ class CentralLearner:
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
         self.random = self.cfg.mode == "random"
+        self.scaling = spec.scaling
+        # Exploration alternatives get their own stream: the policy's samples stay reproducible.
+        self.explore_gen = torch.Generator(device=self.device).manual_seed(spec.seed + 1)
+        self.scores = np.ones(spec.env_count, dtype=np.float32)   # latest stability score per env
         self.rng = np.random.default_rng(spec.seed)
         self.disc_counts = np.array([s.action_n if s.action_kind != "continuous" else 1
                                      for s in plan.specs], dtype=np.int64)
@@ -91,20 +97,33 @@ class CentralLearner:
                                      for ref, lo, hi, _ in rows])
         types = self.env_type[global_ids]
         obs = {k: v[:b] for k, v in self.obs_buf.items()}
+        alt = None
         if self.random:
             a_disc, a_cont = self._random_actions(types.numpy())
         else:
             dev_obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
-            a_disc, a_cont, logp, value = self.policy.act(dev_obs, types.to(self.device))
+            if self.scaling.enabled:
+                out = self.policy.act_explore(dev_obs, types.to(self.device), self.explore_gen)
+                a_disc, a_cont, logp, value = out.a_disc, out.a_cont, out.logp, out.value
+                alt = (out.alt_disc.cpu().numpy(), out.alt_cont.cpu().numpy(), out.alt_logp.cpu().numpy())
+            else:
+                a_disc, a_cont, logp, value = self.policy.act(dev_obs, types.to(self.device))
             a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
             logp, value = logp.cpu().numpy(), value.cpu().numpy()
 
         # Actions out first: the workers step while we book-keep.
         for ref, lo, hi, row in rows:
             acts = ref.handle.views.actions
-            acts["discrete"][lo:hi] = a_disc[row:row + hi - lo]
+            rs = slice(row, row + hi - lo)
+            acts["discrete"][lo:hi] = a_disc[rs]
             if self.plan.actions.cont_dim:
-                acts["continuous"][lo:hi] = a_cont[row:row + hi - lo]
+                acts["continuous"][lo:hi] = a_cont[rs]
+            if alt is not None:
+                acts["logp"][lo:hi] = logp[rs]
+                acts["alt_discrete"][lo:hi] = alt[0][rs]
+                if self.plan.actions.cont_dim:
+                    acts["alt_continuous"][lo:hi] = alt[1][rs]
+                acts["alt_logp"][lo:hi] = alt[2][rs]
             ref.handle.ring(ref.slice_index, ref.seq)
 
         now = time.monotonic()
@@ -117,11 +136,17 @@ class CentralLearner:
             if ro is None or ref.seq == 0:
                 # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
                 ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.spec.obs_keys,
-                                                       self.plan.actions.cont_dim)
+                                                       self.plan.actions.cont_dim, self.scaling.enabled)
             else:
                 res = ref.handle.views.results
                 ro.add_outcome(res["reward"][lo:hi], res["terminated"][lo:hi],
                                res["truncated"][lo:hi], cfg.gamma)
+                if self.scaling.enabled:
+                    score = res["score"][lo:hi]
+                    self.scores[ref.handle.env_lo + lo:ref.handle.env_lo + hi] = score
+                    ro.add_behaviour(res["exec_discrete"][lo:hi], res["exec_continuous"][lo:hi],
+                                     res["behaviour_logp"][lo:hi],
+                                     score_to_weight(score, self.scaling.min_weight))
                 self._episodes(ref, lo, hi, res)
                 self.counters.env_steps += hi - lo
                 if self.counters.first_step_at is None:
@@ -181,6 +206,53 @@ class CentralLearner:
     @property
     def learning_rate(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
+
+    def epsilons(self, env_lo: int, env_hi: int) -> np.ndarray:
+        """Exploration rates of envs [env_lo, env_hi) from their latest stability scores."""
+        return score_to_epsilon(self.scores[env_lo:env_hi], self.scaling.eps_max, self.scaling.eps_min)
+
+    def weights(self) -> np.ndarray:
+        return score_to_weight(self.scores, self.scaling.min_weight)
+
+    def weights_by_type(self) -> dict[str, float]:
+        w = score_to_weight(self.scores, self.scaling.min_weight)
+        return {name: float(w[self.plan.env_type == t].mean()) for t, name in enumerate(self.plan.names)}
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def compat(self) -> dict:
+        """What a checkpoint must match to be resumed by this run."""
+        return {"obs_keys": [[k.name, list(k.shape), k.dtype] for k in self.spec.obs_keys],
+                "types": list(self.plan.names), "discrete_n": self.plan.actions.discrete_n,
+                "cont_dim": self.plan.actions.cont_dim, "hidden": list(self.cfg.hidden),
+                "env_count": self.spec.env_count}
+
+    def check_compatible(self, payload: dict) -> None:
+        theirs, ours = payload.get("compat"), self.compat()
+        if theirs != ours:
+            diff = sorted(k for k in ours if (theirs or {}).get(k) != ours[k])
+            raise ValueError(f"written by a run with other {', '.join(diff)} "
+                             f"(checkpoint: {[(theirs or {}).get(k) for k in diff]}, this run: "
+                             f"{[ours[k] for k in diff]})")
+
+    def checkpoint_payload(self) -> dict:
+        c = self.counters
+        return {"compat": self.compat(), "policy": self.policy.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "counters": {"env_steps": c.env_steps, "updates": c.updates, "episodes": c.episodes},
+                "scores": torch.from_numpy(self.scores.copy()),
+                "rng": rng_state(numpy_generators={"actions": self.rng},
+                                 torch_generators={"ppo": self.generator, "explore": self.explore_gen})}
+
+    def restore(self, payload: dict) -> None:
+        self.policy.load_state_dict(payload["policy"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        counters = payload["counters"]
+        self.counters.env_steps = int(counters["env_steps"])
+        self.counters.updates = int(counters["updates"])
+        self.counters.episodes = int(counters["episodes"])
+        self.scores[:] = payload["scores"].numpy()
+        set_rng_state(payload["rng"], numpy_generators={"actions": self.rng},
+                      torch_generators={"ppo": self.generator, "explore": self.explore_gen})
 
     def drop_worker(self, worker_id: int) -> None:
         """Forget a replaced worker's half-collected rollouts (never mixed across a restart)."""

@@ -1,4 +1,5 @@
-"""The PPO update (clipped surrogate, clipped value loss, entropy bonus), after CleanRL's ppo.py."""
+"""The PPO update (clipped surrogate, clipped value loss, entropy bonus), after CleanRL's ppo.py;
+each sample's loss terms weighted by its env's stability weight when scaling is on."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ import torch
 from torch import nn
 
 from rlpipe.config import LearnerSpec
+from rlpipe.learner.scaling import weighted_ppo_terms
 
 
 @dataclass
@@ -29,6 +31,7 @@ def concat_blocks(blocks: list[dict], types: list[np.ndarray], device) -> dict:
                 for k in blocks[0]["obs"]},
         "types": torch.from_numpy(np.concatenate(types)).long().to(device),
         **{k: cat(k) for k in ("a_disc", "a_cont", "logp", "value", "adv", "ret")},
+        **({"weight": cat("weight")} if "weight" in blocks[0] else {}),
     }
 
 
@@ -45,23 +48,14 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
             obs = {k: v[idx] for k, v in batch["obs"].items()}
             logp, entropy, value = policy.evaluate(obs, batch["types"][idx], batch["a_disc"][idx],
                                                    batch["a_cont"][idx])
-            logratio = logp - batch["logp"][idx]
-            ratio = logratio.exp()
-            with torch.no_grad():
-                approx_kl = ((ratio - 1) - logratio).mean()
-                clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
             adv = batch["adv"][idx]
             if cfg.norm_adv and len(adv) > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            pg_loss = torch.max(-adv * ratio,
-                                -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-            ret, old_v = batch["ret"][idx], batch["value"][idx]
-            if cfg.clip_vloss:
-                v_clipped = old_v + (value - old_v).clamp(-cfg.clip_coef, cfg.clip_coef)
-                v_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
-            else:
-                v_loss = 0.5 * ((value - ret) ** 2).mean()
-            ent = entropy.mean()
+            weights = batch["weight"][idx] if "weight" in batch else None
+            terms = weighted_ppo_terms(logp, entropy, value, batch["logp"][idx], batch["value"][idx],
+                                       adv, batch["ret"][idx], cfg.clip_coef, cfg.clip_vloss, weights)
+            pg_loss, v_loss, ent = terms.pg_loss, terms.v_loss, terms.entropy
+            approx_kl, clipfrac = terms.approx_kl, terms.clipfrac
             loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

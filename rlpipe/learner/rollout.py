@@ -15,7 +15,7 @@ import numpy as np
 
 
 class SliceRollout:
-    def __init__(self, n: int, T: int, obs_keys, cont_dim: int):
+    def __init__(self, n: int, T: int, obs_keys, cont_dim: int, weighted: bool = False):
         self.n, self.T = n, T
         self.obs = {k.name: np.zeros((T, n) + k.shape, dtype=k.dtype) for k in obs_keys}
         self.a_disc = np.zeros((T, n), dtype=np.int64)
@@ -24,6 +24,7 @@ class SliceRollout:
         self.value = np.zeros((T, n), dtype=np.float32)
         self.reward = np.zeros((T, n), dtype=np.float32)
         self.done = np.zeros((T, n), dtype=np.bool_)
+        self.weight = np.ones((T, n), dtype=np.float32) if weighted else None
         self.t = 0
 
     def add_outcome(self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
@@ -43,6 +44,15 @@ class SliceRollout:
         self.logp[t] = logp
         self.value[t] = value
         self.t += 1
+
+    def add_behaviour(self, a_disc, a_cont, logp, weight) -> None:
+        """What the worker actually executed at t - 1 (epsilon-greedy may have replaced the
+        policy's action) with its behaviour log-prob, and the sample's stability weight."""
+        t = self.t - 1
+        self.a_disc[t] = a_disc
+        self.a_cont[t] = a_cont
+        self.logp[t] = logp
+        self.weight[t] = weight
 
     @property
     def full(self) -> bool:
@@ -68,5 +78,7 @@ class SliceRollout:
             "adv": adv.reshape(m),
             "ret": (adv + self.value).reshape(m),
         }
+        if self.weight is not None:
+            block["weight"] = self.weight.reshape(m).copy()
         self.t = 0
         return block

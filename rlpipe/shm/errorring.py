@@ -325,7 +325,7 @@ def normalize_traceback(text: str) -> str:
         if not line.strip() or _CARET_LINE.match(line):
             continue
         line = _FILE_PATH.sub(lambda m: f'File "{_norm_path(m.group(1))}"', line)
-        line = _HEX_ADDR.sub("0x?", line)
+        line = _HEX_ADDR.sub("<addr>", line)
         line = _HEX_ID.sub("#", line)
         line = _NUMBER.sub("N", line)
         out.append(_SPACES.sub(" ", line).strip())

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import redis
 import torch
 import zmq
 
@@ -24,9 +25,13 @@ import rlpipe
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.central import CentralLearner, SliceRef
+from rlpipe.learner.checkpoint import load_latest, save_checkpoint
+from rlpipe.worker.exploration import pack_epsilons
+from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
+from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.lifecycle import LifecycleWriter, fault_counts
 from rlpipe.supervisor.memory import PeakMemory
@@ -112,6 +117,14 @@ class Driver:
         self.watchdog: Watchdog | None = None
         self.next_redis_check = 0.0
         self.chaos: Chaos | None = None
+        self.errors: ErrorAggregator | None = None
+        self.resumed_from_step = 0
+        self.started = False        # services and workers up: a final checkpoint makes sense
+        self._chart_mark = (0, self.t0)   # (env steps, time) of the last charts/sps sample
+        self.loss_std_checkpoints: dict[str, float] = {}
+        self.next_checkpoint = self.t0 + spec.learner.checkpoint_interval_s
+        self.next_publish = 0.0
+        self.next_rnorm_tb = 0.0
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -147,6 +160,9 @@ class Driver:
 
         torch.set_num_threads(spec.learner.torch_threads)
         self.learner = CentralLearner(spec, self.plan)
+        if spec.resume:
+            self._resume()
+            self._chart_mark = (self.learner.counters.env_steps, time.monotonic())
         self.board = RunBoard(self.run_dir, self.config_yaml)
         self.board.text("env_versions", "\n".join(f"{k}: {v}" for k, v in self.versions.items()))
 
@@ -164,6 +180,9 @@ class Driver:
             heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
             step_timeout_s=spec.step_timeout_s, max_rss_mb=spec.max_rss_mb,
             cpu_affinity=spec.cpu_affinity, sched_fifo=spec.sched_fifo,
+            scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
+            reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
+            reward_norm_sync_every=spec.reward_norm.sync_every,
             doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid())
         self.ctx = ctx
         g = spec.groups
@@ -171,6 +190,7 @@ class Driver:
         ranges = group_ranges(spec.env_count, spec.group_size)
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, self.rcli, self.lifecycle)
+        self.errors = ErrorAggregator(self.run_dir, spec.aggregate_interval_s)
         hb = spec.heartbeat
         quiet = (self.t0 + spec.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
                  if spec.duration_s else None)
@@ -180,11 +200,95 @@ class Driver:
             h = WorkerHandle(k, lo, hi, spec, self.plan, self.run_id, self.zctx,
                              f"ipc://{self.sock_dir}/act_w{k}.ipc")
             h.awake = self.schedule.awake[k]
+            h.on_retire = lambda old: self.errors.remove_ring(old.worker_id)
             self.handles.append(h)
             self._spawn(h)
         self.shm_bytes = sum(h.layout.size for h in self.handles)
         self.memory.start()
         self.rcli.hset(f"rlpipe:{self.run_id}:run", "state", "running")
+        self.started = True
+
+    # -- checkpoints -------------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def _rnorm_keys(self) -> list[str]:
+        n_workers = -(-self.spec.env_count // self.spec.group_size)
+        return [f"rlpipe:{self.run_id}:rnorm:{k}" for k in range(n_workers)]
+
+    def _resume(self) -> None:
+        """Continue from the newest loadable checkpoint of this run directory; the workers'
+        reward statistics go back into Redis before any worker starts, so they restore them."""
+        found = load_latest(self.checkpoint_dir, validate=self.learner.check_compatible)
+        if found is None:
+            log.info("run.resume=true but %s holds no checkpoint: starting fresh", self.checkpoint_dir)
+            return
+        path, payload = found
+        self.learner.restore(payload)
+        self.resumed_from_step = self.learner.counters.env_steps
+        for key, state in zip(self._rnorm_keys(), payload.get("reward_norm", [])):
+            if state.numel():
+                self.rcli.set(key, state.numpy().tobytes())
+        log.info("resumed from %s at %d env steps", path.name, self.resumed_from_step)
+
+    def _checkpoint(self) -> Path:
+        payload = self.learner.checkpoint_payload()
+        try:
+            # uint8 tensors: torch.load(weights_only=True) refuses raw bytes
+            payload["reward_norm"] = [torch.tensor(np.frombuffer(v or b"", dtype=np.uint8))
+                                      for v in self.rcli.mget(self._rnorm_keys())]
+        except redis.RedisError:
+            payload["reward_norm"] = []
+            log.warning("checkpoint without reward statistics: Redis unreachable")
+        return save_checkpoint(self.checkpoint_dir, self.learner.counters.env_steps, payload,
+                               self.spec.learner.keep_checkpoints)
+
+    def _after_update(self, progress: float) -> None:
+        """Loss-variance checkpoints: the std of the total loss over the last window of updates
+        when the run passes each configured fraction (the article's 12/24/36 h)."""
+        lc = self.spec.learner
+        losses = self.learner.counters.losses
+        for f in lc.loss_std_at:
+            key = f"{f:g}"
+            if key not in self.loss_std_checkpoints and progress >= f and len(losses) >= 2:
+                window = [loss for _t, loss in losses[-lc.loss_std_window:]]
+                self.loss_std_checkpoints[key] = round(float(np.std(window)), 6)
+                self.board.scalars(self.learner.counters.env_steps,
+                                   {f"losses/std_at_{key}": self.loss_std_checkpoints[key]})
+
+    def _publish_scaling(self, now: float) -> None:
+        """Exploration rates to each awake worker's channel; weights to TensorBoard."""
+        if now < self.next_publish:
+            return
+        self.next_publish = now + self.spec.scaling.publish_interval_s
+        try:
+            pipe = self.rcli.pipeline(transaction=False)
+            for h in self.handles:
+                if h.awake:
+                    pipe.publish(f"rlpipe:{self.run_id}:eps:{h.worker_id}",
+                                 pack_epsilons(h.env_lo, self.learner.epsilons(h.env_lo, h.env_hi)))
+            pipe.execute()
+        except redis.RedisError:
+            pass          # the next publish carries the rates; workers keep the last ones
+        step = self.learner.counters.env_steps
+        self.board.histogram("scaling/weight", self.learner.weights(), step)
+        self.board.scalars(step, {f"scaling/mean_weight/{k}": v
+                                  for k, v in self.learner.weights_by_type().items()})
+
+    def _reward_stats(self, now: float) -> None:
+        """Global reward statistics merged from the workers' synced states (TensorBoard)."""
+        if now < self.next_rnorm_tb:
+            return
+        self.next_rnorm_tb = now + 10.0
+        try:
+            states = [v for v in self.rcli.mget(self._rnorm_keys()) if v]
+        except redis.RedisError:
+            return
+        if states:
+            count, mean, var = RewardNormalizer.merge(states)
+            self.board.scalars(self.learner.counters.env_steps, {
+                "reward_norm/count": count, "reward_norm/mean": mean, "reward_norm/std": var ** 0.5})
 
     # -- the loop ----------------------------------------------------------------------------
     def _progress(self) -> float:
@@ -200,6 +304,7 @@ class Driver:
         """Start (or restart) a worker; a dormant group's worker joins its cgroup first thing."""
         paths = [] if h.awake else self.cgroups.dormant_paths(h.worker_id)
         h.spawn(self.ctx, self.args_common, paths)
+        self.errors.add_ring(h.worker_id, h.error_ring)
 
     def _replace(self, h: WorkerHandle, reason: str, detail: dict) -> None:
         self.lifecycle.record("worker_restart", worker_id=h.worker_id, generation=h.generation,
@@ -224,6 +329,8 @@ class Driver:
         self.watchdog.scan(self.handles, now)
         for rep in self.watchdog.reap(now):
             self._replace(rep.handle, rep.reason, rep.detail)
+        if self.errors.maybe_run(now):
+            self.board.text("errors/top10", self.errors.text_for_tensorboard(), self.learner.counters.env_steps)
         if now >= self.next_redis_check:
             self.next_redis_check = now + 5.0
             if self.redis.restart_if_dead():
@@ -258,7 +365,6 @@ class Driver:
         by_id = {h.worker_id: h for h in self.handles}
         n_slices = sum(len(h.bounds) for h in self.handles)
         next_tb = next_check = time.monotonic()
-        last_tb_steps, last_tb_t = 0, time.monotonic()
         with Progress(spec.progress_interval_s) as progress:
             while self.stop_signal is None:
                 now = time.monotonic()
@@ -295,7 +401,9 @@ class Driver:
                     if self.all_ready_at is None and len(self.slice_first_step) == n_slices:
                         self.all_ready_at = now
                 if learner.update_due:
-                    stats = learner.update(self._progress())
+                    frac = self._progress()
+                    stats = learner.update(frac)
+                    self._after_update(frac)
                     self.board.scalars(c.env_steps, {
                         "losses/policy": stats.policy_loss, "losses/value": stats.value_loss,
                         "losses/entropy": stats.entropy, "losses/approx_kl": stats.approx_kl,
@@ -304,19 +412,32 @@ class Driver:
                 if now >= next_check:
                     next_check = now + 1.0
                     self._supervise(now)
+                    if spec.scaling.enabled:
+                        self._publish_scaling(now)
+                    if spec.reward_norm.mode != "off":
+                        self._reward_stats(now)
+                    if now >= self.next_checkpoint and not learner.random:
+                        self.next_checkpoint = now + spec.learner.checkpoint_interval_s
+                        self._checkpoint()
                 if now >= next_tb:
                     next_tb = now + TB_INTERVAL_S
-                    sps = (c.env_steps - last_tb_steps) / max(now - last_tb_t, 1e-9)
-                    last_tb_steps, last_tb_t = c.env_steps, now
-                    values = {"charts/sps": sps, "envs/active": self.active_envs(now),
-                              "board/torn_retries": c.torn_retries,
-                              "charts/episodes": c.episodes}
-                    for name, rets in learner.recent_returns.items():
-                        if rets:
-                            values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
-                            rets.clear()
-                    self.board.scalars(c.env_steps, values)
-                    progress.update(self._status_line(now, sps))
+                    progress.update(self._status_line(now, self._log_charts(now)))
+            self._log_charts(time.monotonic())          # the last partial window too
+
+    def _log_charts(self, now: float) -> float:
+        """The periodic TensorBoard charts; returns the sps of the window since the last call."""
+        c = self.learner.counters
+        last_steps, last_t = self._chart_mark
+        sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9)
+        self._chart_mark = (c.env_steps, now)
+        values = {"charts/sps": sps, "envs/active": self.active_envs(now),
+                  "board/torn_retries": c.torn_retries, "charts/episodes": c.episodes}
+        for name, rets in self.learner.recent_returns.items():
+            if rets:
+                values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
+                rets.clear()
+        self.board.scalars(c.env_steps, values)
+        return sps
 
     def _status_line(self, now: float, sps: float) -> str:
         c = self.learner.counters
@@ -332,6 +453,8 @@ class Driver:
         steps = [
             lambda: self._continue_stopped(),
             lambda: stop_workers(self.handles),
+            lambda: self._final_errors(),
+            lambda: self._checkpoint() if self.learner and not self.learner.random and self.started else None,
             lambda: self.memory.stop(),
             lambda: self.cgroups.cleanup() if self.cgroups else None,
             lambda: [h.close() for h in self.handles],
@@ -350,6 +473,14 @@ class Driver:
                 log.exception("teardown step failed")
         for name in run_segments(self.run_id):      # belt and braces: nothing of ours stays
             Path("/dev/shm", name).unlink(missing_ok=True)
+
+    def _final_errors(self) -> None:
+        """Every worker has stopped: pull the rings one last time and write the report."""
+        if self.errors is not None:
+            self.errors.finish()
+            if self.board is not None:
+                self.board.text("errors/top10", self.errors.text_for_tensorboard(),
+                                self.learner.counters.env_steps)
 
     def _continue_stopped(self) -> None:
         """Workers the chaos monkey SIGSTOPped and nobody replaced yet: let them hear STOP."""
@@ -384,7 +515,7 @@ class Driver:
             "active_envs_end": self.active_envs_end,
             "env_steps": c.env_steps,
             "wall_s": round(end - self.t0, 3),
-            "sps": round(c.env_steps / stepping_s, 1) if stepping_s > 0 else 0.0,
+            "sps": round((c.env_steps - self.resumed_from_step) / stepping_s, 1) if stepping_s > 0 else 0.0,
             "startup_first_step_s": round(first - self.t0, 3) if first else None,
             "all_envs_ready_s": round(self.all_ready_at - self.t0, 3) if self.all_ready_at else None,
             "updates": c.updates,
@@ -399,10 +530,27 @@ class Driver:
             "redis": self.redis.mode,
             "env_versions": {k: [v] for k, v in self.versions.items()},
             "loss_std": round(float(np.std(late_losses)), 6) if len(late_losses) > 1 else None,
-            "loss_std_checkpoints": {},
-            "resumed_from_step": 0,
+            "loss_std_checkpoints": self.loss_std_checkpoints,
+            "resumed_from_step": self.resumed_from_step,
             "dist": {"world_size": 1, "params_in_sync": None},
         }
+
+    def _hparams(self, result: dict) -> None:
+        """The run's knobs and outcome in its own TensorBoard run (the hparams tab compares
+        the jobs of a multirun side by side)."""
+        spec = self.spec
+        hparams = {"env_count": spec.env_count, "env_mix": "+".join(t.name for t in spec.env_types),
+                   "scaling": spec.scaling.enabled, "reward_norm": spec.reward_norm.mode,
+                   "buffer_sync": spec.board_sync, "learning_rate": spec.learner.learning_rate,
+                   "rollout_len": spec.learner.rollout_len, "stage": spec.stage or "-"}
+        metrics = {"hparams/sps": result["sps"], "hparams/updates": result["updates"],
+                   "hparams/loss_std": result["loss_std"] if result["loss_std"] is not None else float("nan")}
+        for name, value in result["mean_return_last100"].items():
+            if value is not None:
+                metrics[f"hparams/return/{name}"] = value
+        board = RunBoard(self.run_dir, None)
+        board.hparams(hparams, metrics)
+        board.close()
 
     def run(self) -> int:
         self.install_signals()
@@ -418,6 +566,7 @@ class Driver:
         end = time.monotonic()
         result = self.summary(end)
         (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        self._hparams(result)
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(self.stop_signal).name}" if self.stop_signal else "done"
         print(f"rlpipe {how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "

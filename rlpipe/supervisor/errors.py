@@ -230,7 +230,7 @@ class ErrorAggregator:
             lines.append(f"### {i}. `{s.stacktrace_hash}`: {s.error_type} ×{s.count}")
             lines.append("")
             if s.message:
-                lines.append(f"Message: {_inline(s.message)}")
+                lines.append(f"Message: {_code_span(s.message)}")
                 lines.append("")
             envs = sorted(s.env_ids, key=lambda e: (not isinstance(e, int), e if isinstance(e, int) else 0, str(e)))
             if envs:
@@ -281,7 +281,15 @@ def _fmt_ts(ts: float) -> str:
 
 
 def _cell(text: str) -> str:
-    return _inline(text).replace("|", "\\|")
+    return _inline(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "\\<")
+
+
+def _code_span(text: str) -> str:
+    """`text` as one inline code span (markdown would otherwise eat `<Foo object at ...>`)."""
+    text = _inline(text)
+    ticks = "`" * (_longest_backtick_run(text) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
 def _inline(text: str) -> str:

@@ -6,34 +6,28 @@ that ended the episode, and the episode's return and length are reported with it
 """
 from __future__ import annotations
 
-import hashlib
 import math
-import traceback
 from dataclasses import dataclass
 
 import numpy as np
 
 from rlpipe.config import ObsKey
 from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_obs
+from rlpipe.shm.errorring import error_record
 
 
 MAX_BUILD_ATTEMPTS = 10
 
 
-def fingerprint(exc: BaseException) -> str:
-    """md5 of the traceback's frames (file, function, source line) and exception type:
-    stable across runs, addresses and line-number drift excluded."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    text = "|".join(f"{f.filename}:{f.name}:{f.line}" for f in frames) + type(exc).__name__
-    return hashlib.md5(text.encode()).hexdigest()
+class StepTimeout(Exception):
+    """A step ran past worker.step_timeout_s and was abandoned."""
 
 
 @dataclass
 class EnvFault:
     env_id: int
     kind: str            # "env_crash" (exception) | "env_quarantine" (contract violation) | "env_hang"
-    error: str
-    fingerprint: str
+    record: dict         # the error-ring record: ts, env_id, env_type, error_type, stacktrace_hash, ...
 
 
 class EnvTable:
@@ -82,8 +76,8 @@ class EnvTable:
 
     def _fault(self, i: int, exc: BaseException) -> None:
         kind = "env_quarantine" if isinstance(exc, ContractViolation) else "env_crash"
-        self.faults.append(EnvFault(self.env_lo + i, kind, f"{type(exc).__name__}: {exc}"[:300],
-                                    fingerprint(exc)))
+        env_id = self.env_lo + i
+        self.faults.append(EnvFault(env_id, kind, error_record(env_id, self.names[self.type_index[i]], exc)))
 
     def start(self, i: int) -> None:
         """Build and reset env i; a broken build is recorded and retried a few times."""
@@ -100,7 +94,7 @@ class EnvTable:
                 self.rebuilds[i] += 1
         else:
             raise RuntimeError(f"env {self.env_lo + i} ({self.names[self.type_index[i]]}) failed to "
-                               f"build {MAX_BUILD_ATTEMPTS} times in a row: {self.faults[-1].error}")
+                               f"build {MAX_BUILD_ATTEMPTS} times in a row: {self.faults[-1].record['message']}")
         self.ep_return[i] = 0.0
         self.ep_len[i] = 0
 
@@ -183,8 +177,9 @@ class EnvTable:
     def abandon(self, i: int, timeout_s: float) -> None:
         """Env i's step ran past the deadline: its thread keeps the old env object (never
         closed here, it may still be inside step); a new env takes the id."""
-        self.faults.append(EnvFault(self.env_lo + i, "env_hang",
-                                    f"step exceeded worker.step_timeout_s={timeout_s}", ""))
+        env_id = self.env_lo + i
+        exc = StepTimeout(f"step exceeded worker.step_timeout_s={timeout_s}")
+        self.faults.append(EnvFault(env_id, "env_hang", error_record(env_id, self.names[self.type_index[i]], exc)))
         self.envs[i] = None
         self.rebuilds[i] += 1
         self.start(i)

@@ -20,15 +20,19 @@ import zmq
 
 from rlpipe import redis_client
 from rlpipe.config import ObsKey
-from rlpipe.envs.contract import EnvSpec
+from rlpipe.envs.contract import CONTINUOUS, EnvSpec
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
 from rlpipe.shm.layout import (H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
                                 WorkerViews)
+from rlpipe.shm.errorring import ErrorRing
 from rlpipe.shm.segment import Segment
 from rlpipe.supervisor.lifecycle import LifecycleClient
 from rlpipe.worker.doorbell import ACT, RING, STOP_SLICE, slice_bounds
 from rlpipe.worker.envtable import EnvTable
+from rlpipe.worker.exploration import EpsilonGreedy, unpack_epsilons
+from rlpipe.worker.rewardnorm import RewardNormalizer
+from rlpipe.worker.stability import StabilityTracker
 from rlpipe.worker.stepper import Stepper
 
 PR_SET_PDEATHSIG = 1
@@ -62,6 +66,11 @@ class WorkerArgs:
     cpu_affinity: tuple[int, ...] | None
     sched_fifo: int | None
     cgroup_paths: tuple[str, ...]   # cgroup.procs files to join before building envs
+    scaling_enabled: bool           # score envs, apply the learner's exploration rates
+    scaling_window: int
+    reward_norm_mode: str           # per_env | global | off
+    reward_norm_clip: float | None
+    reward_norm_sync_every: int
     seed: int
     ready_endpoint: str
     act_endpoint: str
@@ -139,6 +148,40 @@ class _Heartbeat:
         self.client.close()
 
 
+class _EpsilonFeed:
+    """The learner's exploration rates for this worker, from its Redis pub/sub channel, polled
+    without blocking. redis-py reconnects and resubscribes after Redis comes back."""
+
+    def __init__(self, client: redis.Redis, channel: str, env_lo: int, explore: EpsilonGreedy):
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.channel = channel
+        self.env_lo = env_lo
+        self.explore = explore
+        self.subscribed = False
+        self.next_poll = 0.0
+
+    def poll(self, now: float) -> None:
+        if now < self.next_poll:
+            return
+        self.next_poll = now + 0.5
+        try:
+            if not self.subscribed:
+                self.pubsub.subscribe(self.channel)
+                self.subscribed = True
+            while (msg := self.pubsub.get_message(timeout=0)) is not None:
+                if msg.get("type") == "message":
+                    lo, eps = unpack_epsilons(msg["data"])
+                    self.explore.set_epsilon(eps, lo=lo - self.env_lo)
+        except (redis.RedisError, OSError):
+            pass           # retried at the next poll; rates stay as they were meanwhile
+
+    def close(self) -> None:
+        try:
+            self.pubsub.close()
+        except (redis.RedisError, OSError):
+            pass
+
+
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * PAGE_BYTES / 2**20
@@ -162,6 +205,7 @@ def run_worker(args: WorkerArgs) -> None:
     segment = Segment.attach(args.segment_name)
     views = WorkerViews(layout, segment, locked=args.locked_board)
     views.store(H_PID, os.getpid())
+    errors = ErrorRing(views.error_ring_buf, create=False)      # the driver initialized it
     # OS-level beat: the handler stamps CLOCK_MONOTONIC into shared memory. It runs only when
     # this interpreter's main thread is alive and reaching bytecode boundaries.
     beat_addr = views.header_addr + H_OS_BEAT_NS
@@ -203,15 +247,37 @@ def run_worker(args: WorkerArgs) -> None:
     stepper = Stepper(table, args.threads, args.step_timeout_s, tick=heartbeats)
     bounds = slice_bounds(n, args.slices)
     exit_code = 0
+    rnorm_key = f"rlpipe:{args.run_id}:rnorm:{args.worker_id}"
+    rnorm = None
+    if args.reward_norm_mode != "off":
+        rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip)
+        try:    # a replaced worker (or a resumed run) continues its predecessor's statistics
+            saved = beat.client.get(rnorm_key)
+            if saved:
+                rnorm.load(saved)
+        except (redis.RedisError, ValueError) as exc:
+            lifecycle.event("worker_spawn", detail={"warning": f"reward statistics not restored: {exc}"})
+    tracker = explore = feed = None
+    if args.scaling_enabled:
+        tracker = StabilityTracker(n, window=args.scaling_window)
+        specs = [args.type_specs[t] for t in args.type_index]
+        explore = EpsilonGreedy(np.array([s.action_kind == CONTINUOUS for s in specs]),
+                                np.array([s.action_n for s in specs]), seed=args.seed + 7919 * args.worker_id)
+        feed = _EpsilonFeed(beat.client, f"rlpipe:{args.run_id}:eps:{args.worker_id}", args.env_lo,
+                            explore)
+    next_rnorm_sync = args.reward_norm_sync_every * n
 
     def report_faults() -> None:
+        """Each env fault: a lifecycle row and an ERROR record in the shared-memory ring."""
         for fault in table.faults:
             t = args.type_index[fault.env_id - args.env_lo]
             fields = dict(env_id=fault.env_id, env_type=args.type_names[t],
                           env_version=args.type_versions[t])
-            lifecycle.event(fault.kind, detail={"error": fault.error, "fingerprint": fault.fingerprint},
-                            **fields)
+            rec = fault.record
+            lifecycle.event(fault.kind, detail={"error_type": rec["error_type"], "message": rec["message"],
+                                                "stacktrace_hash": rec["stacktrace_hash"]}, **fields)
             lifecycle.event("env_rebuild", **fields)
+            errors.write(rec)
         table.faults.clear()
 
     def publish(lo: int, hi: int) -> bool:
@@ -232,8 +298,9 @@ def run_worker(args: WorkerArgs) -> None:
                 return
             ready.send(RING.pack(args.worker_id, s, args.generation, 0))
         views.store(H_READY, n)
-        disc, cont = views.actions["discrete"], views.actions["continuous"]
-        results = views.results
+        acts, results = views.actions, views.results
+        disc, cont = acts["discrete"], acts["continuous"]
+        exec_disc, exec_cont = results["exec_discrete"], results["exec_continuous"]
         timeout_ms = int(args.doorbell_timeout_s * 1000)
         next_rss_check = 0.0
         while not stopping:
@@ -242,10 +309,26 @@ def run_worker(args: WorkerArgs) -> None:
                 if s == STOP_SLICE:
                     break
                 lo, hi = bounds[s]
-                out, hung = stepper.step(lo, hi, table.actions(lo, hi, disc, cont))
+                if explore is not None:
+                    ed, ec, blogp, _ = explore.apply(
+                        lo, hi, disc[lo:hi], cont[lo:hi], acts["logp"][lo:hi], acts["alt_discrete"][lo:hi],
+                        acts["alt_continuous"][lo:hi], acts["alt_logp"][lo:hi])
+                    exec_disc[lo:hi], exec_cont[lo:hi], results["behaviour_logp"][lo:hi] = ed, ec, blogp
+                    actions = table.actions(lo, hi, exec_disc, exec_cont)
+                else:
+                    actions = table.actions(lo, hi, disc, cont)
+                out, hung = stepper.step(lo, hi, actions)
                 for i in hung:
                     table.abandon(i, args.step_timeout_s)
                 table.finish(lo, hi, out, results)
+                raw = results["reward"][lo:hi].copy()
+                results["reward_raw"][lo:hi] = raw
+                if rnorm is not None:
+                    results["reward"][lo:hi] = rnorm.normalize(lo, hi, raw)
+                if tracker is not None:
+                    ep_len = results["ep_len"][lo:hi]
+                    tracker.update(lo, hi, raw, ep_len, cut=results["truncated"][lo:hi].astype(bool) & (ep_len == 0))
+                    results["score"][lo:hi] = tracker.scores(lo, hi)
                 if not publish(lo, hi):
                     break                      # replaced: a successor owns these env ids now
                 steps += hi - lo
@@ -261,6 +344,14 @@ def run_worker(args: WorkerArgs) -> None:
             if views.load(H_GENERATION) != args.generation:
                 break
             heartbeats()
+            if feed is not None:
+                feed.poll(time.monotonic())
+            if rnorm is not None and steps >= next_rnorm_sync:
+                next_rnorm_sync = steps + args.reward_norm_sync_every * n
+                try:
+                    beat.client.set(rnorm_key, rnorm.state())
+                except redis.RedisError:
+                    pass     # the next sync tries again
             now = time.monotonic()
             if args.max_rss_mb and now >= next_rss_check:
                 next_rss_check = now + 1.0
@@ -269,6 +360,13 @@ def run_worker(args: WorkerArgs) -> None:
                     lifecycle.event("worker_exit", detail={"reason": "rss", "rss_mb": round(_rss_mb())})
                     break
     finally:
+        if rnorm is not None:
+            try:
+                beat.client.set(rnorm_key, rnorm.state())
+            except redis.RedisError:
+                pass
+        if feed is not None:
+            feed.close()
         stepper.close()
         table.close_all()
         lifecycle.event("worker_exit", detail={"steps": steps, "hung_steps": stepper.hung_total})
@@ -277,6 +375,7 @@ def run_worker(args: WorkerArgs) -> None:
         ready.close()
         act.close()
         ctx.term()
+        errors.release()
         views.release()
         segment.close()
     if exit_code:
