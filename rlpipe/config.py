@@ -86,6 +86,9 @@ class LearnerSchema:
     device: str = "cpu"
     torch_threads: int = 1
     hidden: list[int] = field(default_factory=lambda: [64, 64])
+    cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 64])
+    cnn_out: int = 256
+    backlog: str = "hold"
     rollout_len: int = 32
     update_envs: int = 64
     learning_rate: float = 1e-3
@@ -208,6 +211,9 @@ class LearnerSpec:
     device: str
     torch_threads: int
     hidden: tuple[int, ...]
+    cnn_channels: tuple[int, int, int]
+    cnn_out: int
+    backlog: str            # hold | drop: what the learner does while an update lags behind
     rollout_len: int
     update_envs: int
     learning_rate: float
@@ -383,6 +389,14 @@ def _env_types(mix: DictConfig) -> tuple[EnvTypeSpec, ...]:
     return tuple(specs)
 
 
+def _cnn_channels(value) -> tuple[int, int, int]:
+    channels = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+    if not isinstance(channels, list) or len(channels) != 3 or not all(
+            isinstance(c, int) and c > 0 for c in channels):
+        _fail("learner.cnn_channels", channels, "allowed is a list of three positive ints")
+    return tuple(channels)
+
+
 def _scaling(c: DictConfig) -> ScalingSpec:
     spec = ScalingSpec(enabled=bool(c.enabled), window=_positive_int("scaling.window", c.window),
                        min_weight=_unit_interval("scaling.min_weight", c.min_weight),
@@ -463,6 +477,9 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         device=_choice("learner.device", lc.device, ("cpu", "cuda", "auto")),
         torch_threads=_positive_int("learner.torch_threads", lc.torch_threads),
         hidden=tuple(hidden),
+        cnn_channels=_cnn_channels(lc.cnn_channels),
+        cnn_out=_positive_int("learner.cnn_out", lc.cnn_out),
+        backlog=_choice("learner.backlog", lc.backlog, ("hold", "drop")),
         rollout_len=_positive_int("learner.rollout_len", lc.rollout_len),
         update_envs=_positive_int("learner.update_envs", lc.update_envs),
         learning_rate=_positive_number("learner.learning_rate", lc.learning_rate),

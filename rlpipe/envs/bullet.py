@@ -171,6 +171,10 @@ class BulletReacher(EnvInterface):
     Params = ReacherParams
 
     @classmethod
+    def preload(cls, **_params) -> list[str]:
+        return ["pybullet", "pybullet_data"]
+
+    @classmethod
     def describe(cls, **params) -> EnvSpec:
         p = ReacherParams(**params)
         obs = {"state": ((STATE_DIM,), "float32")}

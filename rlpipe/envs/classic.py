@@ -204,6 +204,13 @@ class GymnasiumEnv(EnvInterface):
         self._first_reset = True
 
     @classmethod
+    def preload(cls, id: str, **_params) -> list[str]:
+        """The module behind the id's entry point (ale_py, Box2D envs, minigrid, ...)."""
+        ensure_registered(id)
+        entry = gym.spec(id.partition(":")[2] if ":" in id else id).entry_point
+        return [entry.partition(":")[0]] if isinstance(entry, str) else []
+
+    @classmethod
     def describe(cls, id: str, obs_key: str | None = None, rgb_shape=None,
                  make_kwargs: dict | None = None, wrappers: list | None = None) -> EnvSpec:
         env = make_gym(id, make_kwargs, wrappers)

@@ -24,6 +24,20 @@ def describe(node: dict) -> EnvSpec:
     return factory.func.describe(**factory.keywords)
 
 
+def preload_modules(env_types: tuple[EnvTypeSpec, ...]) -> list[str]:
+    """Modules a worker of this mix imports: the types' own modules plus what each type says it
+    needs (`preload(**params)`, e.g. a Gymnasium id's entry point). The forkserver imports them
+    once, so 100 workers share those pages instead of importing them 100 times."""
+    modules = set()
+    for t in env_types:
+        factory = make_factory(t.node)
+        modules.add(factory.func.__module__)
+        hook = getattr(factory.func, "preload", None)
+        if hook is not None:
+            modules.update(hook(**factory.keywords))
+    return sorted(modules)
+
+
 @dataclass(frozen=True)
 class ActionSpace:
     """The run's unified action spec: one discrete head, one continuous head."""

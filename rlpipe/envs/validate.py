@@ -245,7 +245,7 @@ def _fmt(v) -> str:
 
 def render_markdown(report: dict) -> str:
     lines = [f"# Env validation ({report['stage'] or 'validate'})", "",
-             f"Buffer: " + ", ".join(f"{k} {v['shape']} {v['dtype']}" for k, v in report["buffer"].items()),
+             "Buffer: " + ", ".join(f"{k} {v['shape']} {v['dtype']}" for k, v in report["buffer"].items()),
              f"Per type: {CYCLES} cycles x {ENVS_PER_CYCLE} envs x {STEPS_PER_ENV} random-action "
              "steps, every reset and step through the contract checker.", "",
              "| type | ok | obs | action | build ms p50 | reset ms p50 | step ms p50 | step ms p99 "

@@ -7,6 +7,8 @@ a PPO update starts once `update_envs` env-rollouts are ready, wherever they cam
 from __future__ import annotations
 
 import collections
+import copy
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -19,15 +21,8 @@ from rlpipe.learner.checkpoint import rng_state, set_rng_state
 from rlpipe.learner.policy import Policy
 from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
 from rlpipe.learner.rollout import SliceRollout
+from rlpipe.learner.slices import SliceRef
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
-
-
-@dataclass
-class SliceRef:
-    """One ready slice: its worker's handle and the env range inside that worker."""
-    handle: object            # supervisor.workers.WorkerHandle
-    slice_index: int
-    seq: int
 
 
 @dataclass
@@ -36,6 +31,7 @@ class Counters:
     updates: int = 0
     episodes: int = 0
     torn_retries: int = 0
+    dropped_rollouts: int = 0        # env-rollouts discarded under learner.backlog=drop
     first_step_at: float | None = None
     returns: dict = field(default_factory=dict)     # type name -> deque of last 100 returns
     losses: list = field(default_factory=list)      # (time, total loss) per update
@@ -55,8 +51,14 @@ class CentralLearner:
         self.device = pick_device(self.cfg.device)
         torch.manual_seed(spec.seed)
         self.generator = torch.Generator().manual_seed(spec.seed)
-        self.policy = Policy(plan, spec.obs_keys, self.cfg.hidden).to(self.device)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.learning_rate, eps=1e-5)
+        self.policy = Policy(plan, spec.obs_keys, self.cfg.hidden, self.cfg.cnn_channels,
+                             self.cfg.cnn_out).to(self.device)
+        self._optimizer: torch.optim.Optimizer | None = None
+        # PPO updates run in a thread on `policy` while `actor`, a copy refreshed after every
+        # update, keeps serving the workers: inference never waits for training.
+        self.actor = copy.deepcopy(self.policy)
+        self._update_thread: threading.Thread | None = None
+        self._update_result = None
         self.env_type = torch.from_numpy(plan.env_type.astype(np.int64))
         # One batch buffer per obs key, sized for every env at once; each round uses a prefix.
         self.obs_buf = {k.name: torch.zeros((spec.env_count,) + k.shape,
@@ -103,11 +105,11 @@ class CentralLearner:
         else:
             dev_obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
             if self.scaling.enabled:
-                out = self.policy.act_explore(dev_obs, types.to(self.device), self.explore_gen)
+                out = self.actor.act_explore(dev_obs, types.to(self.device), self.explore_gen)
                 a_disc, a_cont, logp, value = out.a_disc, out.a_cont, out.logp, out.value
                 alt = (out.alt_disc.cpu().numpy(), out.alt_cont.cpu().numpy(), out.alt_logp.cpu().numpy())
             else:
-                a_disc, a_cont, logp, value = self.policy.act(dev_obs, types.to(self.device))
+                a_disc, a_cont, logp, value = self.actor.act(dev_obs, types.to(self.device))
             a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
             logp, value = logp.cpu().numpy(), value.cpu().numpy()
 
@@ -189,23 +191,80 @@ class CentralLearner:
     # -- training ----------------------------------------------------------------------------
     @property
     def update_due(self) -> bool:
-        return not self.random and self.ready_envs >= self.update_envs
+        return not self.random and self._update_thread is None and self.ready_envs >= self.update_envs
 
-    def update(self, progress: float) -> UpdateStats:
-        if self.cfg.anneal_lr:
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Built on first use, which is the first update's thread: constructing an optimizer
+        imports torch._dynamo (~1.4 s here), and the first env steps should not wait for it."""
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.learning_rate,
+                                               eps=1e-5)
+        return self._optimizer
+
+    @property
+    def backlogged(self) -> bool:
+        """Rollouts for the next update are complete while the current one still trains.
+        learner.backlog=hold: hold the workers (backpressure: every sample is trained on, as
+        sample-efficiency needs). learner.backlog=drop: keep stepping and drop the oldest
+        waiting rollouts instead (throughput: the policy lag stays bounded either way)."""
+        if self._update_thread is None or self.ready_envs < self.update_envs:
+            return False
+        if self.cfg.backlog == "hold":
+            return True
+        while self.ready_envs > self.update_envs and len(self.ready_blocks) > 1:
+            block = self.ready_blocks.pop(0)
+            self.ready_types.pop(0)
+            envs = len(block["adv"]) // self.cfg.rollout_len
+            self.ready_envs -= envs
+            self.counters.dropped_rollouts += envs
+        return False
+
+    def start_update(self, progress: float) -> None:
+        """Start a PPO update on the ready rollouts in the background; rollouts arriving
+        meanwhile make up the next update's batch."""
+        lr = self.cfg.learning_rate * max(1.0 - progress, 0.02) if self.cfg.anneal_lr \
+            else self.cfg.learning_rate
+        # Oldest rollouts first, about update_envs of them; the rest wait for the next update.
+        take, envs = 0, 0
+        while take < len(self.ready_blocks) and envs < self.update_envs:
+            envs += len(self.ready_blocks[take]["adv"]) // self.cfg.rollout_len
+            take += 1
+        batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
+        del self.ready_blocks[:take], self.ready_types[:take]
+        self.ready_envs -= envs
+        self._update_thread = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update",
+                                               daemon=True)
+        self._update_thread.start()
+
+    def _train(self, batch: dict, lr: float) -> None:
+        try:
             for group in self.optimizer.param_groups:
-                group["lr"] = self.cfg.learning_rate * max(1.0 - progress, 0.02)
-        batch = concat_blocks(self.ready_blocks, self.ready_types, self.device)
-        self.ready_blocks, self.ready_types, self.ready_envs = [], [], 0
-        stats = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator)
+                group["lr"] = lr
+            self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator)
+        except BaseException as exc:       # re-raised in the main thread by poll_update
+            self._update_result = exc
+
+    def poll_update(self, wait: bool = False) -> UpdateStats | None:
+        """The finished update's stats (None while one runs or none was started); the actor
+        takes the new weights here, in the main thread, between two inference rounds."""
+        thread = self._update_thread
+        if thread is None or (thread.is_alive() and not wait):
+            return None
+        thread.join()
+        self._update_thread = None
+        result, self._update_result = self._update_result, None
+        if isinstance(result, BaseException):
+            raise result
+        self.actor.load_state_dict(self.policy.state_dict())
         self.counters.updates += 1
-        self.counters.losses.append((time.monotonic(), stats.total_loss))
-        self.last_stats = stats
-        return stats
+        self.counters.losses.append((time.monotonic(), result.total_loss))
+        self.last_stats = result
+        return result
 
     @property
     def learning_rate(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
+        return self.optimizer.param_groups[0]["lr"] if self._optimizer else self.cfg.learning_rate
 
     def epsilons(self, env_lo: int, env_hi: int) -> np.ndarray:
         """Exploration rates of envs [env_lo, env_hi) from their latest stability scores."""
@@ -224,6 +283,7 @@ class CentralLearner:
         return {"obs_keys": [[k.name, list(k.shape), k.dtype] for k in self.spec.obs_keys],
                 "types": list(self.plan.names), "discrete_n": self.plan.actions.discrete_n,
                 "cont_dim": self.plan.actions.cont_dim, "hidden": list(self.cfg.hidden),
+                "cnn": [*self.cfg.cnn_channels, self.cfg.cnn_out],
                 "env_count": self.spec.env_count}
 
     def check_compatible(self, payload: dict) -> None:
@@ -235,6 +295,7 @@ class CentralLearner:
                              f"{[ours[k] for k in diff]})")
 
     def checkpoint_payload(self) -> dict:
+        """Call with no update running (poll_update(wait=True) first)."""
         c = self.counters
         return {"compat": self.compat(), "policy": self.policy.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
@@ -245,6 +306,7 @@ class CentralLearner:
 
     def restore(self, payload: dict) -> None:
         self.policy.load_state_dict(payload["policy"])
+        self.actor.load_state_dict(payload["policy"])
         self.optimizer.load_state_dict(payload["optimizer"])
         counters = payload["counters"]
         self.counters.env_steps = int(counters["env_steps"])

@@ -50,13 +50,15 @@ def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_std: float) -> nn.Se
 class RgbEncoder(nn.Module):
     """Nature-CNN-sized conv stack for HxWxC uint8 or float images."""
 
-    def __init__(self, shape: tuple[int, int, int], out: int = 256):
+    def __init__(self, shape: tuple[int, int, int], channels: tuple[int, int, int] = (32, 64, 64),
+                 out: int = 256):
         super().__init__()
         h, w, c = shape
+        c1, c2, c3 = channels
         self.conv = nn.Sequential(
-            layer_init(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+            layer_init(nn.Conv2d(c, c1, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(c1, c2, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(c2, c3, 3, stride=1)), nn.ReLU(), nn.Flatten())
         with torch.no_grad():
             n = self.conv(torch.zeros(1, c, h, w)).shape[1]
         self.fc = nn.Sequential(layer_init(nn.Linear(n, out)), nn.ReLU())
@@ -70,11 +72,12 @@ class RgbEncoder(nn.Module):
 
 
 class Policy(nn.Module):
-    def __init__(self, plan: MixPlan, obs_keys, hidden: tuple[int, ...]):
+    def __init__(self, plan: MixPlan, obs_keys, hidden: tuple[int, ...],
+                 cnn_channels: tuple[int, int, int] = (32, 64, 64), cnn_out: int = 256):
         super().__init__()
         self.low_keys = [k.name for k in obs_keys if k.name != "rgb"]
         rgb = [k for k in obs_keys if k.name == "rgb"]
-        self.rgb = RgbEncoder(rgb[0].shape) if rgb else None
+        self.rgb = RgbEncoder(rgb[0].shape, cnn_channels, cnn_out) if rgb else None
         low_dim = sum(int(np.prod(k.shape)) for k in obs_keys if k.name != "rgb")
         n_feat = low_dim + (self.rgb.out if self.rgb else 0)
         self.disc_n = plan.actions.discrete_n
@@ -107,10 +110,21 @@ class Policy(nn.Module):
         parts = []
         for j, name in enumerate(self.key_names):
             if name == "rgb":
-                parts.append(self.rgb(obs[name]) * mask[:, j:j + 1])
+                parts.append(self._rgb_features(obs[name], mask[:, j] > 0))
             else:
                 parts.append(obs[name].float().reshape(len(types), -1) * mask[:, j:j + 1])
         return torch.cat(parts, dim=1)
+
+    def _rgb_features(self, rgb: torch.Tensor, has_rgb: torch.Tensor) -> torch.Tensor:
+        """The CNN runs only on rows whose env type renders rgb: in a mixed run most rows
+        would feed it zeros, and the CNN is the policy's dominant cost."""
+        if bool(has_rgb.all()):
+            return self.rgb(rgb)
+        out = torch.zeros(len(rgb), self.rgb.out, device=rgb.device)
+        rows = has_rgb.nonzero(as_tuple=True)[0]
+        if len(rows):
+            out[rows] = self.rgb(rgb[rows])
+        return out
 
     def value(self, obs, types) -> torch.Tensor:
         return self.critic(self.features(obs, types)).squeeze(-1)

@@ -6,7 +6,7 @@ replaced writer (killed, or stopped and later continued) has no way into the boa
 learner reads. The header's generation word is also checked by every publish, so a stale
 writer notices and stops.
 
-    header (4096 B)     magic, owner generation, pid, OS heartbeat ns, steps, ready envs
+    header (4096 B)     magic, owner generation, pid, OS heartbeat ns, steps, ready envs, awake
     ctrl   n x 64 B     per env: seqlock word at +0 | process-shared mutex at +8 (lock board)
     obs    per key      n x 2 slots (A/B) x stride, stride = nbytes rounded up to 64
     results             rewards, end flags, episode stats, score, executed action, behaviour logp
@@ -29,7 +29,7 @@ CTRL_BYTES = 64
 MAGIC = 0x726C70697065_0001  # "rlpipe" + layout version
 
 # header word offsets (uint64 each)
-H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY = (8 * i for i in range(6))
+H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE = (8 * i for i in range(7))
 
 
 def align(n: int) -> int:

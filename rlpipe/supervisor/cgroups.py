@@ -87,6 +87,10 @@ class CgroupDriver:
         """Files a new worker writes its pid into before it builds envs (none: empty)."""
         return []
 
+    def active_paths(self) -> list[str]:
+        """Files a process writes its pid into to join the active (unlimited) cgroup."""
+        return []
+
     def wake(self, group: int, pid: int) -> None: ...
 
     def hibernate(self, group: int, pid: int) -> None: ...
@@ -121,9 +125,12 @@ class CgroupV1(CgroupDriver):
         self._group(group)
         return [str(self._dir(c, f"g{group}") / "cgroup.procs") for c in self.CONTROLLERS]
 
+    def active_paths(self) -> list[str]:
+        return [str(self._dir(c, "active") / "cgroup.procs") for c in self.CONTROLLERS]
+
     def wake(self, group: int, pid: int) -> None:
-        for c in self.CONTROLLERS:
-            _write(self._dir(c, "active") / "cgroup.procs", str(pid))
+        for path in self.active_paths():
+            _write(Path(path), str(pid))
 
     def hibernate(self, group: int, pid: int) -> None:
         for path in self.dormant_paths(group):
@@ -154,6 +161,9 @@ class CgroupV2(CgroupDriver):
             _write(d / "cpu.max", f"{quota} {CPU_PERIOD_US}")
             _write(d / "memory.max", str(self.mem_mb * 2**20))
         return [str(d / "cgroup.procs")]
+
+    def active_paths(self) -> list[str]:
+        return [str(self._dir("active") / "cgroup.procs")]
 
     def wake(self, group: int, pid: int) -> None:
         _write(self._dir("active") / "cgroup.procs", str(pid))

@@ -17,17 +17,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import redis
-import torch
 import zmq
 
 import rlpipe
 from rlpipe.config import RunSpec
-from rlpipe.envs.registry import MixPlan, plan_mix
-from rlpipe.learner.central import CentralLearner, SliceRef
-from rlpipe.learner.checkpoint import load_latest, save_checkpoint
-from rlpipe.worker.exploration import pack_epsilons
-from rlpipe.worker.rewardnorm import RewardNormalizer
+from rlpipe.envs.registry import MixPlan, plan_mix, preload_modules
+from rlpipe.learner.slices import SliceRef
+from rlpipe.redis_client import connect as redis_client
+from rlpipe.shm.layout import H_AWAKE
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
@@ -35,20 +34,21 @@ from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.lifecycle import LifecycleWriter, fault_counts
 from rlpipe.supervisor.memory import PeakMemory
-from rlpipe.supervisor.watchdog import Watchdog
-from rlpipe.redis_client import connect as redis_client
 from rlpipe.supervisor.redis_service import RedisService
-from rlpipe.supervisor.workers import (WorkerHandle, group_ranges, ready_envs, stop_workers,
-                                       worker_context)
+from rlpipe.supervisor.watchdog import Watchdog
+from rlpipe.supervisor.workers import WorkerHandle, group_ranges, stop_workers, worker_context
 from rlpipe.telemetry.progress import Progress
-from rlpipe.telemetry.tb import RunBoard
 from rlpipe.worker.doorbell import RING
+from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
+from rlpipe.worker.rewardnorm import RewardNormalizer
 
 log = logging.getLogger("rlpipe")
 IPC_PATH_MAX = 100          # sun_path is 108 bytes; keep a margin for "ipc://" and names
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
 TB_INTERVAL_S = 2.0
+SPAWN_BATCH = 4             # dormant workers started per loop turn
+SPAWN_EVERY_S = 0.05
 
 
 def git_commit() -> str:
@@ -95,7 +95,9 @@ class Driver:
         self.spec = spec
         self.run_dir = run_dir
         self.config_yaml = config_yaml
-        self.t0 = time.monotonic()
+        # The run's clock starts when the driver process started (interpreter, imports and config
+        # composition included): start-up figures are what a user waits, not what is convenient.
+        self.t0 = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
         self.run_id = new_run_id()
         self.stop_signal: int | None = None
         self.handles: list[WorkerHandle] = []
@@ -105,13 +107,12 @@ class Driver:
         self.memory = PeakMemory(os.getpid())
         self.zctx = zmq.Context(io_threads=1)
         self.sock_dir: Path | None = None
-        self.board: RunBoard | None = None
-        self.learner: CentralLearner | None = None
+        self.board = None           # telemetry.tb.RunBoard, built with the learner
+        self.learner = None         # learner.central.CentralLearner
         self.slice_seen: dict[tuple[int, int], float] = {}
         self.slice_first_step: dict[tuple[int, int], float] = {}
         self.all_ready_at: float | None = None
         self.versions: dict[str, str] = {}
-        self.shm_bytes = 0
         self.cgroups = None
         self.schedule: WakeSchedule | None = None
         self.watchdog: Watchdog | None = None
@@ -125,6 +126,9 @@ class Driver:
         self.next_checkpoint = self.t0 + spec.learner.checkpoint_interval_s
         self.next_publish = 0.0
         self.next_rnorm_tb = 0.0
+        self.next_memory_tb = 0.0
+        self.unspawned: list[WorkerHandle] = []
+        self.next_spawn = 0.0
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -135,16 +139,37 @@ class Driver:
         signal.signal(signal.SIGTERM, self._on_signal)
 
     # -- setup -------------------------------------------------------------------------------
+    def _build_learner(self) -> None:
+        # torch and TensorBoard are imported here, not at module level: a second of imports
+        # that the hot workers spend building their envs instead of waiting.
+        import torch
+
+        from rlpipe.learner.central import CentralLearner
+        from rlpipe.telemetry.tb import RunBoard
+        torch.set_num_threads(self.spec.learner.torch_threads)
+        self.learner = CentralLearner(self.spec, self.plan)
+        if self.spec.resume:
+            self._resume()
+            self._chart_mark = (self.learner.counters.env_steps, time.monotonic())
+        self.board = RunBoard(self.run_dir, self.config_yaml)
+        self.board.text("env_versions", "\n".join(f"{k}: {v}" for k, v in self.versions.items()))
+        self._phase("learner built")
+
+    def _phase(self, what: str) -> None:
+        log.info("startup: %s at %.2f s", what, time.monotonic() - self.t0)
+
     def setup(self) -> None:
         spec = self.spec
         sweep_dead_segments()
         sweep_dead_socket_dirs()
         self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+        self._phase("env types described")
         commit = git_commit()
         self.versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
         self.sock_dir = socket_dir(self.run_dir, self.run_id)
         self.redis = RedisService(spec.redis_url, self.sock_dir / "redis.sock", self.run_dir)
         self.redis.start()
+        self._phase(f"redis ({self.redis.mode}) up")
         self.rcli = redis_client(self.redis.url)
         self.rcli.hset(f"rlpipe:{self.run_id}:run", mapping={
             "state": "starting", "pid": os.getpid(), "env_count": spec.env_count,
@@ -158,15 +183,9 @@ class Driver:
         self.ready.setsockopt(zmq.RCVHWM, 100_000)
         self.ready.bind(f"ipc://{self.sock_dir}/ready.ipc")
 
-        torch.set_num_threads(spec.learner.torch_threads)
-        self.learner = CentralLearner(spec, self.plan)
-        if spec.resume:
-            self._resume()
-            self._chart_mark = (self.learner.counters.env_steps, time.monotonic())
-        self.board = RunBoard(self.run_dir, self.config_yaml)
-        self.board.text("env_versions", "\n".join(f"{k}: {v}" for k, v in self.versions.items()))
-
-        ctx = worker_context(spec.start_method)
+        if spec.resume:         # the workers' reward statistics must be in Redis before they start
+            self._build_learner()
+        ctx = worker_context(spec.start_method, preload_modules(spec.env_types))
         self.args_common = dict(
             type_names=self.plan.names,
             type_nodes=tuple(t.node for t in spec.env_types),
@@ -202,8 +221,15 @@ class Driver:
             h.awake = self.schedule.awake[k]
             h.on_retire = lambda old: self.errors.remove_ring(old.worker_id)
             self.handles.append(h)
-            self._spawn(h)
-        self.shm_bytes = sum(h.layout.size for h in self.handles)
+        # Hot groups start now; dormant ones are started from the loop a few at a time, so
+        # the first steps are not queued behind a hundred forks on a busy machine.
+        self.unspawned = [h for h in self.handles if not h.awake]
+        for h in self.handles:
+            if h.awake:
+                self._spawn(h)
+        self._phase(f"{len(self.handles) - len(self.unspawned)} hot workers started")
+        if self.learner is None:
+            self._build_learner()   # while the hot workers build their envs
         self.memory.start()
         self.rcli.hset(f"rlpipe:{self.run_id}:run", "state", "running")
         self.started = True
@@ -220,6 +246,7 @@ class Driver:
     def _resume(self) -> None:
         """Continue from the newest loadable checkpoint of this run directory; the workers'
         reward statistics go back into Redis before any worker starts, so they restore them."""
+        from rlpipe.learner.checkpoint import load_latest
         found = load_latest(self.checkpoint_dir, validate=self.learner.check_compatible)
         if found is None:
             log.info("run.resume=true but %s holds no checkpoint: starting fresh", self.checkpoint_dir)
@@ -233,6 +260,10 @@ class Driver:
         log.info("resumed from %s at %d env steps", path.name, self.resumed_from_step)
 
     def _checkpoint(self) -> Path:
+        import torch
+
+        from rlpipe.learner.checkpoint import save_checkpoint
+        self._log_update(self.learner.poll_update(wait=True))
         payload = self.learner.checkpoint_payload()
         try:
             # uint8 tensors: torch.load(weights_only=True) refuses raw bytes
@@ -303,8 +334,19 @@ class Driver:
     def _spawn(self, h: WorkerHandle) -> None:
         """Start (or restart) a worker; a dormant group's worker joins its cgroup first thing."""
         paths = [] if h.awake else self.cgroups.dormant_paths(h.worker_id)
-        h.spawn(self.ctx, self.args_common, paths)
+        h.spawn(self.ctx, self.args_common, paths, self.cgroups.active_paths())
         self.errors.add_ring(h.worker_id, h.error_ring)
+
+    def _spawn_some(self, now: float) -> None:
+        """Start the next dormant workers (a handful per loop turn)."""
+        if not self.unspawned or now < self.next_spawn:
+            return
+        self.next_spawn = now + SPAWN_EVERY_S
+        batch, self.unspawned = self.unspawned[:SPAWN_BATCH], self.unspawned[SPAWN_BATCH:]
+        for h in batch:
+            self._spawn(h)
+        if not self.unspawned:
+            self._phase(f"all {len(self.handles)} workers started")
 
     def _replace(self, h: WorkerHandle, reason: str, detail: dict) -> None:
         self.lifecycle.record("worker_restart", worker_id=h.worker_id, generation=h.generation,
@@ -313,7 +355,6 @@ class Driver:
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
         self._spawn(h)
-        self.shm_bytes = sum(x.layout.size for x in self.handles)
 
     def _supervise(self, now: float) -> None:
         """Once a second: replace workers that exited, advance the watchdog, keep Redis up."""
@@ -329,6 +370,9 @@ class Driver:
         self.watchdog.scan(self.handles, now)
         for rep in self.watchdog.reap(now):
             self._replace(rep.handle, rep.reason, rep.detail)
+        if now >= self.next_memory_tb:
+            self.next_memory_tb = now + 10.0
+            self._memory_curves()
         if self.errors.maybe_run(now):
             self.board.text("errors/top10", self.errors.text_for_tensorboard(), self.learner.counters.env_steps)
         if now >= self.next_redis_check:
@@ -343,6 +387,8 @@ class Driver:
         for k in self.schedule.due(min_steps):
             h = self.handles[k]
             h.awake = True
+            if h.views is not None:
+                h.views.store(H_AWAKE, 1)      # before the move: a worker still joining looks again
             if h.alive():
                 try:
                     self.cgroups.wake(k, h.proc.pid)
@@ -365,6 +411,7 @@ class Driver:
         by_id = {h.worker_id: h for h in self.handles}
         n_slices = sum(len(h.bounds) for h in self.handles)
         next_tb = next_check = time.monotonic()
+        held: list[SliceRef] = []      # rings waiting while the learner is backlogged
         with Progress(spec.progress_interval_s) as progress:
             while self.stop_signal is None:
                 now = time.monotonic()
@@ -395,20 +442,20 @@ class Driver:
                                                   detail={"since_spawn_s": round(now - h.spawned_at, 3)})
                         if seq > 0 and (w, s) not in self.slice_first_step:
                             self.slice_first_step[(w, s)] = now
+                self._spawn_some(now)
                 refs.extend(self._wake_due(now))
+                if learner.backlogged:
+                    held.extend(refs)
+                    refs = []
+                elif held:
+                    refs, held = held + refs, []
                 if refs:
                     learner.serve(refs)
                     if self.all_ready_at is None and len(self.slice_first_step) == n_slices:
                         self.all_ready_at = now
                 if learner.update_due:
-                    frac = self._progress()
-                    stats = learner.update(frac)
-                    self._after_update(frac)
-                    self.board.scalars(c.env_steps, {
-                        "losses/policy": stats.policy_loss, "losses/value": stats.value_loss,
-                        "losses/entropy": stats.entropy, "losses/approx_kl": stats.approx_kl,
-                        "losses/clipfrac": stats.clipfrac, "losses/total": stats.total_loss,
-                        "charts/learning_rate": learner.learning_rate})
+                    learner.start_update(self._progress())
+                self._log_update(learner.poll_update())
                 if now >= next_check:
                     next_check = now + 1.0
                     self._supervise(now)
@@ -424,6 +471,16 @@ class Driver:
                     progress.update(self._status_line(now, self._log_charts(now)))
             self._log_charts(time.monotonic())          # the last partial window too
 
+    def _log_update(self, stats) -> None:
+        if stats is None:
+            return
+        self.board.scalars(self.learner.counters.env_steps, {
+            "losses/policy": stats.policy_loss, "losses/value": stats.value_loss,
+            "losses/entropy": stats.entropy, "losses/approx_kl": stats.approx_kl,
+            "losses/clipfrac": stats.clipfrac, "losses/total": stats.total_loss,
+            "charts/learning_rate": self.learner.learning_rate})
+        self._after_update(self._progress())
+
     def _log_charts(self, now: float) -> float:
         """The periodic TensorBoard charts; returns the sps of the window since the last call."""
         c = self.learner.counters
@@ -431,7 +488,8 @@ class Driver:
         sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9)
         self._chart_mark = (c.env_steps, now)
         values = {"charts/sps": sps, "envs/active": self.active_envs(now),
-                  "board/torn_retries": c.torn_retries, "charts/episodes": c.episodes}
+                  "board/torn_retries": c.torn_retries, "charts/episodes": c.episodes,
+                  "learner/dropped_rollouts": c.dropped_rollouts}
         for name, rets in self.learner.recent_returns.items():
             if rets:
                 values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
@@ -473,6 +531,21 @@ class Driver:
                 log.exception("teardown step failed")
         for name in run_segments(self.run_id):      # belt and braces: nothing of ours stays
             Path("/dev/shm", name).unlink(missing_ok=True)
+
+    def _memory_curves(self) -> None:
+        """Memory of the whole run (PSS, sampled by PeakMemory) and each worker's RSS from its
+        Redis beat: the article's RSS curves, per worker group."""
+        values = {"memory/pss_mb": self.memory.last_bytes / 2**20}
+        try:
+            pipe = self.rcli.pipeline(transaction=False)
+            for h in self.handles:
+                pipe.hget(f"rlpipe:{self.run_id}:worker:{h.worker_id}", "rss_mb")
+            rss = [float(v) for v in pipe.execute() if v is not None]
+        except redis.RedisError:
+            rss = []
+        if rss:
+            values.update({"workers/rss_mb_max": max(rss), "workers/rss_mb_mean": float(np.mean(rss))})
+        self.board.scalars(self.learner.counters.env_steps, values)
 
     def _final_errors(self) -> None:
         """Every worker has stopped: pull the rings one last time and write the report."""
@@ -523,7 +596,7 @@ class Driver:
             "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None)
                                     for k, v in c.returns.items()},
             "peak_rss_mb": round(self.memory.peak_bytes / 2**20, 1),
-            "shm_bytes": self.shm_bytes,
+            "shm_bytes": sum(h.layout.size for h in self.handles if h.generation > 0),
             "faults": faults,
             "board": {"torn_retries": c.torn_retries},
             "cgroup_driver": self.cgroups.name if self.cgroups else "none",
@@ -548,6 +621,7 @@ class Driver:
         for name, value in result["mean_return_last100"].items():
             if value is not None:
                 metrics[f"hparams/return/{name}"] = value
+        from rlpipe.telemetry.tb import RunBoard
         board = RunBoard(self.run_dir, None)
         board.hparams(hparams, metrics)
         board.close()

@@ -8,7 +8,7 @@ import zmq
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
-from rlpipe.shm.layout import H_GENERATION, H_MAGIC, H_READY, MAGIC, WorkerLayout, WorkerViews
+from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
 from rlpipe.shm.errorring import ErrorRing
 from rlpipe.shm.segment import Segment, segment_name
 from rlpipe.worker.doorbell import ACT, STOP_SLICE, slice_bounds
@@ -17,12 +17,13 @@ from rlpipe.worker.process import WorkerArgs, run_worker
 WORKER_PRELOAD = ["rlpipe.worker.process"]
 
 
-def worker_context(start_method: str):
+def worker_context(start_method: str, env_modules: list[str]):
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        # Workers fork from a server that has already imported numpy, gymnasium, zmq, redis
-        # (never torch): a new worker costs a fork, and its pages are shared until written.
-        ctx.set_forkserver_preload(WORKER_PRELOAD)
+        # Workers fork from a server that has already imported numpy, gymnasium, zmq, redis and
+        # the mix's env modules (never torch): a new worker costs a fork, and those pages are
+        # shared until written.
+        ctx.set_forkserver_preload(WORKER_PRELOAD + env_modules)
     return ctx
 
 
@@ -78,15 +79,17 @@ class WorkerHandle:
             old.unlink()
             old.close()
 
-    def spawn(self, ctx, args_common: dict, cgroup_paths: list[str]) -> None:
+    def spawn(self, ctx, args_common: dict, cgroup_paths: list[str], active_paths: list[str]) -> None:
         self.generation += 1
         self._new_segment()
+        self.views.store(H_AWAKE, int(self.awake))
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
         args = WorkerArgs(worker_id=self.worker_id, generation=self.generation, run_id=self.run_id,
                           env_lo=self.env_lo, type_index=self.plan.env_type[self.env_lo:self.env_hi].copy(),
                           segment_name=self.segment.name, act_endpoint=self.act_endpoint,
-                          cgroup_paths=tuple(cgroup_paths), **args_common)
+                          cgroup_paths=tuple(cgroup_paths), active_cgroup_paths=tuple(active_paths),
+                          **args_common)
         self.proc = ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
                                 daemon=False)
         self.proc.start()
@@ -143,13 +146,3 @@ def stop_workers(handles: list[WorkerHandle], grace_s: float = 5.0) -> None:
             if h.proc.is_alive():
                 h.proc.kill()
                 h.proc.join(5)
-
-
-def ready_envs(handles: list[WorkerHandle]) -> int:
-    return int(sum(h.views.load(H_READY) for h in handles if h.views is not None))
-
-
-def os_pids(handles: list[WorkerHandle]) -> list[int]:
-    return [h.proc.pid for h in handles if h.alive()]
-
-

@@ -23,7 +23,7 @@ from rlpipe.config import ObsKey
 from rlpipe.envs.contract import CONTINUOUS, EnvSpec
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
-from rlpipe.shm.layout import (H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
+from rlpipe.shm.layout import (H_AWAKE, H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
                                 WorkerViews)
 from rlpipe.shm.errorring import ErrorRing
 from rlpipe.shm.segment import Segment
@@ -65,7 +65,8 @@ class WorkerArgs:
     max_rss_mb: float | None
     cpu_affinity: tuple[int, ...] | None
     sched_fifo: int | None
-    cgroup_paths: tuple[str, ...]   # cgroup.procs files to join before building envs
+    cgroup_paths: tuple[str, ...]   # cgroup.procs files of the group's dormant cgroup (empty: none)
+    active_cgroup_paths: tuple[str, ...]   # ... and of the active one, for a wake that raced us
     scaling_enabled: bool           # score envs, apply the learner's exploration rates
     scaling_window: int
     reward_norm_mode: str           # per_env | global | off
@@ -189,7 +190,16 @@ def _rss_mb() -> float:
 
 def run_worker(args: WorkerArgs) -> None:
     _die_with_parent()
-    _join_cgroups(args.cgroup_paths)
+    segment = Segment.attach(args.segment_name)
+    n = len(args.type_index)
+    layout = WorkerLayout.build(n, args.obs_keys, args.cont_dim)
+    views = WorkerViews(layout, segment, locked=args.locked_board)
+    if args.cgroup_paths:
+        # Join the dormant cgroup first thing; the driver may have woken the group meanwhile
+        # (it raises H_AWAKE before moving us), so look again and follow it to `active`.
+        _join_cgroups(args.cgroup_paths)
+        if views.load(H_AWAKE):
+            _join_cgroups(args.active_cgroup_paths)
     os.setpgrp()                                   # own process group: OS beats, no terminal Ctrl-C
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver coordinates shutdown
     stopping = []
@@ -200,10 +210,6 @@ def run_worker(args: WorkerArgs) -> None:
     except ImportError:
         pass
 
-    n = len(args.type_index)
-    layout = WorkerLayout.build(n, args.obs_keys, args.cont_dim)
-    segment = Segment.attach(args.segment_name)
-    views = WorkerViews(layout, segment, locked=args.locked_board)
     views.store(H_PID, os.getpid())
     errors = ErrorRing(views.error_ring_buf, create=False)      # the driver initialized it
     # OS-level beat: the handler stamps CLOCK_MONOTONIC into shared memory. It runs only when
@@ -286,24 +292,40 @@ def run_worker(args: WorkerArgs) -> None:
 
     try:
         lifecycle.event("worker_spawn", detail={"pid": os.getpid(), "envs": n})
-        for i in range(n):
-            table.start(i)
-            t = args.type_index[i]
-            lifecycle.event("env_create", env_id=args.env_lo + i, env_type=args.type_names[t],
-                            env_version=args.type_versions[t])
+        # A dormant group idles (in its throttled cgroup) until the driver wakes it: its envs
+        # are built only then, so a hundred dormant groups cost next to nothing.
+        while not views.load(H_AWAKE) and not stopping:
+            if act.poll(100) and ACT.unpack(act.recv())[0] == STOP_SLICE:
+                stopping.append(True)
+            elif not _driver_alive(args.driver_pid):
+                stopping.append(True)
             heartbeats()
-        report_faults()
-        for s, (lo, hi) in enumerate(bounds):
-            if not publish(lo, hi):
-                return
-            ready.send(RING.pack(args.worker_id, s, args.generation, 0))
-        views.store(H_READY, n)
         acts, results = views.actions, views.results
         disc, cont = acts["discrete"], acts["continuous"]
         exec_disc, exec_cont = results["exec_discrete"], results["exec_continuous"]
         timeout_ms = int(args.doorbell_timeout_s * 1000)
+        # Envs are built slice by slice, between doorbells: a slice rings (seq 0) as soon as
+        # its own envs are up, so stepping starts while the rest of the group still builds.
+        built = 0
         next_rss_check = 0.0
         while not stopping:
+            if built < n and not act.poll(0):
+                table.start(built)
+                t = args.type_index[built]
+                lifecycle.event("env_create", env_id=args.env_lo + built, env_type=args.type_names[t],
+                                env_version=args.type_versions[t])
+                built += 1
+                for s, (lo, hi) in enumerate(bounds):
+                    if hi == built:                  # slice s is complete: publish and ring
+                        report_faults()
+                        if not publish(lo, hi):
+                            stopping.append(True)
+                            break
+                        ready.send(RING.pack(args.worker_id, s, args.generation, 0))
+                if built == n:
+                    views.store(H_READY, n)
+                heartbeats()
+                continue
             if act.poll(timeout_ms):
                 s, seq = ACT.unpack(act.recv())
                 if s == STOP_SLICE:

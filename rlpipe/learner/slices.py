@@ -1,0 +1,13 @@
+"""What the driver hands the learner per doorbell (kept free of torch so the driver can import
+it before the learner is built)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SliceRef:
+    """One ready slice: its worker's handle and the env range inside that worker."""
+    handle: object            # supervisor.workers.WorkerHandle
+    slice_index: int
+    seq: int
