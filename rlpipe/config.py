@@ -8,6 +8,7 @@ loop ever touches OmegaConf.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+log = logging.getLogger("rlpipe.config")
 OBS_KEYS = ("rgb", "state", "vector")
 OBS_DTYPES = ("uint8", "float32")
 
@@ -105,6 +107,7 @@ class LearnerSchema:
     norm_adv: bool = True
     checkpoint_interval_s: float = 300.0
     keep_checkpoints: int = 3
+    export: bool = False
     loss_std_at: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
     loss_std_window: int = 20
 
@@ -230,6 +233,7 @@ class LearnerSpec:
     norm_adv: bool
     checkpoint_interval_s: float
     keep_checkpoints: int
+    export: bool            # write export/policy.pt (weights + what they expect) at the end
     loss_std_at: tuple[float, ...]
     loss_std_window: int
 
@@ -372,10 +376,16 @@ def _obs_keys(buffer: DictConfig) -> tuple[ObsKey, ...]:
 
 
 def _env_types(mix: DictConfig) -> tuple[EnvTypeSpec, ...]:
+    """The mix's types. A node without `_target_` for a type the mix does not weigh is a
+    stage's parameter override for a type that is not in this mix (e.g. +stage=day5 tuning
+    `faulty` under env_mix=cartpole): it is left out, said once in the log."""
     if not mix.types:
         _fail("env_mix.types", {}, "allowed is at least one env type (conf/env/<type>.yaml)")
-    specs = []
+    specs, unused = [], []
     for name, node in mix.types.items():
+        if isinstance(node, DictConfig) and "_target_" not in node and name not in mix.weights:
+            unused.append(name)
+            continue
         if not isinstance(node, DictConfig) or "_target_" not in node:
             _fail(f"env_mix.types.{name}", node, "allowed is an env config node with _target_")
         if name not in mix.weights:
@@ -383,9 +393,11 @@ def _env_types(mix: DictConfig) -> tuple[EnvTypeSpec, ...]:
         weight = _positive_number(f"env_mix.weights.{name}", mix.weights[name])
         specs.append(EnvTypeSpec(name, weight, OmegaConf.to_container(node, resolve=True)))
     for name in mix.weights:
-        if name not in mix.types:
+        if name not in mix.types or name in unused:
             _fail(f"env_mix.weights.{name}", mix.weights[name],
                   "allowed are weights for the types in env_mix.types: " + ", ".join(mix.types))
+    if unused:
+        log.info("env_mix: overrides for types not in this mix left out: %s", ", ".join(unused))
     return tuple(specs)
 
 
@@ -496,6 +508,7 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         norm_adv=bool(lc.norm_adv),
         checkpoint_interval_s=_positive_number("learner.checkpoint_interval_s", lc.checkpoint_interval_s),
         keep_checkpoints=_positive_int("learner.keep_checkpoints", lc.keep_checkpoints),
+        export=bool(lc.export),
         loss_std_at=tuple(_unit_interval("learner.loss_std_at", f) for f in lc.loss_std_at),
         loss_std_window=_positive_int("learner.loss_std_window", lc.loss_std_window),
     )

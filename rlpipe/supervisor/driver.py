@@ -275,6 +275,19 @@ class Driver:
         return save_checkpoint(self.checkpoint_dir, self.learner.counters.env_steps, payload,
                                self.spec.learner.keep_checkpoints)
 
+    def _export(self) -> Path:
+        """export/policy.pt: the trained weights with the obs/action spec they expect and the
+        run's config, loadable with torch.load(weights_only=True)."""
+        import torch
+        self._log_update(self.learner.poll_update(wait=True))
+        path = self.run_dir / "export" / "policy.pt"
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"policy": self.learner.policy.state_dict(), "compat": self.learner.compat(),
+                    "env_steps": self.learner.counters.env_steps, "config_yaml": self.config_yaml}, tmp)
+        os.replace(tmp, path)
+        return path
+
     def _after_update(self, progress: float) -> None:
         """Loss-variance checkpoints: the std of the total loss over the last window of updates
         when the run passes each configured fraction (the article's 12/24/36 h)."""
@@ -513,6 +526,7 @@ class Driver:
             lambda: stop_workers(self.handles),
             lambda: self._final_errors(),
             lambda: self._checkpoint() if self.learner and not self.learner.random and self.started else None,
+            lambda: self._export() if self.spec.learner.export and self.learner and self.started else None,
             lambda: self.memory.stop(),
             lambda: self.cgroups.cleanup() if self.cgroups else None,
             lambda: [h.close() for h in self.handles],
@@ -641,6 +655,11 @@ class Driver:
         result = self.summary(end)
         (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
         self._hparams(result)
+        try:
+            from rlpipe.telemetry.health import write_health_report
+            write_health_report(self.run_dir)
+        except Exception:              # a report must never turn a finished run into a failure
+            log.exception("health report failed")
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(self.stop_signal).name}" if self.stop_signal else "done"
         print(f"rlpipe {how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
