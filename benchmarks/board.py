@@ -42,12 +42,11 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from rlpipe.shm.payloads import Payloads, check_rows
 from rlpipe.native.board import BoardView  # noqa: E402
 from rlpipe.shm.segment import Segment, new_run_id, segment_name  # noqa: E402
 
-MAGIC = np.uint64(0x9E3779B97F4A7C15)
 GEN = 1
-N_BODIES = 7                     # odd: consecutive publishes into one slot differ in body
 
 
 # --- geometry: built with the engine's layout in the parent, plain values for the children ----
@@ -84,41 +83,6 @@ def open_board(geo):
                       seg.base + geo["gen_off"], locked=geo["locked"], n_envs=geo["n_envs"],
                       keepalive=seg.buf)
     return seg, board
-
-
-# --- self-checking payloads ---------------------------------------------------------------
-
-class Payloads:
-    """Staged rows for `count` envs whose checksum lives inside each row."""
-
-    def __init__(self, row_bytes, count, writer_id, seed):
-        rng = np.random.default_rng(seed)
-        self.writer_id = writer_id
-        self.stage = [[rng.integers(0, 2**63, size=(count, rb // 8), dtype=np.uint64) for rb in row_bytes]
-                      for _ in range(N_BODIES)]
-        self.sums = [[s[:, 1:-1].sum(axis=1, dtype=np.uint64) for s in st] for st in self.stage]
-        self.ptrs = [[s.ctypes.data for s in st] for st in self.stage]
-        self.strides = [s.strides[0] for s in self.stage[0]]
-
-    def fill(self, n: int):
-        """Stage publish number n; returns the row pointers."""
-        p = n % N_BODIES
-        tag = np.uint64((self.writer_id << 56) | n)
-        for s, body_sum in zip(self.stage[p], self.sums[p]):
-            s[:, 0] = tag
-            s[:, -1] = (tag + body_sum) ^ MAGIC
-        return self.ptrs[p]
-
-
-def check_rows(outs, n):
-    """(ok mask, tags) for rows [0, n) of the gathered uint64 outputs (one per key)."""
-    tags = outs[0][:n, 0].copy()
-    ok = np.ones(n, dtype=bool)
-    for o in outs:
-        rows = o[:n]
-        ok &= rows[:, -1] == ((rows[:, 0] + rows[:, 1:-1].sum(axis=1, dtype=np.uint64)) ^ MAGIC)
-        ok &= rows[:, 0] == tags
-    return ok, tags
 
 
 # --- child processes ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ def engine_sps(n: int, seconds: float, extra: list[str]) -> dict:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "env_mix=cartpole",
                f"env_count={n}", "learner.mode=random", f"run.duration_s={seconds}",
+               "groups.hot=100000",      # every group hot: this measures stepping (startup.py: the ramp)
                "run.total_env_steps=null", *extra]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if out.returncode != 0:

@@ -30,7 +30,7 @@ def run_job(cfg: DictConfig) -> int:
         driver = Driver(spec, run_dir, OmegaConf.to_yaml(cfg))
         return driver.run()
     except (ConfigError, OmegaConfBaseException) as exc:
-        print(f"rlpipe: config error: {exc}", file=sys.stderr)
+        print(f"rlpipe: {getattr(exc, 'what', 'config error')}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
 

@@ -26,6 +26,7 @@ OBS_DTYPES = ("uint8", "float32")
 
 class ConfigError(ValueError):
     """A config value the engine cannot run with; the message is for the user, as is."""
+    what = "config error"
 
 
 def conf_dir() -> Path:

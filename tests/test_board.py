@@ -1,8 +1,7 @@
 """The obs board and its segments: torn reads, killed and replaced writers, alignment, hygiene.
 
 Writers and readers run as separate (spawned) processes on a real /dev/shm segment. Every
-published row checks itself: word 0 is a tag (writer id << 56 | publish number), the body is
-random, the last word is (tag + sum(body)) ^ MAGIC; a reader counts a row as torn when the
+published row checks itself (rlpipe.shm.payloads): a reader counts a row as torn when the
 checksum fails or the keys of one env disagree, and as stale when an env's tag goes back.
 
 Child processes are spawned, so this module's top level imports only what a child needs
@@ -23,51 +22,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rlpipe.shm.payloads import Payloads, check_rows
 from rlpipe.native.board import BoardView, load_u64, store_u64
 from rlpipe.shm.segment import (SHM_DIR, Segment, new_run_id, run_segments, segment_name,
                                 sweep_dead_segments)
 
-MAGIC = np.uint64(0x9E3779B97F4A7C15)
-N_BODIES = 7                 # odd: consecutive publishes into one slot always differ in body
 H_GENERATION = 8             # rlpipe.shm.layout.H_GENERATION (checked in test_layout_constants)
 CTX = mp.get_context("spawn")
 REPO = Path(__file__).resolve().parent.parent
 
 
-# --- self-checking payloads (used by the child processes) ----------------------------------
-
-class Payloads:
-    """Staged rows for `count` envs; N_BODIES random bodies, tag and checksum set per publish."""
-
-    def __init__(self, row_bytes, count, writer_id, seed):
-        rng = np.random.default_rng(seed)
-        self.writer_id = writer_id
-        self.stage = [[rng.integers(0, 2**63, size=(count, rb // 8), dtype=np.uint64) for rb in row_bytes]
-                      for _ in range(N_BODIES)]
-        self.sums = [[s[:, 1:-1].sum(axis=1, dtype=np.uint64) for s in st] for st in self.stage]
-        self.ptrs = [[s.ctypes.data for s in st] for st in self.stage]
-        self.strides = [s.strides[0] for s in self.stage[0]]
-
-    def fill(self, k: int):
-        p = k % N_BODIES
-        tag = np.uint64((self.writer_id << 56) | k)
-        for s, body_sum in zip(self.stage[p], self.sums[p]):
-            s[:, 0] = tag
-            s[:, -1] = (tag + body_sum) ^ MAGIC
-        return self.ptrs[p]
-
-
-def check_rows(outs, n=None):
-    """(ok mask, tags) of gathered rows (one uint64 array per key, one row per env)."""
-    n = len(outs[0]) if n is None else n
-    tags = outs[0][:n, 0].copy()
-    ok = np.ones(n, dtype=bool)
-    for o in outs:
-        rows = o[:n]
-        ok &= rows[:, -1] == ((rows[:, 0] + rows[:, 1:-1].sum(axis=1, dtype=np.uint64)) ^ MAGIC)
-        ok &= rows[:, 0] == tags
-    return ok, tags
-
+# --- boards for the child processes ---------------------------------------------------------
 
 def open_board(geo):
     seg = Segment.attach(geo["name"])

@@ -83,3 +83,29 @@ def test_env_type_that_does_not_fit_the_buffer(short_tmp):
 
 def test_conf_dir_is_the_repository_one():
     assert conf_dir() == REPO / "conf"
+
+
+STAGES = sorted(p.stem for p in (conf_dir() / "stage").glob("day*.yaml"))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_composes_and_validates(stage):
+    spec = to_plain(compose_cfg([f"+stage={stage}"]))
+    assert spec.stage == stage
+
+
+def test_stage_env_count_is_overridable_and_day4_is_the_seed12_mix():
+    spec = to_plain(compose_cfg(["+stage=day4", "env_count=1234"]))
+    assert spec.env_count == 1234
+    assert len(spec.env_types) == 12
+    # a stage's tuning of types outside the mix is left out, not an error
+    assert [t.name for t in to_plain(compose_cfg(["+stage=day5", "env_mix=cartpole"])).env_types] == ["cartpole"]
+
+
+def test_over_budget_config_is_refused_with_the_arithmetic(short_tmp):
+    out = run_cli(short_tmp / "run", "+stage=day4", "buffer=seed", "learner.rollout_len=64", timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "rollout storage env_count 7000 x learner.rollout_len 64" in out.stderr
+    assert "GiB usable here" in out.stderr
+    assert not (short_tmp / "run" / "summary.json").exists()

@@ -123,3 +123,17 @@ def test_sigint_stops_cleanly_with_its_exit_code(short_tmp):
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert (run_dir / "summary.json").exists()
     assert_nothing_left(run_dir, proc.pid)
+
+
+def test_multirun_jobs_each_run_and_free_everything(short_tmp):
+    """Jobs of a multirun share the driver process: each must get its own full run."""
+    sweep = short_tmp / "sweep"
+    out = subprocess.run([*rlpipe_cmd(sweep / "unused", "-m", "env_count=8,16",
+                                      "run.total_env_steps=6000", "run.duration_s=120"),
+                          f"hydra.sweep.dir={sweep}"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for job, n in (("0", 8), ("1", 16)):
+        summary = read_summary(sweep / job)
+        assert summary["env_count"] == n and summary["env_steps"] >= 6000
+        assert summary["startup_first_step_s"] < 60

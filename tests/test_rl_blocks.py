@@ -222,7 +222,8 @@ def _plan():
              EnvSpec({"state": ((6,), "float32")}, "continuous", 2),
              EnvSpec({"state": ((6,), "float32")}, "continuous", 3))
     env_type = np.tile(np.arange(4, dtype=np.int16), 64)
-    return MixPlan(("d3", "d5", "c2", "c3"), specs, env_type, ActionSpace(5, 3))
+    return MixPlan(("d3", "d5", "c2", "c3"), specs, env_type, ActionSpace(5, 3),
+                   (ObsKey("state", (6,), "float32"),))
 
 
 def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,8 @@ from hydra.utils import instantiate
 
 from rlpipe.config import ConfigError, EnvTypeSpec, ObsKey
 from rlpipe.envs.contract import CONTINUOUS, DISCRETE, EnvSpec, check_fits
+
+log = logging.getLogger("rlpipe.envs")
 
 
 def make_factory(node: dict) -> functools.partial:
@@ -51,6 +54,7 @@ class MixPlan:
     specs: tuple[EnvSpec, ...]
     env_type: np.ndarray                  # env id -> type index (int16)
     actions: ActionSpace
+    obs_keys: tuple[ObsKey, ...]          # the buffer's keys that some type of the mix produces
 
     def counts(self) -> dict[str, int]:
         return {name: int((self.env_type == i).sum()) for i, name in enumerate(self.names)}
@@ -88,7 +92,13 @@ def plan_mix(env_types: tuple[EnvTypeSpec, ...], env_count: int,
                               f"{t.node.get('_target_')}) cannot be built: {exc}") from exc
         check_fits(t.name, spec, board_keys)
         specs.append(spec)
+    # A buffer key no type of this mix produces would only carry zeros through the board, the
+    # rollouts and the policy: it is left out of the run.
+    used = tuple(k for k in board_keys if any(k.name in s.obs for s in specs))
+    unused = [k.name for k in board_keys if k not in used]
+    if unused:
+        log.info("buffer keys no env type of the mix produces, left out: %s", ", ".join(unused))
     disc = max((s.action_n for s in specs if s.action_kind == DISCRETE), default=0)
     cont = max((s.action_n for s in specs if s.action_kind == CONTINUOUS), default=0)
     return MixPlan(tuple(t.name for t in env_types), tuple(specs),
-                   assign_types([t.weight for t in env_types], env_count), ActionSpace(disc, cont))
+                   assign_types([t.weight for t in env_types], env_count), ActionSpace(disc, cont), used)

@@ -51,7 +51,7 @@ class CentralLearner:
         self.device = pick_device(self.cfg.device)
         torch.manual_seed(spec.seed)
         self.generator = torch.Generator().manual_seed(spec.seed)
-        self.policy = Policy(plan, spec.obs_keys, self.cfg.hidden, self.cfg.cnn_channels,
+        self.policy = Policy(plan, plan.obs_keys, self.cfg.hidden, self.cfg.cnn_channels,
                              self.cfg.cnn_out).to(self.device)
         self._optimizer: torch.optim.Optimizer | None = None
         # PPO updates run in a thread on `policy` while `actor`, a copy refreshed after every
@@ -62,8 +62,8 @@ class CentralLearner:
         self.env_type = torch.from_numpy(plan.env_type.astype(np.int64))
         # One batch buffer per obs key, sized for every env at once; each round uses a prefix.
         self.obs_buf = {k.name: torch.zeros((spec.env_count,) + k.shape,
-                                            dtype=getattr(torch, k.dtype)) for k in spec.obs_keys}
-        self.row_bytes = [k.nbytes for k in spec.obs_keys]
+                                            dtype=getattr(torch, k.dtype)) for k in plan.obs_keys}
+        self.row_bytes = [k.nbytes for k in plan.obs_keys]
         self.rollouts: dict[tuple[int, int], SliceRollout] = {}
         self.ready_blocks: list[dict] = []
         self.ready_types: list[np.ndarray] = []
@@ -137,7 +137,7 @@ class CentralLearner:
             ro = self.rollouts.get(key)
             if ro is None or ref.seq == 0:
                 # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
-                ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.spec.obs_keys,
+                ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
                                                        self.plan.actions.cont_dim, self.scaling.enabled)
             else:
                 res = ref.handle.views.results
@@ -280,7 +280,7 @@ class CentralLearner:
     # -- checkpoints -------------------------------------------------------------------------
     def compat(self) -> dict:
         """What a checkpoint must match to be resumed by this run."""
-        return {"obs_keys": [[k.name, list(k.shape), k.dtype] for k in self.spec.obs_keys],
+        return {"obs_keys": [[k.name, list(k.shape), k.dtype] for k in self.plan.obs_keys],
                 "types": list(self.plan.names), "discrete_n": self.plan.actions.discrete_n,
                 "cont_dim": self.plan.actions.cont_dim, "hidden": list(self.cfg.hidden),
                 "cnn": [*self.cfg.cnn_channels, self.cfg.cnn_out],

@@ -29,6 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlpipe.config import ConfigError
+from rlpipe.shm.segment import pid_alive
+
 log = logging.getLogger(__name__)
 
 FORMAT = "rlpipe-checkpoint"
@@ -37,8 +40,10 @@ _NAME = re.compile(r"^ckpt_(\d{12})\.pt$")
 _TMP = re.compile(r"^\.ckpt_\d+\.pt\.(\d+)\.tmp$")
 
 
-class CheckpointError(RuntimeError):
-    """No checkpoint could be loaded; the message names every file tried and why it failed."""
+class CheckpointError(ConfigError):
+    """No checkpoint could be loaded; the message names every file tried and why it failed.
+    A user-input error like a bad config value: one paragraph, exit code 2."""
+    what = "checkpoint error"
 
 
 def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
@@ -63,16 +68,6 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def save_checkpoint(directory: str | os.PathLike, step: int, payload: dict, keep: int) -> Path:
     """Write `payload` atomically as ckpt_<step>.pt, then keep only the newest `keep` files.
     Returns the checkpoint's path. A checkpoint of the same step is replaced."""
@@ -87,7 +82,7 @@ def save_checkpoint(directory: str | os.PathLike, step: int, payload: dict, keep
     # Temp files left by a dead writer (killed mid-save) are garbage.
     for p in d.iterdir():
         m = _TMP.match(p.name)
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+        if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             p.unlink(missing_ok=True)
     record = {"format": FORMAT, "version": VERSION, "step": int(step), "payload": payload}
     try:

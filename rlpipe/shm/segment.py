@@ -83,7 +83,7 @@ class Segment:
             pass
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """True if `pid` is a running process. A zombie (killed, not yet reaped by its parent)
     counts as dead: it will never clean up, and a harness may start the next run before
     reaping the last one."""
@@ -106,7 +106,7 @@ def sweep_dead_segments() -> list[str]:
     removed = []
     for path in SHM_DIR.glob(PREFIX + "*"):
         match = _NAME_RE.match(path.name)
-        if match is None or _pid_alive(int(match.group(1))):
+        if match is None or pid_alive(int(match.group(1))):
             continue
         try:
             path.unlink()

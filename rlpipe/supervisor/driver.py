@@ -24,6 +24,7 @@ import zmq
 import rlpipe
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, plan_mix, preload_modules
+from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.slices import SliceRef
 from rlpipe.redis_client import connect as redis_client
 from rlpipe.shm.layout import H_AWAKE
@@ -47,6 +48,7 @@ log = logging.getLogger("rlpipe")
 IPC_PATH_MAX = 100          # sun_path is 108 bytes; keep a margin for "ipc://" and names
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
 TB_INTERVAL_S = 2.0
+_first_job_in_process = True
 SPAWN_BATCH = 4             # dormant workers started per loop turn
 SPAWN_EVERY_S = 0.05
 
@@ -97,7 +99,11 @@ class Driver:
         self.config_yaml = config_yaml
         # The run's clock starts when the driver process started (interpreter, imports and config
         # composition included): start-up figures are what a user waits, not what is convenient.
-        self.t0 = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+        # Later jobs of a multirun share the process, so theirs starts here.
+        global _first_job_in_process
+        since_start = max(0.0, time.time() - psutil.Process().create_time())
+        self.t0 = time.monotonic() - (since_start if _first_job_in_process else 0.0)
+        _first_job_in_process = False
         self.run_id = new_run_id()
         self.stop_signal: int | None = None
         self.handles: list[WorkerHandle] = []
@@ -163,6 +169,7 @@ class Driver:
         sweep_dead_segments()
         sweep_dead_socket_dirs()
         self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+        self.budget = check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.group_size))
         self._phase("env types described")
         commit = git_commit()
         self.versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
@@ -191,7 +198,7 @@ class Driver:
             type_nodes=tuple(t.node for t in spec.env_types),
             type_specs=self.plan.specs,
             type_versions=tuple(self.versions[t.name] for t in spec.env_types),
-            obs_keys=spec.obs_keys, cont_dim=self.plan.actions.cont_dim,
+            obs_keys=self.plan.obs_keys, cont_dim=self.plan.actions.cont_dim,
             locked_board=spec.board_sync == "lock", slices=spec.worker_slices,
             threads=spec.worker_threads, seed=spec.seed,
             ready_endpoint=f"ipc://{self.sock_dir}/ready.ipc", lifecycle_endpoint=lifecycle_ep,

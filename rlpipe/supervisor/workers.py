@@ -40,7 +40,7 @@ class WorkerHandle:
         self.spec = spec
         self.plan = plan
         self.run_id = run_id
-        self.layout = WorkerLayout.build(self.n, spec.obs_keys, plan.actions.cont_dim)
+        self.layout = WorkerLayout.build(self.n, plan.obs_keys, plan.actions.cont_dim)
         self.bounds = slice_bounds(self.n, spec.worker_slices)
         self.act_endpoint = act_endpoint
         self.act = zctx.socket(zmq.PUSH)

@@ -1,0 +1,60 @@
+"""Memory the learner and the board will take, computed from the buffer spec and env count
+before anything is allocated, so a config that cannot fit is refused with the arithmetic."""
+from __future__ import annotations
+
+import psutil
+
+from rlpipe.config import ConfigError, RunSpec
+from rlpipe.envs.registry import MixPlan
+from rlpipe.shm.layout import WorkerLayout
+
+USABLE_FRACTION = 0.8     # of physical memory: the OS, page cache and env engines need the rest
+GIB = 2**30
+
+
+def _fmt(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, int]]) -> dict:
+    """Bytes by part: board (all worker segments), rollout storage (per-slice buffers plus
+    the finished blocks waiting for an update), the update batch, the inference batch."""
+    obs = sum(k.nbytes for k in plan.obs_keys)
+    cont = max(plan.actions.cont_dim, 1)
+    # per stored transition: obs + discrete action (8) + continuous action + logp, value,
+    # reward, weight (4 each) + done flag (1)
+    step = obs + 8 + 4 * cont + 4 * 4 + 1
+    T = spec.learner.rollout_len
+    n = spec.env_count
+    update_envs = min(spec.learner.update_envs, n)
+    return {
+        "board": sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size
+                     for lo, hi in groups),
+        "rollouts": n * T * step,                    # one [T, n] block per slice, all envs
+        "ready_blocks": 2 * update_envs * T * step,  # finished blocks: the next update's and a backlog
+        "update_batch": update_envs * T * (step + 8),  # + advantages and returns
+        "inference_batch": n * obs,
+        "obs_bytes_per_step": obs,
+    }
+
+
+def check_memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, int]],
+                        total_bytes: int | None = None) -> dict:
+    budget = memory_budget(spec, plan, groups)
+    need = sum(v for k, v in budget.items() if k != "obs_bytes_per_step")
+    total = total_bytes if total_bytes is not None else psutil.virtual_memory().total
+    usable = int(total * USABLE_FRACTION)
+    if need > usable:
+        keys = ", ".join(f"{k.name} {list(k.shape)} {k.dtype}" for k in plan.obs_keys)
+        T, n = spec.learner.rollout_len, spec.env_count
+        raise ConfigError(
+            f"This config needs {_fmt(need)} for the board and the learner's rollouts, more than "
+            f"the {_fmt(usable)} usable here ({USABLE_FRACTION:.0%} of {_fmt(total)}): rollout storage "
+            f"env_count {n} x learner.rollout_len {T} x {budget['obs_bytes_per_step']:,} B of obs per "
+            f"step ({keys}) = {_fmt(budget['rollouts'])}, plus {_fmt(budget['ready_blocks'])} of "
+            f"finished rollouts and {_fmt(budget['update_batch'])} of update batch "
+            f"(learner.update_envs {min(spec.learner.update_envs, n)}), the board "
+            f"{_fmt(budget['board'])} and the inference batch {_fmt(budget['inference_batch'])}. "
+            f"Lower env_count, learner.rollout_len or learner.update_envs, or pick smaller obs "
+            f"(buffer=small, buffer.keys.rgb.dtype=uint8).")
+    return budget

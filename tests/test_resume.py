@@ -1,0 +1,44 @@
+"""Checkpoints across a kill -9: a run resumed in its directory reaches its step target."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from conftest import REPO, read_summary, rlpipe_cmd, run_cli
+
+OVERRIDES = ["env_count=32", "run.total_env_steps=120000", "run.duration_s=300",
+             "learner.checkpoint_interval_s=2", "reward_norm=per_env", "reward_norm.sync_every=50"]
+
+
+def test_kill9_after_first_checkpoint_then_resume(short_tmp):
+    run_dir = short_tmp / "run"
+    proc = subprocess.Popen(rlpipe_cmd(run_dir, *OVERRIDES), cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("ckpt_*.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    saved = int(sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))[-1].stem.split("_")[1])
+    assert not (run_dir / "summary.json").exists()
+
+    out = run_cli(run_dir, *OVERRIDES, "run.resume=true")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] >= saved > 0
+    assert summary["env_steps"] >= 120000
+    assert summary["updates"] > 0
+
+
+def test_corrupt_checkpoints_are_a_clear_error(short_tmp):
+    run_dir = short_tmp / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for step in (100, 200):
+        (run_dir / "checkpoints" / f"ckpt_{step:012d}.pt").write_bytes(b"not a checkpoint")
+    out = run_cli(run_dir, *OVERRIDES, "run.resume=true", timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert "ckpt_000000000200.pt" in out.stderr and "ckpt_000000000100.pt" in out.stderr
+    json.dumps(out.stderr)   # one paragraph of text, printable as is
