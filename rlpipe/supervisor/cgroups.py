@@ -21,6 +21,8 @@ from pathlib import Path
 
 log = logging.getLogger("rlpipe.cgroups")
 CPU_PERIOD_US = 100_000
+SHARES_DEFAULT, SHARES_MAX = 1024, 262_144        # cgroup v1 cpu.shares
+WEIGHT_DEFAULT, WEIGHT_MAX = 100, 10_000          # cgroup v2 cpu.weight
 _RUN_DIR_RE = re.compile(r"^rlpipe_(\d+)-[0-9a-f]+$")
 
 
@@ -75,8 +77,10 @@ class CgroupDriver:
     """Base: `none`. Subclasses place pids; every method is a no-op here."""
     name = "none"
 
-    def __init__(self, run_id: str, cpu_pct: float, mem_mb: int, roots: CgroupRoots):
+    def __init__(self, run_id: str, cpu_pct: float, mem_mb: int, roots: CgroupRoots,
+                 n_groups: int = 1):
         self.run_id = run_id
+        self.n_groups = n_groups
         self.cpu_pct = cpu_pct
         self.mem_mb = mem_mb
         self.roots = roots
@@ -110,6 +114,12 @@ class CgroupV1(CgroupDriver):
         for c in self.CONTROLLERS:
             self._dir(c).mkdir(exist_ok=True)
             self._dir(c, "active").mkdir(exist_ok=True)
+        # CFS weighs a cgroup as one entity: at the default 1024 shares every woken worker
+        # together would weigh as much as one driver thread. Weigh the run's cgroup and
+        # `active` in it as the workers they hold.
+        shares = str(min(SHARES_MAX, SHARES_DEFAULT * self.n_groups))
+        _write(self._dir("cpu") / "cpu.shares", shares)
+        _write(self._dir("cpu", "active") / "cpu.shares", shares)
 
     def _group(self, group: int) -> None:
         cpu, mem = self._dir("cpu", f"g{group}"), self._dir("memory", f"g{group}")
@@ -152,6 +162,10 @@ class CgroupV2(CgroupDriver):
         self._dir().mkdir(exist_ok=True)
         _write(self._dir() / "cgroup.subtree_control", "+cpu +memory")
         self._dir("active").mkdir(exist_ok=True)
+        # As for v1's cpu.shares: the woken workers together weigh as many processes.
+        weight = str(min(WEIGHT_MAX, WEIGHT_DEFAULT * self.n_groups))
+        _write(self._dir() / "cpu.weight", weight)
+        _write(self._dir("active") / "cpu.weight", weight)
 
     def dormant_paths(self, group: int) -> list[str]:
         d = self._dir(f"g{group}")
@@ -232,7 +246,7 @@ def sweep_dead_cgroups(roots: CgroupRoots) -> list[Path]:
 
 
 def make_driver(mode: str, run_id: str, cpu_pct: float, mem_mb: int,
-                roots: CgroupRoots | None = None) -> CgroupDriver:
+                roots: CgroupRoots | None = None, n_groups: int = 1) -> CgroupDriver:
     """The cgroup driver for `groups.cgroup` (auto|v2|v1|none); auto falls back to none with
     one log line naming what was missing."""
     roots = roots or CgroupRoots.detect()
@@ -251,7 +265,7 @@ def make_driver(mode: str, run_id: str, cpu_pct: float, mem_mb: int,
         log.warning("groups.cgroup=%s: %s; dormant groups run unlimited (cgroup driver: none)",
                     mode, what)
         cls = CgroupDriver
-    driver = cls(run_id, cpu_pct, mem_mb, roots)
+    driver = cls(run_id, cpu_pct, mem_mb, roots, n_groups)
     try:
         driver.setup()
     except OSError as exc:

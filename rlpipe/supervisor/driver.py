@@ -212,8 +212,9 @@ class Driver:
             doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid())
         self.ctx = ctx
         g = spec.groups
-        self.cgroups = make_cgroup_driver(g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb)
         ranges = group_ranges(spec.env_count, spec.group_size)
+        self.cgroups = make_cgroup_driver(g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb,
+                                          n_groups=len(ranges))
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, self.rcli, self.lifecycle)
         self.errors = ErrorAggregator(self.run_dir, spec.aggregate_interval_s)
