@@ -1,6 +1,7 @@
 """`python -m rlpipe`: compose the Hydra config, validate it, run the engine."""
 from __future__ import annotations
 
+import faulthandler
 import logging
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ EXIT_CONFIG = 2
 
 def run_job(cfg: DictConfig) -> int:
     """One job: validate, then drive the engine; a config error is one paragraph, no traceback."""
+    faulthandler.enable()           # a crash in native code still says where it happened
     from rlpipe.supervisor.driver import Driver   # torch is imported only past validation
 
     try:

@@ -28,7 +28,7 @@ def test_every_group_option_composes_and_validates(group, option):
 def test_defaults_are_plain_values():
     spec = to_plain(compose_cfg())
     assert spec.env_types[0].name == "cartpole"
-    assert spec.obs_keys[0].name == "state"
+    assert [k.name for k in spec.obs_keys] == ["rgb", "state", "vector"]
     assert spec.redis_url is None
     assert isinstance(spec.learner.hidden, tuple)
 

@@ -145,3 +145,25 @@ def test_soak_chaos_1000_envs(short_tmp):
     print(json.dumps(report, indent=2))
     assert report["injected"] > 0 and report["unrecovered"] == 0
     assert read_summary(run_dir)["active_envs_end"] == 1000
+
+
+def test_every_worker_killed_at_once_twice(short_tmp):
+    """Mass replacement: rings of replaced generations (held or parked) must never be served."""
+    run_dir = short_tmp / "run"
+    proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=30",
+                 "run.total_env_steps=null", *FAST_BEATS)
+    try:
+        for _round in range(2):
+            pids = wait_for(lambda: (lambda w: w if len(w) == 3 else None)(workers_of(proc.pid)), 60,
+                            "three workers")
+            time.sleep(3)
+            for pid in pids.values():
+                os.kill(pid, signal.SIGKILL)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["faults"]["worker_restarts"] >= 6
+    assert summary["active_envs_end"] == 210

@@ -92,6 +92,9 @@ class CentralLearner:
             rows.append((ref, lo, hi, off))
             off += hi - lo
         b = off
+        if b > self.spec.env_count:     # a slice served twice would write past the batch buffers
+            raise RuntimeError(f"inference round of {b} rows for {self.spec.env_count} envs: "
+                               "a slice was served twice")
         for ref, lo, hi, row in rows:
             ptrs = [buf.data_ptr() + row * nb for buf, nb in zip(self.obs_buf.values(), self.row_bytes)]
             self.counters.torn_retries += ref.handle.views.board.gather(ptrs, self.row_bytes, lo, hi - lo)

@@ -11,3 +11,4 @@ class SliceRef:
     handle: object            # supervisor.workers.WorkerHandle
     slice_index: int
     seq: int
+    generation: int           # the worker generation that rang: older ones are stale

@@ -53,6 +53,16 @@ SPAWN_BATCH = 4             # dormant workers started per loop turn
 SPAWN_EVERY_S = 0.05
 
 
+def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
+    """The rings still worth serving: a replaced generation's are dropped (its slot was held or
+    parked while the worker was replaced) and each slice is served once, at its newest ring."""
+    latest: dict[tuple[int, int], SliceRef] = {}
+    for ref in refs:
+        if ref.generation == ref.handle.generation:
+            latest[(ref.handle.worker_id, ref.slice_index)] = ref
+    return list(latest.values())
+
+
 def git_commit() -> str:
     root = Path(rlpipe.__file__).resolve().parent.parent
     if not (root / ".git").exists():
@@ -399,6 +409,7 @@ class Driver:
         if now >= self.next_redis_check:
             self.next_redis_check = now + 5.0
             if self.redis.restart_if_dead():
+                self.watchdog.redis_restarted()
                 self.lifecycle.record("redis_restart", detail={"url_kind": self.redis.mode})
 
     def _wake_due(self, now: float) -> list[SliceRef]:
@@ -451,7 +462,7 @@ class Driver:
                         h = by_id.get(w)
                         if h is None or gen != h.generation:
                             continue           # a replaced generation's late doorbell
-                        ref = SliceRef(h, s, seq)
+                        ref = SliceRef(h, s, seq, gen)
                         if not h.awake:
                             h.parked.append(ref)   # dormant: built, not stepped until its wake
                             continue
@@ -470,6 +481,7 @@ class Driver:
                     refs = []
                 elif held:
                     refs, held = held + refs, []
+                refs = current_refs(refs)
                 if refs:
                     learner.serve(refs)
                     if self.all_ready_at is None and len(self.slice_first_step) == n_slices:

@@ -42,6 +42,13 @@ class Watchdog:
         self.next_scan = time.monotonic() + spec.scan_interval_s
         self.pending: dict[int, Replacement] = {}
         self.redis_down_scans = 0
+        # Wall time since which Redis beats can be expected: a Redis that restarted (or came
+        # back after being unreachable) holds no beats until each worker's next one.
+        self.redis_epoch = time.time()
+        self._redis_was_down = False
+
+    def redis_restarted(self) -> None:
+        self.redis_epoch = time.time()
 
     def _redis_beats(self, handles) -> dict[int, float] | None:
         try:
@@ -51,7 +58,11 @@ class Watchdog:
             values = pipe.execute()
         except redis.RedisError:
             self.redis_down_scans += 1
+            self._redis_was_down = True
             return None
+        if self._redis_was_down:
+            self._redis_was_down = False
+            self.redis_epoch = time.time()
         return {h.worker_id: float(v) for h, v in zip(handles, values) if v is not None}
 
     def scan(self, handles, now: float) -> None:
@@ -68,8 +79,10 @@ class Watchdog:
             if now - h.spawned_at < limit:
                 continue                       # too young to be judged on silence
             os_age = (mono_ns - h.views.load(H_OS_BEAT_NS)) / 1e9
-            # A worker that never beat into a reachable Redis is as silent as a stale one.
-            redis_age = None if beats is None else wall - beats.get(h.worker_id, h.spawned_wall)
+            # A worker with no beat since Redis (re)started is measured from that moment, one
+            # that never beat at all from its spawn.
+            redis_age = None if beats is None else \
+                wall - max(beats.get(h.worker_id, 0.0), h.spawned_wall, self.redis_epoch)
             stale = [name for name, age in (("os", os_age), ("redis", redis_age))
                      if age is not None and age > limit]
             if stale:
