@@ -496,7 +496,7 @@ class Driver:
                         self._publish_scaling(now)
                     if spec.reward_norm.mode != "off":
                         self._reward_stats(now)
-                    if now >= self.next_checkpoint and not learner.random:
+                    if now >= self.next_checkpoint and not learner.random and learner.counters.updates:
                         self.next_checkpoint = now + spec.learner.checkpoint_interval_s
                         self._checkpoint()
                 if now >= next_tb:
