@@ -135,6 +135,7 @@ def test_redis_client_keepalive_and_health_checks():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_soak_chaos_1000_envs(short_tmp):
     """10 minutes of chaos at 1,000 envs; prints the recovery figures."""
     run_dir = short_tmp / "run"
@@ -142,7 +143,8 @@ def test_soak_chaos_1000_envs(short_tmp):
     assert out.returncode == 0, out.stderr[-3000:]
     from rlpipe.supervisor.recovery import recovery_report
     report = recovery_report(run_dir / "lifecycle.sqlite")
-    print(json.dumps(report, indent=2))
+    report.pop("events", None)
+    print("SOAK", json.dumps(report))
     assert report["injected"] > 0 and report["unrecovered"] == 0
     assert read_summary(run_dir)["active_envs_end"] == 1000
 
