@@ -76,16 +76,16 @@ def test_mixed_discrete_and_continuous_run(short_tmp):
                   "run.total_env_steps=100000", "run.duration_s=240", "learner.update_envs=32")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
-    assert summary["env_types"] == {"cartpole": 16, "pendulum": 16}
+    assert summary["env_types"] == {"cartpole": 16, "mountaincar_cont": 16}
     assert summary["updates"] >= 10
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
     for tag in ("losses/policy", "losses/value", "losses/entropy"):
         assert all(math.isfinite(e.value) for e in acc.Scalars(tag)), tag
     # random CartPole lasts 22 steps on average (the mean of 100 episodes: 22 +- 1.2); the
-    # pendulum half shares the trunk and slows CartPole down, so the bar is modest
-    assert summary["mean_return_last100"]["cartpole"] > 27
-    assert summary["mean_return_last100"]["pendulum"] is not None
+    # continuous half shares the trunk and slows CartPole down, so the bar is modest
+    assert summary["mean_return_last100"]["cartpole"] > 60
+    assert "mountaincar_cont" in summary["mean_return_last100"]
 
 
 def test_tensorboard_tags(short_tmp):
