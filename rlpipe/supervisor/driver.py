@@ -639,8 +639,16 @@ class Driver:
             "loss_std": round(float(np.std(late_losses)), 6) if len(late_losses) > 1 else None,
             "loss_std_checkpoints": self.loss_std_checkpoints,
             "resumed_from_step": self.resumed_from_step,
-            "dist": {"world_size": 1, "params_in_sync": None},
+            "dist": self._dist(),
         }
+
+    @staticmethod
+    def _dist() -> dict:
+        """Ranks as torch.distributed reports them (1 when no process group was initialized);
+        parameters are never compared across ranks here, so that figure stays null."""
+        import torch.distributed as dist
+        initialized = dist.is_available() and dist.is_initialized()
+        return {"world_size": dist.get_world_size() if initialized else 1, "params_in_sync": None}
 
     def _hparams(self, result: dict) -> None:
         """The run's knobs and outcome in its own TensorBoard run (the hparams tab compares
