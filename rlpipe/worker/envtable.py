@@ -19,8 +19,10 @@ from rlpipe.shm.errorring import error_record
 MAX_BUILD_ATTEMPTS = 10
 
 
-class StepTimeout(Exception):
-    """A step ran past worker.step_timeout_s and was abandoned."""
+class StepTimeout(BaseException):
+    """A step ran past worker.step_timeout_s. A BaseException, like KeyboardInterrupt, so that
+    when it is raised inside a step (the inline deadline) neither the env's own `except
+    Exception` nor step_one's crash handler takes it for an ordinary error."""
 
 
 @dataclass
@@ -174,12 +176,14 @@ class EnvTable:
         return [int(disc[i]) if discrete[types[i]] else cont[i, :cont_n[types[i]]]
                 for i in range(lo, hi)]
 
-    def abandon(self, i: int, timeout_s: float) -> None:
-        """Env i's step ran past the deadline: its thread keeps the old env object (never
-        closed here, it may still be inside step); a new env takes the id."""
+    def abandon(self, i: int, exc: StepTimeout, interrupted: bool) -> None:
+        """Env i's step ran past the deadline; a new env takes the id. An interrupted step
+        (the inline deadline raised inside it) left its env idle, so it is closed; an abandoned
+        one's thread keeps the old env object (never closed here, it may still be inside step)."""
         env_id = self.env_lo + i
-        exc = StepTimeout(f"step exceeded worker.step_timeout_s={timeout_s}")
         self.faults.append(EnvFault(env_id, "env_hang", error_record(env_id, self.names[self.type_index[i]], exc)))
+        if interrupted:
+            self._discard(i)
         self.envs[i] = None
         self.rebuilds[i] += 1
         self.start(i)

@@ -339,9 +339,7 @@ def run_worker(args: WorkerArgs) -> None:
                     actions = table.actions(lo, hi, exec_disc, exec_cont)
                 else:
                     actions = table.actions(lo, hi, disc, cont)
-                out, hung = stepper.step(lo, hi, actions)
-                for i in hung:
-                    table.abandon(i, args.step_timeout_s)
+                out = stepper.step(lo, hi, actions)
                 table.finish(lo, hi, out, results)
                 raw = results["reward"][lo:hi].copy()
                 results["reward_raw"][lo:hi] = raw

@@ -1,0 +1,115 @@
+"""Step deadlines: a step past worker.step_timeout_s is cut and its env rebuilt by id, in both
+ways the worker steps (inline with the SIGALRM deadline, and the helper-thread pool), while its
+neighbours step on. Real web_sim envs that block on a socket that never answers."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import compose_cfg
+from rlpipe.config import to_plain
+from rlpipe.envs import describe, make_factory
+from rlpipe.worker.envtable import EnvTable
+from rlpipe.worker.stepper import HUNG, Stepper
+
+TIMEOUT_S = 0.4
+
+
+@pytest.fixture(scope="module")
+def run():
+    return to_plain(compose_cfg(["env_mix=seed12"]))
+
+
+def _table(run, hanging: tuple[int, ...], n: int = 6):
+    """n web_sim envs; the first build of each id in `hanging` hangs forever (until closed) on
+    every step; rebuilt envs behave."""
+    base = next(t for t in run.env_types if t.name == "web_sim").node
+    forever = make_factory({**base, "hang_rate": 1.0, "hang_s": None})
+    calm = make_factory({**base, "hang_rate": 0.0})
+    spec = describe({**base, "hang_rate": 0.0})
+    builds: list[int] = []
+
+    def factory(env_id, seed):
+        builds.append(env_id)
+        hangs = env_id in hanging and builds.count(env_id) == 1
+        return (forever if hangs else calm)(env_id=env_id, seed=seed)
+
+    staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
+    table = EnvTable(0, np.zeros(n, dtype=np.int16), ("web_sim",), (spec,), [factory],
+                     run.obs_keys, staging, 3)
+    for i in range(n):
+        table.start(i)
+    return table, builds
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["inline", "pool"])
+def test_hung_steps_are_cut_rebuilt_and_neighbours_go_on(run, threads):
+    table, builds = _table(run, hanging=(0, 3))
+    ticks = []
+    stepper = Stepper(table, threads, TIMEOUT_S, tick=lambda: ticks.append(1))
+    assert stepper.inline == (threads == 1)
+    try:
+        hung_envs = [table.envs[0], table.envs[3]]
+        t = time.perf_counter()
+        results = stepper.step(0, 6, [0] * 6)
+        took = time.perf_counter() - t
+        assert [r is HUNG for r in results] == [True, False, False, True, False, False]
+        assert stepper.hung_total == 2
+        if threads > 1:
+            assert ticks              # the pool's main thread beat while it waited
+        # each hang is cut within the deadline plus one watcher poll
+        assert took < 2 * (TIMEOUT_S + TIMEOUT_S / 4) + 1.0
+        assert [f.kind for f in table.faults] == ["env_hang", "env_hang"]
+        assert sorted(f.env_id for f in table.faults) == [0, 3]
+        assert all(f.record["error_type"] == "StepTimeout" for f in table.faults)
+        # rebuilt by id; the neighbours kept their envs
+        assert builds.count(0) == 2 and builds.count(3) == 2 and builds.count(1) == 1
+        assert table.envs[0] is not hung_envs[0] and table.envs[3] is not hung_envs[1]
+        if threads == 1:
+            # inline: the interrupted env was closed, its socket wait ended
+            assert all(e._closed for e in hung_envs)
+        # the next slice steps every env, nothing hangs any more
+        results = stepper.step(0, 6, [1] * 6)
+        assert all(type(r) is tuple for r in results)
+        assert stepper.hung_total == 2
+    finally:
+        stepper.close()
+        table.close_all()
+    if threads == 1:
+        assert stepper.deadline is not None and not stepper.deadline.is_alive()
+
+
+def test_slow_steps_under_the_deadline_are_left_alone(run):
+    table, _builds = _table(run, hanging=())
+    base = next(t for t in run.env_types if t.name == "web_sim").node
+    slow = make_factory({**base, "hang_rate": 1.0, "hang_s": TIMEOUT_S / 2})     # blocks, then goes on
+    table.envs[1].close(1)
+    table.envs[1] = slow(env_id=1, seed=1)
+    table.envs[1].reset(1)
+    stepper = Stepper(table, 1, TIMEOUT_S)
+    try:
+        for _ in range(3):             # 3 slow steps in a row: each under the deadline, the sum over it
+            results = stepper.step(0, 6, [0] * 6)
+            assert all(type(r) is tuple for r in results)
+        assert stepper.hung_total == 0 and not table.faults
+    finally:
+        stepper.close()
+        table.close_all()
+
+
+def test_inline_deadline_needs_the_main_thread(run):
+    """Signal handlers run only in the main thread: elsewhere the stepper uses the pool."""
+    table, _ = _table(run, hanging=(), n=2)
+    made = []
+    th = threading.Thread(target=lambda: made.append(Stepper(table, 1, TIMEOUT_S)))
+    th.start()
+    th.join()
+    try:
+        assert not made[0].inline and made[0].deadline is None
+        assert all(type(r) is tuple for r in made[0].step(0, 2, [0, 0]))
+    finally:
+        made[0].close()
+        table.close_all()
