@@ -1,15 +1,17 @@
-"""Build hook: compile rlpipe/native/*.pyx (the seqlock board and friends) with Cython."""
+"""Build hook: compile rlpipe/native/*.pyx (the seqlock board, the worker step loop) with Cython."""
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 extensions = [
     Extension(
-        "rlpipe.native.board",
-        ["rlpipe/native/board.pyx"],
+        f"rlpipe.native.{name}",
+        [f"rlpipe/native/{name}.pyx"],
         extra_compile_args=["-O3"],
         include_dirs=[numpy.get_include()],
-    ),
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+    for name in ("board", "steploop")
 ]
 
 setup(ext_modules=cythonize(extensions, language_level=3))

@@ -190,6 +190,61 @@ def test_faulty_is_quarantined_and_rebuilt_while_neighbours_keep_stepping():
         table.close_all()
 
 
+def test_c_step_loop_matches_the_python_reference_under_faults():
+    """The worker's C StepLoop and EnvTable.step_one + finish, on twin tables of the same
+    seeded envs (faulty ones breaking the contract every way they can), give the same board
+    rows, results, episode stats and faults, step after step."""
+    run = _spec(["env_mix=seed12", "buffer=small"])
+    chaos = {"reset_error_rate": 0.05, "step_error_rate": 0.03, "render_error_rate": 0.02,
+             "violation_rate": 0.08, "violations": ["shape", "dtype", "nan", "key", "reward"]}
+    nodes = [_node("faulty", **chaos), _node("cartpole"), _node("pendulum"),
+             _node("physics_sim"), _node("web_sim", hang_rate=0.0)]
+    specs = tuple(describe(n) for n in nodes)
+    type_index = np.array([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1], dtype=np.int16)
+    n = len(type_index)
+
+    def twin():
+        staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
+        table = EnvTable(100, type_index, tuple(f"t{i}" for i in range(len(nodes))), specs,
+                         [make_factory(node) for node in nodes], run.obs_keys, staging, 5)
+        out = {"reward": np.zeros(n, np.float32), "terminated": np.zeros(n, np.uint8),
+               "truncated": np.zeros(n, np.uint8), "ep_return": np.zeros(n, np.float32),
+               "ep_len": np.zeros(n, np.int32)}
+        for i in range(n):
+            table.start(i)
+        return table, staging, out
+
+    ref, ref_staging, ref_out = twin()
+    fast, fast_staging, fast_out = twin()
+    loop = fast.step_loop(fast_out, np.zeros(1, np.int64))
+    disc = np.zeros(n, dtype=np.int32)
+    cont = np.zeros((n, 2), dtype=np.float32)
+    rng = np.random.default_rng(2)
+    n_actions = np.array([specs[t].action_n for t in type_index])
+    try:
+        for step in range(300):
+            disc[:] = rng.integers(0, n_actions)
+            cont[:] = rng.uniform(-1, 1, cont.shape)
+            ref.step_range(0, n, disc, cont, ref_out)
+            loop.run(0, 7, fast.actions(0, 7, disc, cont), 0)         # two slices
+            loop.run(7, n, fast.actions(7, n, disc, cont), 0)
+            for key in ref_out:
+                np.testing.assert_array_equal(fast_out[key], ref_out[key], err_msg=f"{key} at step {step}")
+            for a, b in zip(fast_staging, ref_staging):
+                np.testing.assert_array_equal(a, b, err_msg=f"staging at step {step}")
+            np.testing.assert_array_equal(fast.ep_return, ref.ep_return)
+            np.testing.assert_array_equal(fast.ep_len, ref.ep_len)
+        def faults(t):
+            return sorted((f.env_id, f.kind, f.record["error_type"]) for f in t.faults)
+        assert faults(fast) == faults(ref)
+        assert {k for _, k, _ in faults(ref)} == {"env_quarantine", "env_crash"}
+        assert (ref_out["ep_len"] > 0).any() or ref.ep_len.max() > 0
+        np.testing.assert_array_equal(fast.rebuilds, ref.rebuilds)
+    finally:
+        ref.close_all()
+        fast.close_all()
+
+
 # --- emulator behaviour -----------------------------------------------------------------------
 
 def test_faulty_violations_are_caught_by_the_checker():

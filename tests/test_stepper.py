@@ -13,7 +13,7 @@ from conftest import compose_cfg
 from rlpipe.config import to_plain
 from rlpipe.envs import describe, make_factory
 from rlpipe.worker.envtable import EnvTable
-from rlpipe.worker.stepper import HUNG, Stepper
+from rlpipe.worker.stepper import Stepper
 
 TIMEOUT_S = 0.4
 
@@ -45,18 +45,28 @@ def _table(run, hanging: tuple[int, ...], n: int = 6):
     return table, builds
 
 
+def _results(n: int) -> dict:
+    return {"reward": np.full(n, np.nan, np.float32), "terminated": np.zeros(n, np.uint8),
+            "truncated": np.zeros(n, np.uint8), "ep_return": np.zeros(n, np.float32),
+            "ep_len": np.zeros(n, np.int32)}
+
+
 @pytest.mark.parametrize("threads", [1, 2], ids=["inline", "pool"])
 def test_hung_steps_are_cut_rebuilt_and_neighbours_go_on(run, threads):
     table, builds = _table(run, hanging=(0, 3))
     ticks = []
-    stepper = Stepper(table, threads, TIMEOUT_S, tick=lambda: ticks.append(1))
+    out = _results(6)
+    stepper = Stepper(table, threads, TIMEOUT_S, out, tick=lambda: ticks.append(1))
     assert stepper.inline == (threads == 1)
     try:
         hung_envs = [table.envs[0], table.envs[3]]
         t = time.perf_counter()
-        results = stepper.step(0, 6, [0] * 6)
+        stepper.step(0, 6, [0] * 6)
         took = time.perf_counter() - t
-        assert [r is HUNG for r in results] == [True, False, False, True, False, False]
+        # hung steps are cut episodes: truncated, no reward, no finished stats
+        assert out["truncated"].tolist() == [1, 0, 0, 1, 0, 0]
+        assert out["reward"][[0, 3]].tolist() == [0.0, 0.0] and out["ep_len"][[0, 3]].tolist() == [0, 0]
+        assert np.allclose(out["reward"][[1, 2, 4, 5]], -0.01)
         assert stepper.hung_total == 2
         if threads > 1:
             assert ticks              # the pool's main thread beat while it waited
@@ -72,8 +82,9 @@ def test_hung_steps_are_cut_rebuilt_and_neighbours_go_on(run, threads):
             # inline: the interrupted env was closed, its socket wait ended
             assert all(e._closed for e in hung_envs)
         # the next slice steps every env, nothing hangs any more
-        results = stepper.step(0, 6, [1] * 6)
-        assert all(type(r) is tuple for r in results)
+        out["reward"][:] = np.nan
+        stepper.step(0, 6, [1] * 6)
+        assert np.isfinite(out["reward"]).all() and not out["truncated"].any()
         assert stepper.hung_total == 2
     finally:
         stepper.close()
@@ -89,11 +100,13 @@ def test_slow_steps_under_the_deadline_are_left_alone(run):
     table.envs[1].close(1)
     table.envs[1] = slow(env_id=1, seed=1)
     table.envs[1].reset(1)
-    stepper = Stepper(table, 1, TIMEOUT_S)
+    out = _results(6)
+    stepper = Stepper(table, 1, TIMEOUT_S, out)
     try:
         for _ in range(3):             # 3 slow steps in a row: each under the deadline, the sum over it
-            results = stepper.step(0, 6, [0] * 6)
-            assert all(type(r) is tuple for r in results)
+            out["reward"][:] = np.nan
+            stepper.step(0, 6, [0] * 6)
+            assert np.isfinite(out["reward"]).all() and not out["truncated"].any()
         assert stepper.hung_total == 0 and not table.faults
     finally:
         stepper.close()
@@ -104,12 +117,14 @@ def test_inline_deadline_needs_the_main_thread(run):
     """Signal handlers run only in the main thread: elsewhere the stepper uses the pool."""
     table, _ = _table(run, hanging=(), n=2)
     made = []
-    th = threading.Thread(target=lambda: made.append(Stepper(table, 1, TIMEOUT_S)))
+    out = _results(2)
+    th = threading.Thread(target=lambda: made.append(Stepper(table, 1, TIMEOUT_S, out)))
     th.start()
     th.join()
     try:
         assert not made[0].inline and made[0].deadline is None
-        assert all(type(r) is tuple for r in made[0].step(0, 2, [0, 0]))
+        made[0].step(0, 2, [0, 0])
+        assert np.isfinite(out["reward"]).all()
     finally:
         made[0].close()
         table.close_all()

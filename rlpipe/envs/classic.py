@@ -155,7 +155,10 @@ class ObsMap:
             out["rgb"] = self.resize(np.asarray(_get(raw, self.image_path)))
         if self.flat:
             if self._single_box:
-                out[self.flat_key] = np.asarray(raw, dtype=np.float32).reshape(-1)
+                if type(raw) is np.ndarray and raw.dtype == np.float32 and raw.ndim == 1:
+                    out[self.flat_key] = raw          # already the contract's form (CartPole & co.)
+                else:
+                    out[self.flat_key] = np.asarray(raw, dtype=np.float32).reshape(-1)
             else:
                 out[self.flat_key] = np.concatenate(
                     [np.asarray(gym.spaces.flatten(sub, _get(raw, path)), dtype=np.float32).reshape(-1)
@@ -230,7 +233,9 @@ class GymnasiumEnv(EnvInterface):
 
     def step(self, env_id: int, action: np.ndarray):
         if self._discrete:
-            act = self._start + int(action)
+            # An int64 scalar, as Gymnasium's vector envs pass: Discrete.contains takes its
+            # cheap path for numpy integers (a Python int costs an np.iinfo lookup per step).
+            act = np.int64(self._start + int(action))
         else:
             a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
             a = np.where(self._finite, self._low + (a + 1.0) * self._half, a)

@@ -13,6 +13,7 @@ import numpy as np
 
 from rlpipe.config import ObsKey
 from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_obs
+from rlpipe.native.steploop import ObsWrite, StepLoop
 from rlpipe.shm.errorring import error_record
 
 
@@ -61,10 +62,11 @@ class EnvTable:
         self._cont_n = [s.action_n for s in specs]
         self._all_discrete = all(self._discrete[t] for t in set(type_index.tolist()))
         self.envs: list = [None] * self.n
-        # Python lists, not numpy: per-env scalar updates on the hot path are cheaper.
-        self.ep_return = [0.0] * self.n
-        self.ep_len = [0] * self.n
+        # Running episode return and length per env (written by step_one and the C StepLoop).
+        self.ep_return = np.zeros(self.n, dtype=np.float64)
+        self.ep_len = np.zeros(self.n, dtype=np.int64)
         self.faults: list[EnvFault] = []
+        self.hangs = 0                       # steps cut at the deadline, over this table's life
 
     def _build(self, i: int):
         t = self.type_index[i]
@@ -142,6 +144,7 @@ class EnvTable:
                     raise ContractViolation("terminated and truncated must be bools")
                 terminated, truncated = bool(terminated), bool(truncated)
             if terminated or truncated:
+                check_obs(self.specs[t], obs)      # the end obs in full (finite too), as StepLoop does
                 finished = (self.ep_return[i] + reward, self.ep_len[i] + 1)
                 self.ep_return[i] = 0.0
                 self.ep_len[i] = 0
@@ -158,11 +161,21 @@ class EnvTable:
             # Crash or contract violation: the episode is cut here (reported as truncated, with
             # no finished-episode stats, so the learner never joins transitions across the
             # rebuild) and the env is rebuilt by id; its neighbours go on.
-            self._recover(i, exc)
+            self.recover(i, exc)
             return 0.0, False, True, 0.0, 0
         return reward, terminated, truncated, finished[0], finished[1]
 
-    def _recover(self, i: int, exc: BaseException) -> None:
+    def step_loop(self, results: dict, armed: np.ndarray):
+        """The C loop that steps slices of this table straight into `results` (the worker's
+        shared result arrays), with the step serial in armed[0] for the inline deadline."""
+        writes = [tuple(ObsWrite(key, shape, dtype, view.ctypes.data)
+                        for (view, key), (_, shape, dtype) in zip(self._rows[i], self._expected[self.type_index[i]]))
+                  for i in range(self.n)]
+        specs = [self.specs[t] for t in self.type_index]
+        return StepLoop(self, writes, specs, results, armed, check_obs, ContractViolation, StepTimeout)
+
+    def recover(self, i: int, exc: BaseException) -> None:
+        """Env i raised or broke the contract: record it and rebuild the env by id."""
         self._fault(i, exc)
         self._discard(i)
         self.rebuilds[i] += 1
@@ -181,6 +194,7 @@ class EnvTable:
         (the inline deadline raised inside it) left its env idle, so it is closed; an abandoned
         one's thread keeps the old env object (never closed here, it may still be inside step)."""
         env_id = self.env_lo + i
+        self.hangs += 1
         self.faults.append(EnvFault(env_id, "env_hang", error_record(env_id, self.names[self.type_index[i]], exc)))
         if interrupted:
             self._discard(i)
@@ -204,10 +218,11 @@ class EnvTable:
             rows = block[lo:hi].reshape(hi - lo, -1)
             if not np.isfinite(rows).all():
                 for j in np.nonzero(~np.isfinite(rows).all(axis=1))[0]:
-                    self._recover(lo + int(j), ContractViolation("obs holds NaN or inf"))
+                    self.recover(lo + int(j), ContractViolation("obs holds NaN or inf"))
                     out["reward"][lo + j] = 0.0
                     out["terminated"][lo + j] = 0
                     out["truncated"][lo + j] = 1
+                    out["ep_return"][lo + j] = 0.0
                     out["ep_len"][lo + j] = 0
 
     def step_range(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray, out: dict) -> None:

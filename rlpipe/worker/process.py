@@ -250,7 +250,7 @@ def run_worker(args: WorkerArgs) -> None:
     factories = [make_factory(node) for node in args.type_nodes]
     table = EnvTable(args.env_lo, args.type_index, args.type_names, args.type_specs, factories,
                      args.obs_keys, staging, args.seed)
-    stepper = Stepper(table, args.threads, args.step_timeout_s, tick=heartbeats)
+    stepper = Stepper(table, args.threads, args.step_timeout_s, views.results, tick=heartbeats)
     bounds = slice_bounds(n, args.slices)
     exit_code = 0
     rnorm_key = f"rlpipe:{args.run_id}:rnorm:{args.worker_id}"
@@ -339,8 +339,7 @@ def run_worker(args: WorkerArgs) -> None:
                     actions = table.actions(lo, hi, exec_disc, exec_cont)
                 else:
                     actions = table.actions(lo, hi, disc, cont)
-                out = stepper.step(lo, hi, actions)
-                table.finish(lo, hi, out, results)
+                stepper.step(lo, hi, actions)
                 raw = results["reward"][lo:hi].copy()
                 results["reward_raw"][lo:hi] = raw
                 if rnorm is not None:

@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Callable
 
+import numpy as np
+
 from rlpipe.worker.envtable import EnvTable, StepTimeout
 
 HUNG = object()        # placeholder result of an abandoned step
@@ -36,28 +38,30 @@ def _timeout(timeout_s: float) -> StepTimeout:
 
 
 class _InlineDeadline(threading.Thread):
-    """Watches the main thread's current step. `armed` is a step serial (0: between steps);
-    the same serial seen for longer than the deadline gets SIGALRM, and only that one: the
-    handler raises only if the main thread is still inside it."""
+    """Watches the main thread's current step: `armed[0]` is its serial (0 between steps),
+    written by the C step loop. The same serial seen for longer than the deadline gets
+    SIGALRM, and only that one: the handler raises only if the main thread is still in it."""
 
     def __init__(self, timeout_s: float):
         super().__init__(name="step-deadline", daemon=True)
         self.timeout_s = timeout_s
-        self.armed = 0
+        self.armed = np.zeros(1, dtype=np.int64)
         self.fired = -1
         self.closed = threading.Event()
         self.main_ident = threading.main_thread().ident
         signal.signal(signal.SIGALRM, self._on_alarm)
 
     def _on_alarm(self, _signum, _frame) -> None:
-        if self.armed and self.armed == self.fired:
+        armed = int(self.armed[0])
+        if armed and armed == self.fired:
             raise _timeout(self.timeout_s)
 
     def run(self) -> None:
-        poll = min(0.25, self.timeout_s / 4)
+        # A hang is cut between timeout_s and timeout_s + poll after it began.
+        poll = self.timeout_s / 8
         seen, since = 0, 0.0
         while not self.closed.wait(poll):
-            armed, now = self.armed, time.monotonic()
+            armed, now = int(self.armed[0]), time.monotonic()
             if not armed or armed != seen:
                 seen, since = armed, now
             elif now - since > self.timeout_s and self.fired != armed:
@@ -118,52 +122,43 @@ class _StepThread(threading.Thread):
 
 
 class Stepper:
-    def __init__(self, table: EnvTable, threads: int, timeout_s: float | None,
+    """Steps slices of `table`, writing each step's results into `results` (the worker's
+    shared result arrays: reward, terminated, truncated, ep_return, ep_len)."""
+
+    def __init__(self, table: EnvTable, threads: int, timeout_s: float | None, results: dict,
                  tick: Callable[[], None] = lambda: None):
         self.table = table
         self.timeout_s = timeout_s
+        self.results = results
         self.tick = tick                       # called while the pool steps (heartbeats)
-        self.hung_total = 0
         self.closed = False
         # The inline deadline needs the main thread (signal handlers run only there).
         self.inline = threads == 1 and threading.current_thread() is threading.main_thread()
         self.deadline = None
-        self.serial = 0
-        if self.inline and timeout_s is not None:
-            self.deadline = _InlineDeadline(timeout_s)
-            self.deadline.start()
+        self.loop = None
+        self.serial = 0                        # step serials are never reused (see _InlineDeadline)
+        if self.inline:
+            if timeout_s is not None:
+                self.deadline = _InlineDeadline(timeout_s)
+                self.deadline.start()
+            armed = self.deadline.armed if self.deadline is not None else np.zeros(1, dtype=np.int64)
+            self.loop = table.step_loop(results, armed)
         self.lock = threading.Lock()           # pool: guards claims, results and abandonment
         self.posted = threading.Condition(threading.Lock())   # pool: wakes idle helpers per slice
         self.job: _Job | None = None
         self.job_serial = 0
         self.threads = [] if self.inline else [self._spawn() for _ in range(threads)]
 
-    def step(self, lo: int, hi: int, actions: list) -> list:
-        """Step envs [lo, hi); a step past the deadline is HUNG in the results, its env rebuilt."""
-        if self.deadline is not None:
-            return self._step_watched(lo, hi, actions)
-        if self.inline:
-            return [self.table.step_one(i, a) for i, a in zip(range(lo, hi), actions)]
-        return self._step_pool(lo, hi, actions)
+    @property
+    def hung_total(self) -> int:
+        return self.table.hangs
 
-    def _step_watched(self, lo: int, hi: int, actions: list) -> list:
-        table, deadline = self.table, self.deadline
-        results = []
-        serial = self.serial          # never reused: the watcher tells steps apart by it
-        for i, a in zip(range(lo, hi), actions):
-            serial += 1
-            try:
-                deadline.armed = serial
-                result = table.step_one(i, a)
-                deadline.armed = 0
-            except StepTimeout as exc:
-                deadline.armed = 0
-                self.hung_total += 1
-                table.abandon(i, exc, interrupted=True)
-                result = HUNG
-            results.append(result)
-        self.serial = serial
-        return results
+    def step(self, lo: int, hi: int, actions: list) -> None:
+        """Step envs [lo, hi); a step past the deadline is cut and its env rebuilt."""
+        if self.inline:
+            self.serial = self.loop.run(lo, hi, actions, self.serial)
+        else:
+            self.table.finish(lo, hi, self._step_pool(lo, hi, actions), self.results)
 
     # -- pool ---------------------------------------------------------------------------------
     def _spawn(self) -> _StepThread:
@@ -207,7 +202,6 @@ class Stepper:
             self.job = None
         for i in hung:
             self.table.abandon(i, _timeout(self.timeout_s), interrupted=False)
-        self.hung_total += len(hung)
         return job.results
 
     def close(self) -> None:

@@ -1,0 +1,213 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The worker's inline step loop in C: step envs [lo, hi) under the contract, autoreset, keep
+per-env episode stats, copy obs into the staging rows and write the step results.
+
+This is EnvTable.step_one + EnvTable.finish for a whole slice without the per-env Python
+bookkeeping. That bookkeeping cost ~2.8 µs a CartPole step against ~6.7 µs for the env itself
+(benchmarks/engine_sps.py). Env calls stay Python calls. Everything that is not the happy
+path goes back to the table: a raised exception, or an obs, reward or flag outside the
+contract (the message comes from contract.check_obs), or a step past its deadline
+(StepTimeout). The table records the fault and rebuilds the env by id, and the loop writes
+the step as a cut episode (truncated, no finished stats), as step_one does.
+
+The inline step deadline (worker.stepper) watches `armed[0]`: the serial of the step in
+progress, 0 between steps. The loop writes it in C around each env call, so arming is free.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.math cimport isfinite
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
+from libc.string cimport memcpy
+
+cnp.import_array()
+
+cdef int FINITE_NONE = 0, FINITE_F32 = 1, FINITE_F64 = 2
+
+
+cdef class ObsWrite:
+    """One obs key of one env: what the contract expects and where the row goes."""
+    cdef object key
+    cdef int type_num
+    cdef int ndim
+    cdef cnp.npy_intp dims[8]
+    cdef char* dst
+    cdef Py_ssize_t nbytes
+    cdef int finite
+
+    def __init__(self, key, shape, dtype, uintptr_t dst):
+        dt = np.dtype(dtype)
+        if len(shape) > 8:
+            raise ValueError(f"obs key {key!r}: {len(shape)} dims, at most 8")
+        self.key = key
+        self.type_num = dt.num
+        self.ndim = len(shape)
+        for d in range(self.ndim):
+            self.dims[d] = shape[d]
+        self.dst = <char*>dst
+        self.nbytes = int(np.prod(shape)) * dt.itemsize
+        self.finite = FINITE_F32 if dt == np.float32 else FINITE_F64 if dt == np.float64 else FINITE_NONE
+
+
+cdef bint _fits(cnp.ndarray a, ObsWrite w):
+    """Exact dtype (native order), shape and C-contiguity; finite when it is a float key."""
+    cdef Py_ssize_t k, n
+    cdef float* f
+    cdef double* g
+    if cnp.PyArray_TYPE(a) != w.type_num or not cnp.PyArray_ISNOTSWAPPED(a):
+        return False
+    if cnp.PyArray_NDIM(a) != w.ndim or not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        return False
+    for k in range(w.ndim):
+        if cnp.PyArray_DIMS(a)[k] != w.dims[k]:
+            return False
+    if w.finite == FINITE_F32:
+        f = <float*>cnp.PyArray_DATA(a)
+        n = w.nbytes // 4
+        for k in range(n):
+            if not isfinite(f[k]):
+                return False
+    elif w.finite == FINITE_F64:
+        g = <double*>cnp.PyArray_DATA(a)
+        n = w.nbytes // 8
+        for k in range(n):
+            if not isfinite(g[k]):
+                return False
+    return True
+
+
+cdef class StepLoop:
+    cdef object table
+    cdef list envs
+    cdef list writes            # per env: tuple of ObsWrite
+    cdef list specs             # per env: its type's EnvSpec (for check_obs messages)
+    cdef object check_obs
+    cdef object violation
+    cdef object timeout_exc
+    cdef Py_ssize_t env_lo
+    cdef double[::1] ep_return
+    cdef int64_t[::1] ep_len
+    cdef float[::1] r_reward
+    cdef uint8_t[::1] r_term
+    cdef uint8_t[::1] r_trunc
+    cdef float[::1] r_ep_return
+    cdef int32_t[::1] r_ep_len
+    cdef int64_t[::1] armed
+
+    def __init__(self, table, list writes, list specs, results: dict, armed, check_obs,
+                 violation, timeout_exc):
+        self.table = table
+        self.envs = table.envs           # the same list object: rebuilds are seen at once
+        self.writes = writes
+        self.specs = specs
+        self.check_obs = check_obs
+        self.violation = violation
+        self.timeout_exc = timeout_exc
+        self.env_lo = table.env_lo
+        self.ep_return = table.ep_return
+        self.ep_len = table.ep_len
+        self.r_reward = results["reward"]
+        self.r_term = results["terminated"]
+        self.r_trunc = results["truncated"]
+        self.r_ep_return = results["ep_return"]
+        self.r_ep_len = results["ep_len"]
+        self.armed = armed
+
+    cdef void _write_obs(self, Py_ssize_t i, object obs) except *:
+        """Validate obs against env i's keys and copy it into its staging rows (or raise the
+        contract's ContractViolation with check_obs's explanation)."""
+        cdef tuple ws = <tuple>self.writes[i]
+        cdef ObsWrite w
+        cdef object value
+        if type(obs) is not dict or len(<dict>obs) != len(ws):
+            self.check_obs(self.specs[i], obs)
+            raise self.violation(f"obs {type(obs).__name__} does not fit the declared keys")
+        for w in ws:
+            value = (<dict>obs).get(w.key)
+            if type(value) is not np.ndarray or not _fits(<cnp.ndarray>value, w):
+                self.check_obs(self.specs[i], obs)          # raises with the full explanation
+                # check_obs accepts it (e.g. a non-contiguous view): take a contiguous copy
+                value = np.ascontiguousarray(value)
+                if not _fits(<cnp.ndarray>value, w):
+                    raise self.violation(f"obs[{w.key!r}] does not fit its declared shape and dtype")
+            memcpy(w.dst, cnp.PyArray_DATA(<cnp.ndarray>value), w.nbytes)
+
+    cdef double _reward(self, object reward) except? -1.0:
+        cdef double r
+        if type(reward) is float:
+            r = <double>reward
+        elif isinstance(reward, (float, np.floating)):
+            r = float(reward)
+        else:
+            raise self.violation(f"reward {reward!r} is not a float")
+        if not isfinite(r):
+            raise self.violation(f"reward {reward!r} is not finite")
+        return r
+
+    cdef bint _flag(self, object flag) except -1:
+        if flag is True:
+            return 1
+        if flag is False:
+            return 0
+        if isinstance(flag, np.bool_):
+            return bool(flag)
+        raise self.violation("terminated and truncated must be bools")
+
+    def run(self, Py_ssize_t lo, Py_ssize_t hi, list actions, int64_t serial) -> int:
+        """Step envs [lo, hi) with `actions` (one per env); returns the last step serial used.
+        Counts of hung steps are the table's business (table.abandon)."""
+        cdef Py_ssize_t i, j
+        cdef object env, result, obs
+        cdef double r
+        cdef bint term, trunc
+        cdef Py_ssize_t env_id
+        for j in range(hi - lo):
+            i = lo + j
+            env_id = self.env_lo + i
+            serial += 1
+            try:
+                self.armed[0] = serial
+                env = self.envs[i]
+                result = env.step(env_id, actions[j])
+                if type(result) is not tuple or len(<tuple>result) != 5:
+                    raise self.violation("step must return (obs, reward, terminated, truncated, info)")
+                obs = (<tuple>result)[0]
+                r = self._reward((<tuple>result)[1])
+                term = self._flag((<tuple>result)[2])
+                trunc = self._flag((<tuple>result)[3])
+                if term or trunc:
+                    self._write_obs(i, obs)             # the end obs keeps the contract too
+                    self.r_ep_return[i] = <float>(self.ep_return[i] + r)
+                    self.r_ep_len[i] = <int32_t>(self.ep_len[i] + 1)
+                    self.ep_return[i] = 0.0
+                    self.ep_len[i] = 0
+                    obs = env.reset(env_id)
+                else:
+                    self.r_ep_return[i] = 0.0
+                    self.r_ep_len[i] = 0
+                    self.ep_return[i] += r
+                    self.ep_len[i] += 1
+                self._write_obs(i, obs)
+                self.armed[0] = 0
+            except self.timeout_exc as exc:
+                self.armed[0] = 0
+                self.table.abandon(i, exc, interrupted=True)
+                self._cut(i)
+                continue
+            except Exception as exc:
+                self.armed[0] = 0
+                self.table.recover(i, exc)
+                self._cut(i)
+                continue
+            self.r_reward[i] = <float>r
+            self.r_term[i] = term
+            self.r_trunc[i] = trunc
+        return serial
+
+    cdef void _cut(self, Py_ssize_t i):
+        """A crashed, quarantined or hung step: the episode is cut, no finished stats."""
+        self.r_reward[i] = 0.0
+        self.r_term[i] = 0
+        self.r_trunc[i] = 1
+        self.r_ep_return[i] = 0.0
+        self.r_ep_len[i] = 0
