@@ -73,7 +73,7 @@ class GroupsSchema:
 
 @dataclass
 class WorkerSchema:
-    slices: int = 2
+    slices: Any = "auto"
     threads: int = 1
     start_method: str = "forkserver"
     doorbell_timeout_s: float = 1.0
@@ -455,6 +455,19 @@ def _heartbeat(h: DictConfig) -> HeartbeatSpec:
     return spec
 
 
+def _slices(value: Any, env_count: int, group_size: int) -> int:
+    """worker.slices; `auto` double-buffers (2 slices) only while there are fewer workers than
+    twice the CPUs we may use. With more, other workers fill a core while one waits for its
+    actions, and one slice a worker halves the doorbells and per-slice work (engine_sps.py:
+    7,000 CartPole envs in 100 workers on 2 cores ran ~10% faster with 1 slice than with 2)."""
+    if value == "auto":
+        workers = -(-env_count // group_size)
+        return min(group_size, env_count, 2 if workers < 2 * len(os.sched_getaffinity(0)) else 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= group_size:
+        _fail("worker.slices", value, f"allowed is auto, or a positive integer at most groups.size ({group_size})")
+    return value
+
+
 def _affinity(value: Any) -> Optional[tuple[int, ...]]:
     if value is None:
         return None
@@ -516,9 +529,7 @@ def to_plain(cfg: DictConfig) -> RunSpec:
     if learner.ent_coef < 0:
         _fail("learner.ent_coef", learner.ent_coef, "allowed is a number >= 0")
     group_size = _positive_int("groups.size", cfg.groups.size)
-    slices = _positive_int("worker.slices", cfg.worker.slices)
-    if slices > group_size:
-        _fail("worker.slices", slices, f"allowed is at most groups.size ({group_size})")
+    slices = _slices(cfg.worker.slices, env_count, group_size)
     url = cfg.redis.url
     if url is not None and not str(url).startswith(("redis://", "rediss://", "unix://")):
         _fail("redis.url", url, "allowed is null (embedded) or a redis://, rediss:// or unix:// url")

@@ -43,6 +43,9 @@ def test_defaults_are_plain_values():
     ("worker.start_method=fork", "worker.start_method"),
     ("redis.url=localhost:6379", "redis.url"),
     ("run.duration_s=null", "run.duration_s"),
+    ("worker.slices=often", "worker.slices"),
+    ("worker.slices=0", "worker.slices"),
+    ("worker.slices=71", "worker.slices"),
 ])
 def test_bad_values_raise_config_error_naming_the_key(override, key):
     overrides = [override] + (["run.total_env_steps=null"] if key == "run.duration_s" else [])
@@ -50,6 +53,13 @@ def test_bad_values_raise_config_error_naming_the_key(override, key):
         to_plain(compose_cfg(overrides))
     assert key in str(err.value)
     assert "allowed" in str(err.value)
+
+
+def test_worker_slices_auto_double_buffers_only_few_workers(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
+    slices = {n: to_plain(compose_cfg([f"env_count={n}"])).worker_slices for n in (1, 64, 210, 280, 7000)}
+    assert slices == {1: 1, 64: 2, 210: 2, 280: 1, 7000: 1}      # 1 env: at most the group; 4 workers: 1
+    assert to_plain(compose_cfg(["env_count=7000", "worker.slices=3"])).worker_slices == 3
 
 
 def test_cli_bad_value_is_one_paragraph_no_traceback(short_tmp):
