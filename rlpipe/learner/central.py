@@ -59,11 +59,11 @@ class CentralLearner:
         self.actor = copy.deepcopy(self.policy)
         self._update_thread: threading.Thread | None = None
         self._update_result = None
-        self.env_type = torch.from_numpy(plan.env_type.astype(np.int64))
         # One batch buffer per obs key, sized for every env at once; each round uses a prefix.
         self.obs_buf = {k.name: torch.zeros((spec.env_count,) + k.shape,
                                             dtype=getattr(torch, k.dtype)) for k in plan.obs_keys}
         self.row_bytes = [k.nbytes for k in plan.obs_keys]
+        self.obs_base = [buf.data_ptr() for buf in self.obs_buf.values()]    # they never move
         self.rollouts: dict[tuple[int, int], SliceRollout] = {}
         self.ready_blocks: list[dict] = []
         self.ready_types: list[np.ndarray] = []
@@ -95,17 +95,18 @@ class CentralLearner:
         if b > self.spec.env_count:     # a slice served twice would write past the batch buffers
             raise RuntimeError(f"inference round of {b} rows for {self.spec.env_count} envs: "
                                "a slice was served twice")
+        torn = 0
         for ref, lo, hi, row in rows:
-            ptrs = [buf.data_ptr() + row * nb for buf, nb in zip(self.obs_buf.values(), self.row_bytes)]
-            self.counters.torn_retries += ref.handle.views.board.gather(ptrs, self.row_bytes, lo, hi - lo)
-        global_ids = np.concatenate([np.arange(ref.handle.env_lo + lo, ref.handle.env_lo + hi)
-                                     for ref, lo, hi, _ in rows])
-        types = self.env_type[global_ids]
+            ptrs = [base + row * nb for base, nb in zip(self.obs_base, self.row_bytes)]
+            torn += ref.handle.views.board.gather(ptrs, self.row_bytes, lo, hi - lo)
+        self.counters.torn_retries += torn
+        types_np = np.concatenate([ref.handle.slice_types[ref.slice_index] for ref in ready])
         obs = {k: v[:b] for k, v in self.obs_buf.items()}
         alt = None
         if self.random:
-            a_disc, a_cont = self._random_actions(types.numpy())
+            a_disc, a_cont = self._random_actions(types_np)
         else:
+            types = torch.from_numpy(types_np)
             dev_obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
             if self.scaling.enabled:
                 out = self.actor.act_explore(dev_obs, types.to(self.device), self.explore_gen)
@@ -159,7 +160,7 @@ class CentralLearner:
             sl = slice(row, row + hi - lo)
             if ro.full:
                 self.ready_blocks.append(ro.finish(value[sl], cfg.gamma, cfg.gae_lambda))
-                self.ready_types.append(np.repeat(types[sl].numpy()[None], cfg.rollout_len, 0).reshape(-1))
+                self.ready_types.append(np.repeat(types_np[sl][None], cfg.rollout_len, 0).reshape(-1))
                 self.ready_envs += hi - lo
             ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
                         logp[sl], value[sl])
@@ -167,8 +168,10 @@ class CentralLearner:
     def _random_actions(self, types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Uniform actions over each env's valid entries (learner.mode=random: benchmarks)."""
         a_disc = (self.rng.random(len(types)) * self.disc_counts[types]).astype(np.int64)
-        a_cont = self.rng.uniform(-1.0, 1.0, (len(types), max(self.plan.actions.cont_dim, 1)))
-        return a_disc, a_cont.astype(np.float32)
+        cont_dim = self.plan.actions.cont_dim
+        if not cont_dim:                # no continuous type: the head is never written
+            return a_disc, np.zeros((len(types), 1), dtype=np.float32)
+        return a_disc, self.rng.uniform(-1.0, 1.0, (len(types), cont_dim)).astype(np.float32)
 
     def _count_only(self, rows, now: float) -> None:
         for ref, lo, hi, _row in rows:

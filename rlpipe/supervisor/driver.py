@@ -414,6 +414,8 @@ class Driver:
 
     def _wake_due(self, now: float) -> list[SliceRef]:
         """Wake the groups the schedule says are due; return their parked rings."""
+        if self.schedule.all_awake:
+            return []
         min_steps = {h.worker_id: min(h.slice_seq) for h in self.handles if h.awake}
         refs = []
         for k in self.schedule.due(min_steps):

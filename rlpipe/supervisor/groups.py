@@ -16,13 +16,14 @@ class WakeSchedule:
         self.n_groups = n_groups
         self.spec = spec
         self.awake = [g < spec.hot for g in range(n_groups)]
+        self.dormant = self.awake.count(False)
         self.last_woken = list(range(min(spec.hot, n_groups)))
         self.batch = float(spec.wake_batch)
         self.wakes = 0
 
     @property
     def all_awake(self) -> bool:
-        return all(self.awake)
+        return self.dormant == 0
 
     def due(self, min_steps: dict[int, int]) -> list[int]:
         """Groups to wake now, given each group's fewest steps per env (`min_steps`)."""
@@ -34,6 +35,7 @@ class WakeSchedule:
         woken = dormant[:math.ceil(self.batch)]
         for g in woken:
             self.awake[g] = True
+        self.dormant -= len(woken)
         self.last_woken = woken
         self.batch *= self.spec.wake_growth
         self.wakes += 1

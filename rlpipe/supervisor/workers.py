@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
+import numpy as np
 import zmq
 
 from rlpipe.config import RunSpec
@@ -42,6 +43,8 @@ class WorkerHandle:
         self.run_id = run_id
         self.layout = WorkerLayout.build(self.n, plan.obs_keys, plan.actions.cont_dim)
         self.bounds = slice_bounds(self.n, spec.worker_slices)
+        # env type index of each slice's envs (the learner's per-round lookups, made once)
+        self.slice_types = [plan.env_type[env_lo + lo:env_lo + hi].astype(np.int64) for lo, hi in self.bounds]
         self.act_endpoint = act_endpoint
         self.act = zctx.socket(zmq.PUSH)
         self.act.setsockopt(zmq.LINGER, 0)
