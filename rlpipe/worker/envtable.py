@@ -203,7 +203,8 @@ class EnvTable:
         self.start(i)
 
     def finish(self, lo: int, hi: int, results: list, out: dict) -> None:
-        """Write the slice's step results with one bulk write per field; hung steps (None
+        """Write the slice's step_one results with one bulk write per field (the pool path and
+        step_range; the inline path's C StepLoop writes them itself). Hung steps (stepper.HUNG
         after abandon) and NaN/inf obs are cut episodes, like crashes."""
         cut = (0.0, False, True, 0.0, 0)
         results = [r if type(r) is tuple else cut for r in results]
@@ -226,6 +227,7 @@ class EnvTable:
                     out["ep_len"][lo + j] = 0
 
     def step_range(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray, out: dict) -> None:
-        """Step envs [lo, hi) inline (tests and tools; the worker goes through Stepper)."""
+        """Step envs [lo, hi) through step_one and finish: the Python reference of the C
+        StepLoop (tests hold the two equal) for tests and tools; the worker uses Stepper."""
         actions = self.actions(lo, hi, disc, cont)
         self.finish(lo, hi, [self.step_one(i, a) for i, a in zip(range(lo, hi), actions)], out)

@@ -2,20 +2,21 @@
 
 Two ways, picked by `worker.threads`:
 
-- **One thread (the default): inline.** The main thread steps the slice itself. A watcher
-  thread wakes every quarter of the deadline; when it finds the same step still running past
-  the deadline it sends SIGALRM to the main thread, whose handler raises StepTimeout inside
-  that step. This covers what hangs in Python, in sleeps, sockets, locks and other
-  interruptible waits. A step stuck in native code that ignores signals also stops the OS
-  beat, so the watchdog replaces the worker. The inline path costs ~0.1 µs a step. A thread
-  hand-off per slice costs ~55 µs, over 1 µs an env on a 35-env slice: profiled in
-  benchmarks/engine_sps.py.
-- **Several threads: a pool.** Helpers claim env after env of the slice under a plain lock
-  and step them at once (for envs that release the GIL: renderers, physics engines, I/O).
-  The main thread sleeps until the slice is done, or until a poll finds a step past its
-  deadline. That step is abandoned: its thread is left to finish or hang on its own, never
-  listened to again, and a fresh helper takes the rest of the slice. This also covers native
-  code that releases the GIL and ignores signals.
+- **One thread (the default): inline.** The main thread steps the slice in the C StepLoop
+  (rlpipe/native/steploop.pyx). A watcher thread wakes every eighth of the deadline. When it
+  finds the same step still running past the deadline, it sends SIGALRM to the main thread,
+  whose handler raises StepTimeout inside that step. This covers hangs in Python code, and
+  in sleeps, sockets, locks and other interruptible waits. A step stuck in native code that
+  ignores signals also stops the OS beat, so the watchdog replaces the worker. Arming the
+  deadline is one C store per step. Handing each slice to a helper thread instead cost
+  ~55 µs a slice, and a Condition round trip per env ~4 µs a step; CartPole's own step is
+  ~6.5 µs (benchmarks/engine_sps.py).
+- **Several threads: a pool.** This is for envs that release the GIL: renderers, physics
+  engines, I/O. Helpers claim env after env of the slice under a plain lock and step them at
+  once, through EnvTable.step_one. The main thread sleeps until the slice is done, or until
+  a poll finds a step past its deadline. That step is abandoned: its thread is left to
+  finish or hang on its own and is never listened to again, and a fresh helper takes the
+  rest of the slice. This also covers native code that releases the GIL and ignores signals.
 
 Either way the env of a step past its deadline is rebuilt by id. Its neighbours go on.
 """
