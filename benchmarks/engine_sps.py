@@ -5,7 +5,9 @@ beside Gymnasium's SyncVectorEnv stepping the same envs in one process.
 
 The engine figure is the median of its TensorBoard `charts/sps` samples (one per 2 s) taken
 while every env was active (`envs/active` == env_count), so start-up does not dilute it. The
-SyncVectorEnv figure is the median of 1-second windows over the same number of seconds.
+SyncVectorEnv figure is the median of 1-second windows, half of them taken just before the
+engine run and half just after: on a shared machine whose speed drifts, both sides of the
+ratio see the same drift (the halves are printed so the drift shows).
 """
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ def engine_sps(n: int, seconds: float, extra: list[str]) -> dict:
                 "peak_rss_mb": summary["peak_rss_mb"]}
 
 
-def sync_vector_sps(n: int, seconds: float) -> dict:
+def sync_vector_windows(n: int, seconds: float) -> list[float]:
+    """Env-steps/s of SyncVectorEnv over CartPole, in 1-second windows."""
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
     envs.reset(seed=0)
     rng = np.random.default_rng(0)
@@ -62,26 +65,33 @@ def sync_vector_sps(n: int, seconds: float) -> dict:
             steps += n
         windows.append(steps / (time.perf_counter() - t))
     envs.close()
-    return {"sps_median": statistics.median(windows), "samples": len(windows)}
+    return windows
+
+
+def sync_summary(before: list[float], after: list[float]) -> dict:
+    return {"sps_median": statistics.median(before + after), "samples": len(before) + len(after),
+            "median_before": statistics.median(before), "median_after": statistics.median(after)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", type=int, nargs="+", default=[1000, 7000])
     ap.add_argument("--seconds", type=float, default=60.0, help="engine run length per count")
-    ap.add_argument("--sync-seconds", type=float, default=15.0)
+    ap.add_argument("--sync-seconds", type=float, default=16.0, help="split before/after the engine")
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for the engine")
     args = ap.parse_args()
     results = {}
     for n in args.counts:
+        before = sync_vector_windows(n, args.sync_seconds / 2)
         eng = engine_sps(n, args.seconds, args.overrides)
-        sync = sync_vector_sps(n, args.sync_seconds)
+        sync = sync_summary(before, sync_vector_windows(n, args.sync_seconds / 2))
         ratio = eng["sps_median"] / sync["sps_median"]
         results[str(n)] = {"engine": eng, "sync_vector_env": sync, "ratio": round(ratio, 3)}
         print(f"{n:>6} envs: engine {eng['sps_median']:>10,.0f} sps (median of {eng['samples']}, "
               f"all ready at {eng['all_envs_ready_s']} s) | SyncVectorEnv "
-              f"{sync['sps_median']:>10,.0f} sps | ratio {ratio:.2f}x", flush=True)
+              f"{sync['sps_median']:>10,.0f} sps (before {sync['median_before']:,.0f}, after "
+              f"{sync['median_after']:,.0f}) | ratio {ratio:.2f}x", flush=True)
     if args.json:
         print(json.dumps(results))
 
