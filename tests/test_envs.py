@@ -245,6 +245,56 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
         fast.close_all()
 
 
+class _Float64Walk(EnvInterface):
+    """A random walk whose state is float64, on a float32 board: the loop must cast, not copy."""
+
+    def __init__(self, env_id: int, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.t = 0
+
+    @classmethod
+    def describe(cls, **params) -> EnvSpec:
+        return EnvSpec({"state": ((3,), "float64")}, DISCRETE, 2)
+
+    def reset(self, env_id):
+        self.t = 0
+        return {"state": self.rng.normal(size=3)}
+
+    def step(self, env_id, action):
+        self.t += 1
+        return {"state": self.rng.normal(size=3) * 1e3}, float(action), False, self.t >= 5, {}
+
+    def close(self, env_id):
+        pass
+
+
+def test_c_step_loop_casts_obs_whose_dtype_differs_from_the_board():
+    run = _spec(["env_mix=cartpole", "buffer=state_only"])
+    spec = _Float64Walk.describe()
+    n = 4
+    tables = []
+    for _ in range(2):
+        staging = [np.full((n,) + k.shape, -7, dtype=k.dtype) for k in run.obs_keys]
+        table = EnvTable(0, np.zeros(n, np.int16), ("walk",), (spec,), [_Float64Walk], run.obs_keys, staging, 1)
+        for i in range(n):
+            table.start(i)
+        out = {"reward": np.zeros(n, np.float32), "terminated": np.zeros(n, np.uint8),
+               "truncated": np.zeros(n, np.uint8), "ep_return": np.zeros(n, np.float32),
+               "ep_len": np.zeros(n, np.int32)}
+        tables.append((table, staging[0], out))
+    (ref, ref_rows, ref_out), (fast, fast_rows, fast_out) = tables
+    loop = fast.step_loop(fast_out, np.zeros(1, np.int64))
+    disc, cont = np.array([0, 1, 1, 0], np.int32), np.zeros((n, 1), np.float32)
+    for _ in range(12):
+        ref.step_range(0, n, disc, cont, ref_out)
+        loop.run(0, n, fast.actions(0, n, disc, cont), 0)
+        np.testing.assert_array_equal(fast_rows, ref_rows)
+        for key in ref_out:
+            np.testing.assert_array_equal(fast_out[key], ref_out[key])
+    assert (fast_rows[:, 3:] == -7).all()            # nothing written past the 3 values
+    assert np.abs(fast_rows[:, :3]).max() > 10 and not fast.faults
+
+
 # --- emulator behaviour -----------------------------------------------------------------------
 
 def test_faulty_violations_are_caught_by_the_checker():

@@ -17,7 +17,7 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.math cimport isfinite
-from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 
 cnp.import_array()
@@ -26,16 +26,20 @@ cdef int FINITE_NONE = 0, FINITE_F32 = 1, FINITE_F64 = 2
 
 
 cdef class ObsWrite:
-    """One obs key of one env: what the contract expects and where the row goes."""
+    """One obs key of one env: what the contract expects and the staging row it goes to (a
+    flat view of at least the obs's size). A row of the obs's own dtype takes a memcpy; a row
+    of another dtype (a buffer of float16, say) takes numpy's cast."""
     cdef object key
     cdef int type_num
     cdef int ndim
     cdef cnp.npy_intp dims[8]
+    cdef object row
     cdef char* dst
+    cdef bint direct
     cdef Py_ssize_t nbytes
     cdef int finite
 
-    def __init__(self, key, shape, dtype, uintptr_t dst):
+    def __init__(self, key, shape, dtype, cnp.ndarray row):
         dt = np.dtype(dtype)
         if len(shape) > 8:
             raise ValueError(f"obs key {key!r}: {len(shape)} dims, at most 8")
@@ -44,8 +48,12 @@ cdef class ObsWrite:
         self.ndim = len(shape)
         for d in range(self.ndim):
             self.dims[d] = shape[d]
-        self.dst = <char*>dst
         self.nbytes = int(np.prod(shape)) * dt.itemsize
+        if row.ndim != 1 or row.size != int(np.prod(shape)) or not row.flags.c_contiguous:
+            raise ValueError(f"obs key {key!r}: staging row of {row.size} values for shape {tuple(shape)}")
+        self.row = row
+        self.dst = <char*>cnp.PyArray_DATA(row)
+        self.direct = row.dtype == dt
         self.finite = FINITE_F32 if dt == np.float32 else FINITE_F64 if dt == np.float64 else FINITE_NONE
 
 
@@ -130,7 +138,10 @@ cdef class StepLoop:
                 value = np.ascontiguousarray(value)
                 if not _fits(<cnp.ndarray>value, w):
                     raise self.violation(f"obs[{w.key!r}] does not fit its declared shape and dtype")
-            memcpy(w.dst, cnp.PyArray_DATA(<cnp.ndarray>value), w.nbytes)
+            if w.direct:
+                memcpy(w.dst, cnp.PyArray_DATA(<cnp.ndarray>value), w.nbytes)
+            else:
+                w.row[:] = value.reshape(-1)
 
     cdef double _reward(self, object reward) except? -1.0:
         cdef double r

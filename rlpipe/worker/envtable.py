@@ -168,7 +168,7 @@ class EnvTable:
     def step_loop(self, results: dict, armed: np.ndarray):
         """The C loop that steps slices of this table straight into `results` (the worker's
         shared result arrays), with the step serial in armed[0] for the inline deadline."""
-        writes = [tuple(ObsWrite(key, shape, dtype, view.ctypes.data)
+        writes = [tuple(ObsWrite(key, shape, dtype, view)
                         for (view, key), (_, shape, dtype) in zip(self._rows[i], self._expected[self.type_index[i]]))
                   for i in range(self.n)]
         specs = [self.specs[t] for t in self.type_index]
