@@ -3,8 +3,8 @@
 per-env episode stats, copy obs into the staging rows and write the step results.
 
 This is EnvTable.step_one + EnvTable.finish for a whole slice without the per-env Python
-bookkeeping. That bookkeeping cost ~2.8 µs a CartPole step against ~6.7 µs for the env itself
-(benchmarks/engine_sps.py). Env calls stay Python calls. Everything that is not the happy
+bookkeeping. That bookkeeping cost ~2.8 µs a CartPole step against ~6.3 µs for the env itself
+(benchmarks/step_path.py: table_python vs stepper_inline). Env calls stay Python calls. Everything that is not the happy
 path goes back to the table: a raised exception, or an obs, reward or flag outside the
 contract (the message comes from contract.check_obs), or a step past its deadline
 (StepTimeout). The table records the fault and rebuilds the env by id, and the loop writes

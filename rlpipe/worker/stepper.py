@@ -10,7 +10,7 @@ Two ways, picked by `worker.threads`:
   ignores signals also stops the OS beat, so the watchdog replaces the worker. Arming the
   deadline is one C store per step. Handing each slice to a helper thread instead cost
   ~55 µs a slice, and a Condition round trip per env ~4 µs a step; CartPole's own step is
-  ~6.5 µs (benchmarks/engine_sps.py).
+  ~6.3 µs (benchmarks/step_path.py).
 - **Several threads: a pool.** This is for envs that release the GIL: renderers, physics
   engines, I/O. Helpers claim env after env of the slice under a plain lock and step them at
   once, through EnvTable.step_one. The main thread sleeps until the slice is done, or until
