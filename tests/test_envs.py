@@ -197,10 +197,12 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
     run = _spec(["env_mix=seed12", "buffer=small"])
     chaos = {"reset_error_rate": 0.05, "step_error_rate": 0.03, "render_error_rate": 0.02,
              "violation_rate": 0.08, "violations": ["shape", "dtype", "nan", "key", "reward"]}
+    # the second faulty type has no rgb, so its "nan" violations land in a float key
     nodes = [_node("faulty", **chaos), _node("cartpole"), _node("pendulum"),
-             _node("physics_sim"), _node("web_sim", hang_rate=0.0)]
+             _node("physics_sim"), _node("web_sim", hang_rate=0.0),
+             _node("faulty", **{**chaos, "violations": ["nan"], "rgb_shape": None})]
     specs = tuple(describe(n) for n in nodes)
-    type_index = np.array([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1], dtype=np.int16)
+    type_index = np.array([0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1], dtype=np.int16)
     n = len(type_index)
 
     def twin():
@@ -238,6 +240,7 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
             return sorted((f.env_id, f.kind, f.record["error_type"]) for f in t.faults)
         assert faults(fast) == faults(ref)
         assert {k for _, k, _ in faults(ref)} == {"env_quarantine", "env_crash"}
+        assert any("NaN" in f.record["message"] for f in ref.faults)     # finiteness is exercised
         assert (ref_out["ep_len"] > 0).any() or ref.ep_len.max() > 0
         np.testing.assert_array_equal(fast.rebuilds, ref.rebuilds)
     finally:

@@ -43,6 +43,12 @@ def workers_of(driver_pid):
     return found
 
 
+def wait_for_workers(driver_pid, n, timeout=60):
+    """{worker id: pid} once the run has exactly n workers up."""
+    return wait_for(lambda: (lambda w: w if len(w) == n else None)(workers_of(driver_pid)), timeout,
+                    f"{n} workers")
+
+
 def redis_of(run_dir):
     return [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
             if "redis-server" in " ".join(p.info["cmdline"] or []) and str(run_dir) in
@@ -69,8 +75,7 @@ def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
     proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=35",
                  "run.total_env_steps=null", *FAST_BEATS)
     try:
-        pids = wait_for(lambda: (lambda w: w if len(w) == 3 else None)(workers_of(proc.pid)), 60,
-                        "three workers")
+        pids = wait_for_workers(proc.pid, 3)
         wait_for(lambda: (run_dir / "tb").exists() and redis_of(run_dir), 30, "the run to start")
         time.sleep(3)
         os.kill(redis_of(run_dir)[0], signal.SIGKILL)     # Redis down: nobody may look dead for it
@@ -156,8 +161,7 @@ def test_every_worker_killed_at_once_twice(short_tmp):
                  "run.total_env_steps=null", *FAST_BEATS)
     try:
         for _round in range(2):
-            pids = wait_for(lambda: (lambda w: w if len(w) == 3 else None)(workers_of(proc.pid)), 60,
-                            "three workers")
+            pids = wait_for_workers(proc.pid, 3)
             time.sleep(3)
             for pid in pids.values():
                 os.kill(pid, signal.SIGKILL)

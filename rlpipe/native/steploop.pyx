@@ -16,6 +16,7 @@ progress, 0 between steps. The loop writes it in C around each env call, so armi
 import numpy as np
 
 cimport numpy as cnp
+from cython cimport floating
 from libc.math cimport isfinite
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
@@ -57,11 +58,17 @@ cdef class ObsWrite:
         self.finite = FINITE_F32 if dt == np.float32 else FINITE_F64 if dt == np.float64 else FINITE_NONE
 
 
+cdef bint _all_finite(const floating* p, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t k
+    for k in range(n):
+        if not isfinite(p[k]):
+            return False
+    return True
+
+
 cdef bint _fits(cnp.ndarray a, ObsWrite w):
     """Exact dtype (native order), shape and C-contiguity; finite when it is a float key."""
-    cdef Py_ssize_t k, n
-    cdef float* f
-    cdef double* g
+    cdef Py_ssize_t k
     if cnp.PyArray_TYPE(a) != w.type_num or not cnp.PyArray_ISNOTSWAPPED(a):
         return False
     if cnp.PyArray_NDIM(a) != w.ndim or not cnp.PyArray_IS_C_CONTIGUOUS(a):
@@ -70,17 +77,9 @@ cdef bint _fits(cnp.ndarray a, ObsWrite w):
         if cnp.PyArray_DIMS(a)[k] != w.dims[k]:
             return False
     if w.finite == FINITE_F32:
-        f = <float*>cnp.PyArray_DATA(a)
-        n = w.nbytes // 4
-        for k in range(n):
-            if not isfinite(f[k]):
-                return False
-    elif w.finite == FINITE_F64:
-        g = <double*>cnp.PyArray_DATA(a)
-        n = w.nbytes // 8
-        for k in range(n):
-            if not isfinite(g[k]):
-                return False
+        return _all_finite(<float*>cnp.PyArray_DATA(a), w.nbytes // 4)
+    if w.finite == FINITE_F64:
+        return _all_finite(<double*>cnp.PyArray_DATA(a), w.nbytes // 8)
     return True
 
 
@@ -121,9 +120,9 @@ cdef class StepLoop:
         self.r_ep_len = results["ep_len"]
         self.armed = armed
 
-    cdef void _write_obs(self, Py_ssize_t i, object obs) except *:
-        """Validate obs against env i's keys and copy it into its staging rows (or raise the
-        contract's ContractViolation with check_obs's explanation)."""
+    cdef void _write_obs(self, Py_ssize_t i, object obs, bint copy=True) except *:
+        """Validate obs against env i's keys and (with `copy`) copy it into its staging rows,
+        or raise the contract's ContractViolation with check_obs's explanation."""
         cdef tuple ws = <tuple>self.writes[i]
         cdef ObsWrite w
         cdef object value
@@ -138,6 +137,8 @@ cdef class StepLoop:
                 value = np.ascontiguousarray(value)
                 if not _fits(<cnp.ndarray>value, w):
                     raise self.violation(f"obs[{w.key!r}] does not fit its declared shape and dtype")
+            if not copy:
+                continue
             if w.direct:
                 memcpy(w.dst, cnp.PyArray_DATA(<cnp.ndarray>value), w.nbytes)
             else:
@@ -187,7 +188,7 @@ cdef class StepLoop:
                 term = self._flag((<tuple>result)[2])
                 trunc = self._flag((<tuple>result)[3])
                 if term or trunc:
-                    self._write_obs(i, obs)             # the end obs keeps the contract too
+                    self._write_obs(i, obs, False)      # the end obs keeps the contract too
                     self.r_ep_return[i] = <float>(self.ep_return[i] + r)
                     self.r_ep_len[i] = <int32_t>(self.ep_len[i] + 1)
                     self.ep_return[i] = 0.0
