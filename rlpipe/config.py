@@ -19,6 +19,8 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from rlpipe.worker.rewardnorm import MODES as REWARD_NORM_MODES
+
 log = logging.getLogger("rlpipe.config")
 OBS_KEYS = ("rgb", "state", "vector")
 OBS_DTYPES = ("uint8", "float32")
@@ -105,7 +107,9 @@ class LearnerSchema:
     max_grad_norm: float = 0.5
     epochs: int = 4
     minibatch_size: int = 512
-    norm_adv: bool = True
+    value_norm: str = "popart"
+    popart_beta: float = 3.0e-4
+    adv_norm: str = "per_type"
     checkpoint_interval_s: float = 300.0
     keep_checkpoints: int = 3
     export: bool = False
@@ -231,7 +235,9 @@ class LearnerSpec:
     max_grad_norm: float
     epochs: int
     minibatch_size: int
-    norm_adv: bool
+    value_norm: str         # popart | none
+    popart_beta: float      # PopArt's per-sample step size of the value statistics
+    adv_norm: str           # per_type | batch | none
     checkpoint_interval_s: float
     keep_checkpoints: int
     export: bool            # write export/policy.pt (weights + what they expect) at the end
@@ -251,9 +257,10 @@ class ScalingSpec:
 
 @dataclass(frozen=True)
 class RewardNormSpec:
-    mode: str                # per_env | global | off
+    mode: str                # per_env | per_type | global | mean_std | off (rlpipe.worker.rewardnorm)
     clip: Optional[float]
     sync_every: int
+    gamma: float             # the learner's discount: the return whose std scales rewards
 
 
 @dataclass(frozen=True)
@@ -422,10 +429,11 @@ def _scaling(c: DictConfig) -> ScalingSpec:
     return spec
 
 
-def _reward_norm(c: DictConfig) -> RewardNormSpec:
-    return RewardNormSpec(mode=_choice("reward_norm.mode", c.mode, ("per_env", "global", "off")),
+def _reward_norm(c: DictConfig, gamma: float) -> RewardNormSpec:
+    return RewardNormSpec(mode=_choice("reward_norm.mode", c.mode, REWARD_NORM_MODES),
                           clip=_positive_number("reward_norm.clip", c.clip, allow_none=True),
-                          sync_every=_positive_int("reward_norm.sync_every", c.sync_every))
+                          sync_every=_positive_int("reward_norm.sync_every", c.sync_every),
+                          gamma=gamma)
 
 
 def _groups(g: DictConfig) -> GroupsSpec:
@@ -519,7 +527,9 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         max_grad_norm=_positive_number("learner.max_grad_norm", lc.max_grad_norm),
         epochs=_positive_int("learner.epochs", lc.epochs),
         minibatch_size=_positive_int("learner.minibatch_size", lc.minibatch_size),
-        norm_adv=bool(lc.norm_adv),
+        value_norm=_choice("learner.value_norm", lc.value_norm, ("popart", "none")),
+        popart_beta=_unit_interval("learner.popart_beta", lc.popart_beta),
+        adv_norm=_choice("learner.adv_norm", lc.adv_norm, ("per_type", "batch", "none")),
         checkpoint_interval_s=_positive_number("learner.checkpoint_interval_s", lc.checkpoint_interval_s),
         keep_checkpoints=_positive_int("learner.keep_checkpoints", lc.keep_checkpoints),
         export=bool(lc.export),
@@ -559,7 +569,7 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         sched_fifo=_fifo(cfg.worker.sched_fifo),
         learner=learner,
         scaling=_scaling(cfg.scaling),
-        reward_norm=_reward_norm(cfg.reward_norm),
+        reward_norm=_reward_norm(cfg.reward_norm, learner.gamma),
         resume=bool(cfg.run.resume),
         redis_url=url,
         heartbeat=_heartbeat(cfg.heartbeat),

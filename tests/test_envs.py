@@ -207,14 +207,13 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
 
     def twin():
         staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
+        final = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
         table = EnvTable(100, type_index, tuple(f"t{i}" for i in range(len(nodes))), specs,
-                         [make_factory(node) for node in nodes], run.obs_keys, staging, 5)
-        out = {"reward": np.zeros(n, np.float32), "terminated": np.zeros(n, np.uint8),
-               "truncated": np.zeros(n, np.uint8), "ep_return": np.zeros(n, np.float32),
-               "ep_len": np.zeros(n, np.int32)}
+                         [make_factory(node) for node in nodes], run.obs_keys, staging, 5, final)
+        out = _results(n)
         for i in range(n):
             table.start(i)
-        return table, staging, out
+        return table, staging + final, out
 
     ref, ref_staging, ref_out = twin()
     fast, fast_staging, fast_out = twin()
@@ -223,6 +222,7 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
     cont = np.zeros((n, 2), dtype=np.float32)
     rng = np.random.default_rng(2)
     n_actions = np.array([specs[t].action_n for t in type_index])
+    finals_seen = 0
     try:
         for step in range(300):
             disc[:] = rng.integers(0, n_actions)
@@ -233,7 +233,9 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
             for key in ref_out:
                 np.testing.assert_array_equal(fast_out[key], ref_out[key], err_msg=f"{key} at step {step}")
             for a, b in zip(fast_staging, ref_staging):
-                np.testing.assert_array_equal(a, b, err_msg=f"staging at step {step}")
+                np.testing.assert_array_equal(a, b, err_msg=f"staging or final rows at step {step}")
+            finals_seen += int(ref_out["final"].sum())
+            assert not (ref_out["final"].astype(bool) & ~ref_out["truncated"].astype(bool)).any()
             np.testing.assert_array_equal(fast.ep_return, ref.ep_return)
             np.testing.assert_array_equal(fast.ep_len, ref.ep_len)
         def faults(t):
@@ -242,10 +244,17 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
         assert {k for _, k, _ in faults(ref)} == {"env_quarantine", "env_crash"}
         assert any("NaN" in f.record["message"] for f in ref.faults)     # finiteness is exercised
         assert (ref_out["ep_len"] > 0).any() or ref.ep_len.max() > 0
+        assert finals_seen > 0                                            # time limits are exercised
         np.testing.assert_array_equal(fast.rebuilds, ref.rebuilds)
     finally:
         ref.close_all()
         fast.close_all()
+
+
+def _results(n: int) -> dict:
+    return {"reward": np.zeros(n, np.float32), "terminated": np.zeros(n, np.uint8),
+            "truncated": np.zeros(n, np.uint8), "final": np.zeros(n, np.uint8),
+            "ep_return": np.zeros(n, np.float32), "ep_len": np.zeros(n, np.int32)}
 
 
 class _Float64Walk(EnvInterface):
@@ -278,23 +287,26 @@ def test_c_step_loop_casts_obs_whose_dtype_differs_from_the_board():
     tables = []
     for _ in range(2):
         staging = [np.full((n,) + k.shape, -7, dtype=k.dtype) for k in run.obs_keys]
-        table = EnvTable(0, np.zeros(n, np.int16), ("walk",), (spec,), [_Float64Walk], run.obs_keys, staging, 1)
+        final = [np.full((n,) + k.shape, -7, dtype=k.dtype) for k in run.obs_keys]
+        table = EnvTable(0, np.zeros(n, np.int16), ("walk",), (spec,), [_Float64Walk], run.obs_keys,
+                         staging, 1, final)
         for i in range(n):
             table.start(i)
-        out = {"reward": np.zeros(n, np.float32), "terminated": np.zeros(n, np.uint8),
-               "truncated": np.zeros(n, np.uint8), "ep_return": np.zeros(n, np.float32),
-               "ep_len": np.zeros(n, np.int32)}
-        tables.append((table, staging[0], out))
-    (ref, ref_rows, ref_out), (fast, fast_rows, fast_out) = tables
+        tables.append((table, staging[0], _results(n), final[0]))
+    (ref, ref_rows, ref_out, ref_final), (fast, fast_rows, fast_out, fast_final) = tables
     loop = fast.step_loop(fast_out, np.zeros(1, np.int64))
     disc, cont = np.array([0, 1, 1, 0], np.int32), np.zeros((n, 1), np.float32)
+    finals = 0
     for _ in range(12):
         ref.step_range(0, n, disc, cont, ref_out)
         loop.run(0, n, fast.actions(0, n, disc, cont), 0)
         np.testing.assert_array_equal(fast_rows, ref_rows)
+        np.testing.assert_array_equal(fast_final, ref_final)
         for key in ref_out:
             np.testing.assert_array_equal(fast_out[key], ref_out[key])
-    assert (fast_rows[:, 3:] == -7).all()            # nothing written past the 3 values
+        finals += int(fast_out["final"].sum())
+    assert finals == 2 * n and (fast_final[:, :3] != -7).all()    # steps 5 and 10 truncate
+    assert (fast_rows[:, 3:] == -7).all() and (fast_final[:, 3:] == -7).all()   # nothing past the 3 values
     assert np.abs(fast_rows[:, :3]).max() > 10 and not fast.faults
 
 

@@ -43,7 +43,7 @@ def test_welford_per_env_matches_float64_reference(loc, scale):
     rng = np.random.default_rng(1)
     n, steps = 12, 400
     x = _stream(rng, loc, scale, (steps, n)) * rng.uniform(0.5, 2.0, n)   # per-env scale
-    norm = RewardNormalizer(n, "per_env", clip=None)
+    norm = RewardNormalizer(n, "mean_std", clip=None)
     half = n // 2
     for t in range(steps):                          # two slices, one step at a time
         norm.normalize(0, half, x[t, :half])
@@ -65,13 +65,13 @@ def test_welford_blocks_and_global_match_reference(loc, scale):
     n = 7
     blocks = [_stream(rng, loc, scale, (T, n)) for T in (1, 5, 33, 2, 60)]
     x = np.concatenate(blocks)
-    per_env = RewardNormalizer(n, "per_env")
+    per_env = RewardNormalizer(n, "mean_std")
     glob = RewardNormalizer(n, "global")
     for b in blocks:                                  # [T, m] blocks (Chan combine)
         per_env.normalize(0, n, b)
-        for row in b:                                 # global: one step at a time, two slices
-            glob.normalize(0, 3, row[:3])
-            glob.normalize(3, n, row[3:])
+        for row in b:                                 # global statistics: two slices a step
+            glob.update(0, 3, row[:3])
+            glob.update(3, n, row[3:])
     np.testing.assert_allclose(per_env.mean, x.mean(axis=0), rtol=1e-12, atol=1e-12 * scale)
     np.testing.assert_allclose(per_env.std ** 2, x.var(axis=0), rtol=_var_rtol(loc, scale))
     assert glob.count[0] == x.size
@@ -80,7 +80,7 @@ def test_welford_blocks_and_global_match_reference(loc, scale):
 
 
 def test_float32_input_and_clip_and_off():
-    norm = RewardNormalizer(3, "per_env", clip=10.0)
+    norm = RewardNormalizer(3, "mean_std", clip=10.0)
     r = np.zeros(3, dtype=np.float32)
     for _ in range(500):
         out = norm.normalize(0, 3, r + np.float32(1.0))
@@ -97,12 +97,12 @@ def test_float32_input_and_clip_and_off():
 
 def test_state_round_trip_merge_and_errors():
     rng = np.random.default_rng(3)
-    workers = [RewardNormalizer(5, "per_env"), RewardNormalizer(4, "per_env"), RewardNormalizer(6, "global")]
+    workers = [RewardNormalizer(5, "mean_std"), RewardNormalizer(4, "mean_std"), RewardNormalizer(6, "global")]
     seen = []
     for w in workers:
         x = rng.normal(rng.uniform(-50, 50), rng.uniform(0.1, 30), (80, w.n))
         for row in x:
-            w.normalize(0, w.n, row)
+            w.update(0, w.n, row)
         seen.append(x.ravel())
     states = [w.state() for w in workers]
     assert len(states[0]) == 16 + 24 * 5 and len(states[2]) == 16 + 24
@@ -112,7 +112,7 @@ def test_state_round_trip_merge_and_errors():
     assert mean == pytest.approx(allx.mean(), rel=1e-12)
     assert var == pytest.approx(allx.var(), rel=1e-10)
     # a restarted worker restores its statistics exactly
-    fresh = RewardNormalizer(5, "per_env")
+    fresh = RewardNormalizer(5, "mean_std")
     fresh.load(states[0])
     np.testing.assert_array_equal(fresh.mean, workers[0].mean)
     np.testing.assert_array_equal(fresh.m2, workers[0].m2)
@@ -262,10 +262,9 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
 
     # direct computation in float64 from the policy's distributions
     with torch.no_grad():
-        feat = policy.features(obs, types)
-        logits = policy.actor_disc(feat).masked_fill(~policy.disc_mask[types], -1e9)
+        logits, mean = policy.dist_params(obs, types)
         probs = torch.softmax(logits, -1).numpy()
-        mean = policy.actor_cont(feat).numpy()
+        mean = mean.numpy()
     std = math.exp(0.4)
     outside_seen = False
     for i in range(b):

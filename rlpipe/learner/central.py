@@ -25,6 +25,14 @@ from rlpipe.learner.slices import SliceRef
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
 
 
+# Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
+POLICY_LAYOUT = "typed-towers-popart-1"
+
+# What the learner reads of a slice's last step (copied before the slice is rung again).
+OUTCOME_FIELDS = ("reward", "terminated", "truncated", "ep_return", "ep_len")
+SCALING_FIELDS = ("score", "exec_discrete", "exec_continuous", "behaviour_logp")
+
+
 @dataclass
 class Counters:
     env_steps: int = 0
@@ -32,6 +40,7 @@ class Counters:
     episodes: int = 0
     torn_retries: int = 0
     dropped_rollouts: int = 0        # env-rollouts discarded under learner.backlog=drop
+    trained_samples: int = 0         # transitions that went into PPO updates (each once)
     first_step_at: float | None = None
     returns: dict = field(default_factory=dict)     # type name -> deque of last 100 returns
     losses: list = field(default_factory=list)      # (time, total loss) per update
@@ -83,7 +92,11 @@ class CentralLearner:
 
     # -- inference ---------------------------------------------------------------------------
     def serve(self, ready: list[SliceRef]) -> None:
-        """One inference round over the slices that rang: gather, act, ring back, store."""
+        """One inference round over the slices that rang: gather, act, ring back, store.
+
+        A slice's step results (reward, end flags, episode stats, final obs) are copied out
+        of its worker's segment *before* the slice is rung: once rung, the worker steps
+        again and overwrites them."""
         cfg = self.cfg
         rows = []                      # (ref, lo, hi, row offset)
         off = 0
@@ -117,7 +130,8 @@ class CentralLearner:
             a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
             logp, value = logp.cpu().numpy(), value.cpu().numpy()
 
-        # Actions out first: the workers step while we book-keep.
+        outcomes = [self._outcome(ref, lo, hi) if ref.seq > 0 else None for ref, lo, hi, _ in rows]
+        # Actions out: the workers step while we book-keep.
         for ref, lo, hi, row in rows:
             acts = ref.handle.views.actions
             rs = slice(row, row + hi - lo)
@@ -133,10 +147,16 @@ class CentralLearner:
             ref.handle.ring(ref.slice_index, ref.seq)
 
         now = time.monotonic()
+        for (ref, lo, hi, _row), res in zip(rows, outcomes):
+            if res is not None:
+                self._episodes(ref, lo, hi, res)
+                self.counters.env_steps += hi - lo
+                if self.counters.first_step_at is None:
+                    self.counters.first_step_at = now
         if self.random:
-            self._count_only(rows, now)
             return
-        for ref, lo, hi, row in rows:
+        final_values = self._final_values(rows, outcomes)
+        for (ref, lo, hi, row), res, fv in zip(rows, outcomes, final_values):
             key = (ref.handle.worker_id, ref.slice_index)
             ro = self.rollouts.get(key)
             if ro is None or ref.seq == 0:
@@ -144,19 +164,12 @@ class CentralLearner:
                 ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
                                                        self.plan.actions.cont_dim, self.scaling.enabled)
             else:
-                res = ref.handle.views.results
-                ro.add_outcome(res["reward"][lo:hi], res["terminated"][lo:hi],
-                               res["truncated"][lo:hi], cfg.gamma)
+                ro.add_outcome(res["reward"], res["terminated"], res["truncated"], cfg.gamma, fv)
                 if self.scaling.enabled:
-                    score = res["score"][lo:hi]
+                    score = res["score"]
                     self.scores[ref.handle.env_lo + lo:ref.handle.env_lo + hi] = score
-                    ro.add_behaviour(res["exec_discrete"][lo:hi], res["exec_continuous"][lo:hi],
-                                     res["behaviour_logp"][lo:hi],
+                    ro.add_behaviour(res["exec_discrete"], res["exec_continuous"], res["behaviour_logp"],
                                      score_to_weight(score, self.scaling.min_weight))
-                self._episodes(ref, lo, hi, res)
-                self.counters.env_steps += hi - lo
-                if self.counters.first_step_at is None:
-                    self.counters.first_step_at = now
             sl = slice(row, row + hi - lo)
             if ro.full:
                 self.ready_blocks.append(ro.finish(value[sl], cfg.gamma, cfg.gae_lambda))
@@ -164,6 +177,38 @@ class CentralLearner:
                 self.ready_envs += hi - lo
             ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
                         logp[sl], value[sl])
+
+    def _outcome(self, ref: SliceRef, lo: int, hi: int) -> dict:
+        """A copy of what the slice's last step reported (see `serve`)."""
+        res = ref.handle.views.results
+        fields = OUTCOME_FIELDS + (SCALING_FIELDS if self.scaling.enabled and not self.random else ())
+        out = {k: res[k][lo:hi].copy() for k in fields}
+        if not self.random:
+            out["final_rows"] = np.flatnonzero(res["final"][lo:hi])
+            out["final_obs"] = {k.name: res[f"final_{k.name}"][lo:hi][out["final_rows"]]
+                                for k in self.plan.obs_keys}
+        return out
+
+    def _final_values(self, rows, outcomes) -> list[np.ndarray | None]:
+        """V(final obs) of every time-limit truncation of the round, in one critic pass."""
+        parts = [(res, ref.handle.slice_types[ref.slice_index]) for (ref, *_), res in zip(rows, outcomes)
+                 if res is not None and len(res["final_rows"])]
+        values: list[np.ndarray | None] = [None] * len(rows)
+        if not parts:
+            return values
+        obs = {k.name: torch.from_numpy(np.concatenate([res["final_obs"][k.name] for res, _ in parts]))
+               .to(self.device) for k in self.plan.obs_keys}
+        types = torch.from_numpy(np.concatenate([st[res["final_rows"]] for res, st in parts]).astype(np.int64))
+        v = self.actor.value(obs, types.to(self.device)).cpu().numpy()
+        at = 0
+        for i, res in enumerate(outcomes):
+            if res is not None and len(res["final_rows"]):
+                m = len(res["final_rows"])
+                full = np.full(len(res["reward"]), np.nan, dtype=np.float32)
+                full[res["final_rows"]] = v[at:at + m]
+                values[i] = full
+                at += m
+        return values
 
     def _random_actions(self, types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Uniform actions over each env's valid entries (learner.mode=random: benchmarks)."""
@@ -173,20 +218,11 @@ class CentralLearner:
             return a_disc, np.zeros((len(types), 1), dtype=np.float32)
         return a_disc, self.rng.uniform(-1.0, 1.0, (len(types), cont_dim)).astype(np.float32)
 
-    def _count_only(self, rows, now: float) -> None:
-        for ref, lo, hi, _row in rows:
-            if ref.seq > 0:
-                self._episodes(ref, lo, hi, ref.handle.views.results)
-                self.counters.env_steps += hi - lo
-                if self.counters.first_step_at is None:
-                    self.counters.first_step_at = now
-
     def _episodes(self, ref: SliceRef, lo: int, hi: int, res: dict) -> None:
-        ep_len = res["ep_len"][lo:hi]
-        done = np.nonzero(ep_len > 0)[0]
+        done = np.nonzero(res["ep_len"] > 0)[0]
         if not len(done):
             return
-        rets = res["ep_return"][lo:hi][done]
+        rets = res["ep_return"][done]
         types = self.plan.env_type[ref.handle.env_lo + lo + done]
         for r, t in zip(rets.tolist(), types.tolist()):
             name = self.plan.names[t]
@@ -226,11 +262,19 @@ class CentralLearner:
             self.counters.dropped_rollouts += envs
         return False
 
-    def start_update(self, progress: float) -> None:
+    def lr_now(self) -> float:
+        """learner.anneal_lr: linear in env steps toward run.total_env_steps (down to 2 % of the
+        base rate), so the schedule is the same on a fast and a slow machine. A run bounded
+        only by its duration has no step budget to anneal toward: the rate stays constant."""
+        total = self.spec.total_env_steps
+        if not self.cfg.anneal_lr or not total:
+            return self.cfg.learning_rate
+        return self.cfg.learning_rate * max(1.0 - self.counters.env_steps / total, 0.02)
+
+    def start_update(self) -> None:
         """Start a PPO update on the ready rollouts in the background; rollouts arriving
         meanwhile make up the next update's batch."""
-        lr = self.cfg.learning_rate * max(1.0 - progress, 0.02) if self.cfg.anneal_lr \
-            else self.cfg.learning_rate
+        lr = self.lr_now()
         # Oldest rollouts first, about update_envs of them; the rest wait for the next update.
         take, envs = 0, 0
         while take < len(self.ready_blocks) and envs < self.update_envs:
@@ -264,6 +308,7 @@ class CentralLearner:
             raise result
         self.actor.load_state_dict(self.policy.state_dict())
         self.counters.updates += 1
+        self.counters.trained_samples += result.samples
         self.counters.losses.append((time.monotonic(), result.total_loss))
         self.last_stats = result
         return result
@@ -289,6 +334,7 @@ class CentralLearner:
         return {"obs_keys": [[k.name, list(k.shape), k.dtype] for k in self.plan.obs_keys],
                 "types": list(self.plan.names), "discrete_n": self.plan.actions.discrete_n,
                 "cont_dim": self.plan.actions.cont_dim, "hidden": list(self.cfg.hidden),
+                "policy": POLICY_LAYOUT, "value_norm": self.cfg.value_norm,
                 "cnn": [*self.cfg.cnn_channels, self.cfg.cnn_out],
                 "env_count": self.spec.env_count}
 
@@ -305,7 +351,8 @@ class CentralLearner:
         c = self.counters
         return {"compat": self.compat(), "policy": self.policy.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
-                "counters": {"env_steps": c.env_steps, "updates": c.updates, "episodes": c.episodes},
+                "counters": {"env_steps": c.env_steps, "updates": c.updates, "episodes": c.episodes,
+                             "trained_samples": c.trained_samples},
                 "scores": torch.from_numpy(self.scores.copy()),
                 "rng": rng_state(numpy_generators={"actions": self.rng},
                                  torch_generators={"ppo": self.generator, "explore": self.explore_gen})}
@@ -318,6 +365,7 @@ class CentralLearner:
         self.counters.env_steps = int(counters["env_steps"])
         self.counters.updates = int(counters["updates"])
         self.counters.episodes = int(counters["episodes"])
+        self.counters.trained_samples = int(counters["trained_samples"])
         self.scores[:] = payload["scores"].numpy()
         set_rng_state(payload["rng"], numpy_generators={"actions": self.rng},
                       torch_generators={"ppo": self.generator, "explore": self.explore_gen})

@@ -1,11 +1,25 @@
-"""Actor-critic over the run's obs spec and unified action spec.
+"""Actor-critic over the run's obs spec and unified action spec, aware of each row's env type.
 
-Encoder: an MLP input over `state`/`vector` (concatenated), a small CNN over `rgb` when the
-board has it. A key an env type does not produce is zero on the board and masked here.
-Heads: a discrete head of `discrete_n` logits (entries past a type's action count masked)
-and a diagonal-Gaussian continuous head of `cont_dim` (dims past a type's count left out of
-the log-prob and entropy). Each sample uses the head of its env type.
-Initialisation and widths follow CleanRL's ppo.py (orthogonal, tanh, 0.01 actor gain).
+One policy serves every type of a mix, so nothing one type produces may land on another
+type's weights unasked, and no type's scale may set another's (docs/architecture.md,
+"One policy over many types"):
+
+- **Input**: the low-dimensional keys (`state`, `vector`, masked to the keys the type
+  produces) and, for types with `rgb`, a shared CNN's features, go through a *per-type*
+  input layer. CartPole's 4 numbers and Acrobot's 6 share the `state` key on the board, but
+  each type has its own first-layer weights for them.
+- **Trunk**: the hidden layers after the first are shared by all types.
+- **Heads**: per-type output layers: discrete logits (entries past the type's action count
+  masked), the Gaussian mean (dims past its count left out of the log-prob and entropy), a
+  per-type log-std, and one value output per type (`PopArt` keeps each type's value in its
+  own normalized scale).
+
+Actor and critic are separate towers, as in CleanRL's ppo.py (orthogonal init, tanh, 0.01
+actor gain). With one type this is exactly CleanRL's network.
+
+Batching by type uses index ops only: rows are put in type order once per forward (a stable
+argsort), each per-type layer runs one matmul per type *segment*, and outputs are put back
+in row order at the end; a batch of one type skips the permutation.
 """
 from __future__ import annotations
 
@@ -15,9 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
+from torch.nn import functional as F
 
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import MixPlan
+from rlpipe.learner.popart import PopArt
 
 MASKED_LOGIT = -1e9
 
@@ -26,10 +42,45 @@ class ActOut(NamedTuple):
     a_disc: torch.Tensor       # [B] int64   policy sample
     a_cont: torch.Tensor       # [B, D]      policy sample (unclipped)
     logp: torch.Tensor         # [B]         log pi(a)
-    value: torch.Tensor        # [B]
+    value: torch.Tensor        # [B]         in return space (PopArt statistics applied)
     alt_disc: torch.Tensor     # [B] int64   uniform over the env type's valid actions
     alt_cont: torch.Tensor     # [B, D]      uniform over [-1, 1) on valid dims, 0 elsewhere
     alt_logp: torch.Tensor     # [B]         log pi(alt)
+
+
+class TypeOrder(NamedTuple):
+    """Rows in type order: `perm` sorts rows by type (None: already one type, in order),
+    `segments` are (type, start, end) runs over the sorted rows."""
+    perm: torch.Tensor | None
+    inverse: torch.Tensor | None
+    types: torch.Tensor             # per sorted row
+    segments: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def of(cls, types: torch.Tensor) -> "TypeOrder":
+        n = len(types)
+        if n == 0:
+            return cls(None, None, types, ())
+        first = int(types[0])
+        if bool((types == first).all()):
+            return cls(None, None, types, ((first, 0, n),))
+        perm = torch.argsort(types, stable=True)
+        sorted_types = types[perm]
+        counts = torch.bincount(sorted_types).tolist()
+        segments, start = [], 0
+        for t, c in enumerate(counts):
+            if c:
+                segments.append((t, start, start + c))
+                start += c
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(n, device=perm.device)
+        return cls(perm, inverse, sorted_types, tuple(segments))
+
+    def sort(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.perm is None else x[self.perm]
+
+    def unsort(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.inverse is None else x[self.inverse]
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -38,13 +89,38 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
     return layer
 
 
-def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_std: float) -> nn.Sequential:
-    layers, width = [], n_in
-    for h in hidden:
-        layers += [layer_init(nn.Linear(width, h)), nn.Tanh()]
-        width = h
-    layers.append(layer_init(nn.Linear(width, n_out), std=out_std))
-    return nn.Sequential(*layers)
+class TypedLinear(nn.Module):
+    """One Linear layer per env type, applied to type-sorted rows segment by segment."""
+
+    def __init__(self, n_types: int, n_in: int, n_out: int, std: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_types, n_out, n_in))
+        self.bias = nn.Parameter(torch.zeros(n_types, n_out))
+        for t in range(n_types):
+            nn.init.orthogonal_(self.weight.data[t], std)
+
+    def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
+        parts = [F.linear(x[a:b], self.weight[t], self.bias[t]) for t, a, b in order.segments]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat(parts) if parts else x.new_zeros(0, self.weight.shape[1])
+
+
+class Tower(nn.Module):
+    """Per-type input layer -> shared hidden layers -> per-type output layer."""
+
+    def __init__(self, n_types: int, n_in: int, hidden: tuple[int, ...], n_out: int, out_std: float):
+        super().__init__()
+        self.inp = TypedLinear(n_types, n_in, hidden[0], np.sqrt(2))
+        trunk, width = [], hidden[0]
+        for h in hidden[1:]:
+            trunk += [layer_init(nn.Linear(width, h)), nn.Tanh()]
+            width = h
+        self.trunk = nn.Sequential(*trunk)
+        self.out = TypedLinear(n_types, width, n_out, out_std)
+
+    def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
+        return self.out(self.trunk(torch.tanh(self.inp(x, order))), order)
 
 
 class RgbEncoder(nn.Module):
@@ -75,7 +151,6 @@ class Policy(nn.Module):
     def __init__(self, plan: MixPlan, obs_keys, hidden: tuple[int, ...],
                  cnn_channels: tuple[int, int, int] = (32, 64, 64), cnn_out: int = 256):
         super().__init__()
-        self.low_keys = [k.name for k in obs_keys if k.name != "rgb"]
         rgb = [k for k in obs_keys if k.name == "rgb"]
         self.rgb = RgbEncoder(rgb[0].shape, cnn_channels, cnn_out) if rgb else None
         low_dim = sum(int(np.prod(k.shape)) for k in obs_keys if k.name != "rgb")
@@ -100,11 +175,13 @@ class Policy(nn.Module):
         self.register_buffer("cont_mask", torch.from_numpy(cont_mask))
         self.register_buffer("is_cont", torch.from_numpy(is_cont))
         self.key_names = [k.name for k in obs_keys]
-        self.critic = mlp(n_feat, hidden, 1, out_std=1.0)
-        self.actor_disc = mlp(n_feat, hidden, self.disc_n, out_std=0.01) if self.disc_n else None
-        self.actor_cont = mlp(n_feat, hidden, self.cont_dim, out_std=0.01) if self.cont_dim else None
-        self.log_std = nn.Parameter(torch.zeros(max(self.cont_dim, 1)))
+        self.critic = Tower(n_types, n_feat, hidden, 1, out_std=1.0)
+        self.popart = PopArt(n_types)
+        self.actor_disc = Tower(n_types, n_feat, hidden, self.disc_n, out_std=0.01) if self.disc_n else None
+        self.actor_cont = Tower(n_types, n_feat, hidden, self.cont_dim, out_std=0.01) if self.cont_dim else None
+        self.log_std = nn.Parameter(torch.zeros(n_types, max(self.cont_dim, 1)))
 
+    # -- encoders ------------------------------------------------------------------------------
     def features(self, obs: dict[str, torch.Tensor], types: torch.Tensor) -> torch.Tensor:
         mask = self.key_mask[types]                      # [B, n_keys]
         parts = []
@@ -126,17 +203,19 @@ class Policy(nn.Module):
             out[rows] = self.rgb(rgb[rows])
         return out
 
-    def value(self, obs, types) -> torch.Tensor:
-        return self.critic(self.features(obs, types)).squeeze(-1)
+    # -- heads (all on type-sorted rows) -------------------------------------------------------
+    def _value_normalized(self, feat: torch.Tensor, order: TypeOrder) -> torch.Tensor:
+        return self.critic(feat, order).squeeze(-1)
 
-    def _dists(self, feat: torch.Tensor, types: torch.Tensor):
+    def _dists(self, feat: torch.Tensor, order: TypeOrder):
+        types = order.types
         disc = cont = None
         if self.actor_disc is not None:
-            logits = self.actor_disc(feat).masked_fill(~self.disc_mask[types], MASKED_LOGIT)
+            logits = self.actor_disc(feat, order).masked_fill(~self.disc_mask[types], MASKED_LOGIT)
             disc = Categorical(logits=logits)
         if self.actor_cont is not None:
-            mean = self.actor_cont(feat)
-            cont = Normal(mean, self.log_std.expand_as(mean).exp())
+            mean = self.actor_cont(feat, order)
+            cont = Normal(mean, self.log_std[types].exp())
         return disc, cont
 
     def _logp_entropy(self, disc, cont, types, a_disc, a_cont):
@@ -153,16 +232,38 @@ class Policy(nn.Module):
         sel = self.is_cont[types]
         return torch.where(sel, c_lp, d_lp), torch.where(sel, c_ent, d_ent)
 
+    def _sorted(self, obs, types) -> tuple[torch.Tensor, TypeOrder]:
+        order = TypeOrder.of(types)
+        return order.sort(self.features(obs, types)), order
+
+    def _sample(self, disc, cont, n: int, dev):
+        a_disc = disc.sample() if disc is not None else torch.zeros(n, dtype=torch.int64, device=dev)
+        a_cont = cont.sample() if cont is not None else torch.zeros(n, 1, device=dev)
+        return a_disc, a_cont
+
+    # -- public API (row order in, row order out) ----------------------------------------------
     @torch.no_grad()
-    def act(self, obs, types):
-        """Sample actions for a batch: (discrete [B] int64, continuous [B, cont_dim], logp, value)."""
-        feat = self.features(obs, types)
-        disc, cont = self._dists(feat, types)
-        b = len(types)
-        a_disc = disc.sample() if disc is not None else torch.zeros(b, dtype=torch.int64)
-        a_cont = cont.sample() if cont is not None else torch.zeros(b, 1)
-        logp, _ = self._logp_entropy(disc, cont, types, a_disc, a_cont)
-        return a_disc, a_cont, logp, self.critic(feat).squeeze(-1)
+    def value(self, obs, types) -> torch.Tensor:
+        """V(obs) in return space (the PopArt statistics of each row's type applied)."""
+        feat, order = self._sorted(obs, types)
+        v = self.popart.denormalize(self._value_normalized(feat, order), order.types)
+        return order.unsort(v)
+
+    @torch.no_grad()
+    def act(self, obs, types, deterministic: bool = False):
+        """Actions for a batch: (discrete [B] int64, continuous [B, cont_dim], logp, value in
+        return space). `deterministic`: the mode of each distribution instead of a sample."""
+        feat, order = self._sorted(obs, types)
+        disc, cont = self._dists(feat, order)
+        if deterministic:
+            a_disc = disc.probs.argmax(-1) if disc is not None else \
+                torch.zeros(len(types), dtype=torch.int64, device=feat.device)
+            a_cont = cont.mean if cont is not None else torch.zeros(len(types), 1, device=feat.device)
+        else:
+            a_disc, a_cont = self._sample(disc, cont, len(types), feat.device)
+        logp, _ = self._logp_entropy(disc, cont, order.types, a_disc, a_cont)
+        value = self.popart.denormalize(self._value_normalized(feat, order), order.types)
+        return tuple(order.unsort(x) for x in (a_disc, a_cont, logp, value))
 
     @torch.no_grad()
     def act_explore(self, obs, types, generator: torch.Generator | None = None) -> ActOut:
@@ -170,22 +271,35 @@ class Policy(nn.Module):
         a worker needs to apply epsilon-greedy and report the behaviour log-prob. The policy
         sample is drawn exactly as `act` draws it; the alternative uses `generator` (a
         dedicated one, so exploration does not shift the policy's random stream)."""
-        feat = self.features(obs, types)
-        disc, cont = self._dists(feat, types)
-        b, dev = len(types), feat.device
-        a_disc = disc.sample() if disc is not None else torch.zeros(b, dtype=torch.int64, device=dev)
-        a_cont = cont.sample() if cont is not None else torch.zeros(b, 1, device=dev)
-        logp, _ = self._logp_entropy(disc, cont, types, a_disc, a_cont)
+        feat, order = self._sorted(obs, types)
+        disc, cont = self._dists(feat, order)
+        st, b, dev = order.types, len(types), feat.device
+        a_disc, a_cont = self._sample(disc, cont, b, dev)
+        logp, _ = self._logp_entropy(disc, cont, st, a_disc, a_cont)
+        # The alternatives are drawn in row order, so a row's draw does not depend on the
+        # batch's type layout.
         n_valid = self.disc_mask[types].sum(-1).clamp_min(1)
         alt_disc = torch.minimum((torch.rand(b, generator=generator, device=dev) * n_valid).long(),
                                  n_valid - 1)
         alt_cont = (torch.rand(a_cont.shape, generator=generator, device=dev) * 2.0 - 1.0) \
             * self.cont_mask[types][:, :a_cont.shape[1]]
-        alt_logp, _ = self._logp_entropy(disc, cont, types, alt_disc, alt_cont)
-        return ActOut(a_disc, a_cont, logp, self.critic(feat).squeeze(-1), alt_disc, alt_cont, alt_logp)
+        alt_logp, _ = self._logp_entropy(disc, cont, st, order.sort(alt_disc), order.sort(alt_cont))
+        value = self.popart.denormalize(self._value_normalized(feat, order), st)
+        a_disc, a_cont, logp, value, alt_logp = (order.unsort(x) for x in (a_disc, a_cont, logp, value, alt_logp))
+        return ActOut(a_disc, a_cont, logp, value, alt_disc, alt_cont, alt_logp)
 
     def evaluate(self, obs, types, a_disc, a_cont):
-        feat = self.features(obs, types)
-        disc, cont = self._dists(feat, types)
-        logp, entropy = self._logp_entropy(disc, cont, types, a_disc, a_cont)
-        return logp, entropy, self.critic(feat).squeeze(-1)
+        """(log-prob, entropy, *normalized* value) of the given actions, with gradients: what
+        the PPO loss needs (value targets are normalized with the same statistics)."""
+        feat, order = self._sorted(obs, types)
+        disc, cont = self._dists(feat, order)
+        logp, entropy = self._logp_entropy(disc, cont, order.types, order.sort(a_disc), order.sort(a_cont))
+        value = self._value_normalized(feat, order)
+        return order.unsort(logp), order.unsort(entropy), order.unsort(value)
+
+    def dist_params(self, obs, types) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Masked discrete logits and continuous means in row order (tests, evaluation)."""
+        feat, order = self._sorted(obs, types)
+        disc, cont = self._dists(feat, order)
+        return (order.unsort(disc.logits) if disc is not None else None,
+                order.unsort(cont.mean) if cont is not None else None)

@@ -1,7 +1,19 @@
-"""The PPO update (clipped surrogate, clipped value loss, entropy bonus), after CleanRL's ppo.py;
-each sample's loss terms weighted by its env's stability weight when scaling is on."""
+"""The PPO update (clipped surrogate, clipped value loss, entropy bonus), after CleanRL's ppo.py,
+for one policy over many env types:
+
+- value targets: with value_norm=popart, each type's statistics move toward the batch's
+  returns first (the critic's output layer rescaled so its return-space output is kept),
+  then returns and the behaviour values are put in each type's normalized scale, so a
+  +-100-reward type and a +1 type weigh alike in the value loss;
+- advantages (computed in return space by GAE) are normalized per type over the whole
+  batch (adv_norm=per_type), or per minibatch over all rows (batch, CleanRL's way);
+- every sample is trained on each epoch: the batch is cut into ceil(n / minibatch_size)
+  near-equal minibatches, none dropped;
+- each sample's loss terms weighted by its env's stability weight when scaling is on.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,34 +47,55 @@ def concat_blocks(blocks: list[dict], types: list[np.ndarray], device) -> dict:
     }
 
 
+def normalize_per_type(adv: torch.Tensor, types: torch.Tensor, n_types: int) -> torch.Tensor:
+    """(adv - mean_t) / (std_t + 1e-8) with each row's type t; a type with one sample in the
+    batch keeps a zero advantage (no spread to scale by)."""
+    count = torch.bincount(types, minlength=n_types).to(adv.dtype)
+    mean = torch.zeros(n_types, dtype=adv.dtype, device=adv.device).index_add_(0, types, adv) \
+        / count.clamp_min(1)
+    centered = adv - mean[types]
+    var = torch.zeros(n_types, dtype=adv.dtype, device=adv.device).index_add_(0, types, centered ** 2) \
+        / (count - 1).clamp_min(1)
+    return centered / (var.sqrt()[types] + 1e-8)
+
+
+def minibatches(n: int, size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A fresh permutation cut into ceil(n / size) near-equal parts: every sample once."""
+    return torch.tensor_split(torch.randperm(n, generator=generator), max(math.ceil(n / size), 1))
+
+
 def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
                cfg: LearnerSpec, generator: torch.Generator) -> UpdateStats:
-    n = len(batch["adv"])
-    mb = min(cfg.minibatch_size, n)
+    types = batch["types"]
+    n_types = len(policy.popart.mu)
+    if cfg.value_norm == "popart":
+        policy.popart.update(batch["ret"], types, cfg.popart_beta, policy.critic.out)
+    ret = policy.popart.normalize(batch["ret"], types).float()
+    old_value = policy.popart.normalize(batch["value"], types).float()
+    adv_all = batch["adv"]
+    if cfg.adv_norm == "per_type":
+        adv_all = normalize_per_type(adv_all, types, n_types)
+    n = len(adv_all)
     sums = np.zeros(6)
     count = 0
     for _epoch in range(cfg.epochs):
-        perm = torch.randperm(n, generator=generator)
-        for start in range(0, n - mb + 1, mb):
-            idx = perm[start:start + mb]
+        for idx in minibatches(n, cfg.minibatch_size, generator):
             obs = {k: v[idx] for k, v in batch["obs"].items()}
-            logp, entropy, value = policy.evaluate(obs, batch["types"][idx], batch["a_disc"][idx],
+            logp, entropy, value = policy.evaluate(obs, types[idx], batch["a_disc"][idx],
                                                    batch["a_cont"][idx])
-            adv = batch["adv"][idx]
-            if cfg.norm_adv and len(adv) > 1:
+            adv = adv_all[idx]
+            if cfg.adv_norm == "batch" and len(adv) > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             weights = batch["weight"][idx] if "weight" in batch else None
-            terms = weighted_ppo_terms(logp, entropy, value, batch["logp"][idx], batch["value"][idx],
-                                       adv, batch["ret"][idx], cfg.clip_coef, cfg.clip_vloss, weights)
-            pg_loss, v_loss, ent = terms.pg_loss, terms.v_loss, terms.entropy
-            approx_kl, clipfrac = terms.approx_kl, terms.clipfrac
-            loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+            terms = weighted_ppo_terms(logp, entropy, value, batch["logp"][idx], old_value[idx],
+                                       adv, ret[idx], cfg.clip_coef, cfg.clip_vloss, weights)
+            loss = terms.pg_loss - cfg.ent_coef * terms.entropy + cfg.vf_coef * terms.v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
             optimizer.step()
-            sums += [pg_loss.item(), v_loss.item(), ent.item(), approx_kl.item(),
-                     clipfrac.item(), loss.item()]
+            sums += [terms.pg_loss.item(), terms.v_loss.item(), terms.entropy.item(),
+                     terms.approx_kl.item(), terms.clipfrac.item(), loss.item()]
             count += 1
     means = sums / max(count, 1)
     return UpdateStats(*means.tolist(), samples=n)

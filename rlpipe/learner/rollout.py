@@ -5,9 +5,11 @@ When the T-th reward arrives, the value of the current obs bootstraps the block,
 and the block joins the queue of ready rollouts for the next PPO update.
 
 done[t] marks that the episode ended with transition t (terminated, truncated, or cut by an
-env rebuild): no return flows across it. A time-limit truncation still bootstraps: its
-reward gets gamma * V(s_t) added, the value of the last obs standing in for the final obs
-the autoreset replaced.
+env rebuild): no return flows across it. A truncated episode still bootstraps: its reward
+gets gamma * V(final obs) added, the value of the obs the time limit stopped at (the worker
+hands it over in its final-obs rows, since the autoreset replaced it on the board). An
+episode cut by an env rebuild has no final obs: it bootstraps from V(s_t), the value of the
+last obs it had.
 """
 from __future__ import annotations
 
@@ -28,11 +30,15 @@ class SliceRollout:
         self.t = 0
 
     def add_outcome(self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                    gamma: float) -> None:
-        """Reward and end flags of the transition taken at t - 1."""
+                    gamma: float, final_value: np.ndarray | None = None) -> None:
+        """Reward and end flags of the transition taken at t - 1; `final_value`: V(final obs)
+        of the envs whose episode a time limit ended (NaN elsewhere), or None."""
         t = self.t - 1
         timeout = truncated.astype(bool) & ~terminated.astype(bool)
-        self.reward[t] = reward + gamma * self.value[t] * timeout
+        boot = self.value[t]
+        if final_value is not None:
+            boot = np.where(np.isnan(final_value), boot, final_value)
+        self.reward[t] = reward + gamma * boot * timeout
         self.done[t] = terminated.astype(bool) | truncated.astype(bool)
 
     def add_step(self, obs: dict, a_disc, a_cont, logp, value) -> None:

@@ -10,6 +10,10 @@ contract (the message comes from contract.check_obs), or a step past its deadlin
 (StepTimeout). The table records the fault and rebuilds the env by id, and the loop writes
 the step as a cut episode (truncated, no finished stats), as step_one does.
 
+A time-limit truncation (truncated, not terminated) also copies the episode's end obs into
+the env's final-obs rows and sets `final`: the learner bootstraps from V(final obs), which
+the autoreset has replaced on the board. A cut episode has no end obs (`final` stays 0).
+
 The inline step deadline (worker.stepper) watches `armed[0]`: the serial of the step in
 progress, 0 between steps. The loop writes it in C around each env call, so arming is free.
 """
@@ -87,6 +91,7 @@ cdef class StepLoop:
     cdef object table
     cdef list envs
     cdef list writes            # per env: tuple of ObsWrite
+    cdef list final_writes      # per env: tuple of ObsWrite into its final-obs rows (or None)
     cdef list specs             # per env: its type's EnvSpec (for check_obs messages)
     cdef object check_obs
     cdef object violation
@@ -97,12 +102,14 @@ cdef class StepLoop:
     cdef float[::1] r_reward
     cdef uint8_t[::1] r_term
     cdef uint8_t[::1] r_trunc
+    cdef uint8_t[::1] r_final
+    cdef bint has_final
     cdef float[::1] r_ep_return
     cdef int32_t[::1] r_ep_len
     cdef int64_t[::1] armed
 
     def __init__(self, table, list writes, list specs, results: dict, armed, check_obs,
-                 violation, timeout_exc):
+                 violation, timeout_exc, list final_writes=None):
         self.table = table
         self.envs = table.envs           # the same list object: rebuilds are seen at once
         self.writes = writes
@@ -116,6 +123,10 @@ cdef class StepLoop:
         self.r_reward = results["reward"]
         self.r_term = results["terminated"]
         self.r_trunc = results["truncated"]
+        self.final_writes = final_writes
+        self.has_final = final_writes is not None
+        if self.has_final:
+            self.r_final = results["final"]
         self.r_ep_return = results["ep_return"]
         self.r_ep_len = results["ep_len"]
         self.armed = armed
@@ -144,6 +155,18 @@ cdef class StepLoop:
             else:
                 w.row[:] = value.reshape(-1)
 
+    cdef void _write_final(self, Py_ssize_t i, object obs) except *:
+        """Copy a time-limit truncation's end obs (already validated) into env i's final-obs
+        rows: the learner bootstraps the truncated return from its value."""
+        cdef ObsWrite w
+        cdef object value
+        for w in <tuple>self.final_writes[i]:
+            value = (<dict>obs)[w.key]
+            if w.direct and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>value):
+                memcpy(w.dst, cnp.PyArray_DATA(<cnp.ndarray>value), w.nbytes)
+            else:
+                w.row[:] = np.ascontiguousarray(value).reshape(-1)
+
     cdef double _reward(self, object reward) except? -1.0:
         cdef double r
         if type(reward) is float:
@@ -171,7 +194,7 @@ cdef class StepLoop:
         cdef Py_ssize_t i, j
         cdef object env, result, obs
         cdef double r
-        cdef bint term, trunc
+        cdef bint term, trunc, final
         cdef Py_ssize_t env_id
         for j in range(hi - lo):
             i = lo + j
@@ -187,8 +210,12 @@ cdef class StepLoop:
                 r = self._reward((<tuple>result)[1])
                 term = self._flag((<tuple>result)[2])
                 trunc = self._flag((<tuple>result)[3])
+                final = False
                 if term or trunc:
                     self._write_obs(i, obs, False)      # the end obs keeps the contract too
+                    if trunc and not term and self.has_final:
+                        self._write_final(i, obs)
+                        final = True
                     self.r_ep_return[i] = <float>(self.ep_return[i] + r)
                     self.r_ep_len[i] = <int32_t>(self.ep_len[i] + 1)
                     self.ep_return[i] = 0.0
@@ -214,6 +241,8 @@ cdef class StepLoop:
             self.r_reward[i] = <float>r
             self.r_term[i] = term
             self.r_trunc[i] = trunc
+            if self.has_final:
+                self.r_final[i] = final
         return serial
 
     cdef void _cut(self, Py_ssize_t i):
@@ -221,5 +250,7 @@ cdef class StepLoop:
         self.r_reward[i] = 0.0
         self.r_term[i] = 0
         self.r_trunc[i] = 1
+        if self.has_final:
+            self.r_final[i] = 0
         self.r_ep_return[i] = 0.0
         self.r_ep_len[i] = 0

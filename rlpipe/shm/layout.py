@@ -9,7 +9,8 @@ writer notices and stops.
     header (4096 B)     magic, owner generation, pid, OS heartbeat ns, steps, ready envs, awake
     ctrl   n x 64 B     per env: seqlock word at +0 | process-shared mutex at +8 (lock board)
     obs    per key      n x 2 slots (A/B) x stride, stride = nbytes rounded up to 64
-    results             rewards, end flags, episode stats, score, executed action, behaviour logp
+    results             rewards, end flags, episode stats, score, executed action, behaviour logp,
+                        final obs of time-limit truncations (one row per env and key)
     actions             policy action (discrete i32, continuous f32[cont_dim]), logp, alternative
     error ring (1 MiB)  the worker's ERROR records, pulled by the driver's aggregator
 """
@@ -26,7 +27,7 @@ from rlpipe.shm.errorring import ERROR_RING_BYTES
 ALIGN = 64
 HEADER_BYTES = 4096
 CTRL_BYTES = 64
-MAGIC = 0x726C70697065_0001  # "rlpipe" + layout version
+MAGIC = 0x726C70697065_0002  # "rlpipe" + layout version (2: final-obs rows)
 
 # header word offsets (uint64 each)
 H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE = (8 * i for i in range(7))
@@ -73,11 +74,15 @@ class WorkerLayout:
         # worker -> learner, per step: reward (normalized when reward_norm is on) and the raw
         # one, end flags, finished-episode stats, stability score, and the action actually
         # executed with its behaviour log-prob (they differ from the policy's under epsilon).
+        # `final` marks a time-limit truncation whose end obs is in the `final_<key>` rows
+        # (the board already shows the autoreset's obs): the learner bootstraps from it.
         results = fields([("reward", "float32", ()), ("reward_raw", "float32", ()),
                           ("terminated", "uint8", ()), ("truncated", "uint8", ()),
+                          ("final", "uint8", ()),
                           ("ep_return", "float32", ()), ("ep_len", "int32", ()),
                           ("score", "float32", ()), ("exec_discrete", "int32", ()),
-                          ("exec_continuous", "float32", cd), ("behaviour_logp", "float32", ())])
+                          ("exec_continuous", "float32", cd), ("behaviour_logp", "float32", ())]
+                         + [(f"final_{k.name}", k.dtype, k.shape) for k in obs_keys])
         # learner -> worker: the policy's action and log-prob, and a uniform alternative with
         # the policy's log-prob of it (what epsilon-greedy needs for the mixture log-prob).
         actions = fields([("discrete", "int32", ()), ("continuous", "float32", cd),

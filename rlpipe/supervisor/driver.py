@@ -218,7 +218,7 @@ class Driver:
             cpu_affinity=spec.cpu_affinity, sched_fifo=spec.sched_fifo,
             scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
             reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
-            reward_norm_sync_every=spec.reward_norm.sync_every,
+            reward_norm_sync_every=spec.reward_norm.sync_every, reward_norm_gamma=spec.reward_norm.gamma,
             doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid())
         self.ctx = ctx
         g = spec.groups
@@ -489,7 +489,7 @@ class Driver:
                     if self.all_ready_at is None and len(self.slice_first_step) == n_slices:
                         self.all_ready_at = now
                 if learner.update_due:
-                    learner.start_update(self._progress())
+                    learner.start_update()
                 self._log_update(learner.poll_update())
                 if now >= next_check:
                     next_check = now + 1.0
@@ -628,6 +628,7 @@ class Driver:
             "startup_first_step_s": round(first - self.t0, 3) if first else None,
             "all_envs_ready_s": round(self.all_ready_at - self.t0, 3) if self.all_ready_at else None,
             "updates": c.updates,
+            "trained_samples": c.trained_samples,
             "episodes": c.episodes,
             "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None)
                                     for k, v in c.returns.items()},

@@ -18,6 +18,9 @@ from rlpipe.shm.errorring import error_record
 
 
 MAX_BUILD_ATTEMPTS = 10
+# A crashed, quarantined or hung step: the episode is cut (truncated, no finished stats, no
+# end obs), so the learner never joins transitions across the rebuild.
+CUT = (0.0, False, True, 0.0, 0, False)
 
 
 class StepTimeout(BaseException):
@@ -38,7 +41,7 @@ class EnvTable:
 
     def __init__(self, env_lo: int, type_index: np.ndarray, names: tuple[str, ...],
                  specs: tuple[EnvSpec, ...], factories: list, board_keys: tuple[ObsKey, ...],
-                 staging: list[np.ndarray], seed: int):
+                 staging: list[np.ndarray], seed: int, final_staging: list[np.ndarray] | None = None):
         self.env_lo = env_lo
         self.n = len(type_index)
         self.type_index = type_index
@@ -57,6 +60,11 @@ class EnvTable:
         # Per env, the staging views its obs are copied into (built once: no per-step slicing).
         self._rows = [[(staging[k][i].reshape(-1)[:length], key)
                        for k, key, length in self._writes[type_index[i]]] for i in range(self.n)]
+        # ... and the rows a time-limit truncation's end obs goes to (the worker's shared
+        # final-obs area), when the table has one.
+        self._final_rows = None if final_staging is None else [
+            [(final_staging[k][i].reshape(-1)[:length], key) for k, key, length in self._writes[type_index[i]]]
+            for i in range(self.n)]
         self._float_staging = [block for block in staging if block.dtype.kind == "f"]
         self._discrete = [s.action_kind == DISCRETE for s in specs]
         self._cont_n = [s.action_n for s in specs]
@@ -126,8 +134,9 @@ class EnvTable:
                 check_obs(self.specs[t], obs)
 
     def step_one(self, i: int, action) -> tuple:
-        """Step env i; returns (reward, terminated, truncated, finished return, finished length)
-        with length 0 when no episode finished at this step."""
+        """Step env i; returns (reward, terminated, truncated, finished return, finished length,
+        final) with length 0 when no episode finished at this step; `final`: the end obs of a
+        time-limit truncation was written to the env's final-obs rows."""
         t = self.type_index[i]
         env_id = self.env_lo + i
         try:
@@ -143,8 +152,13 @@ class EnvTable:
                 if not isinstance(terminated, (bool, np.bool_)) or not isinstance(truncated, (bool, np.bool_)):
                     raise ContractViolation("terminated and truncated must be bools")
                 terminated, truncated = bool(terminated), bool(truncated)
+            final = False
             if terminated or truncated:
                 check_obs(self.specs[t], obs)      # the end obs in full (finite too), as StepLoop does
+                if truncated and not terminated and self._final_rows is not None:
+                    for view, key in self._final_rows[i]:
+                        view[:] = obs[key].reshape(-1)
+                    final = True
                 finished = (self.ep_return[i] + reward, self.ep_len[i] + 1)
                 self.ep_return[i] = 0.0
                 self.ep_len[i] = 0
@@ -162,8 +176,8 @@ class EnvTable:
             # no finished-episode stats, so the learner never joins transitions across the
             # rebuild) and the env is rebuilt by id; its neighbours go on.
             self.recover(i, exc)
-            return 0.0, False, True, 0.0, 0
-        return reward, terminated, truncated, finished[0], finished[1]
+            return CUT
+        return reward, terminated, truncated, finished[0], finished[1], final
 
     def step_loop(self, results: dict, armed: np.ndarray):
         """The C loop that steps slices of this table straight into `results` (the worker's
@@ -171,8 +185,13 @@ class EnvTable:
         writes = [tuple(ObsWrite(key, shape, dtype, view)
                         for (view, key), (_, shape, dtype) in zip(self._rows[i], self._expected[self.type_index[i]]))
                   for i in range(self.n)]
+        final_writes = None if self._final_rows is None else [
+            tuple(ObsWrite(key, shape, dtype, view)
+                  for (view, key), (_, shape, dtype) in zip(self._final_rows[i], self._expected[self.type_index[i]]))
+            for i in range(self.n)]
         specs = [self.specs[t] for t in self.type_index]
-        return StepLoop(self, writes, specs, results, armed, check_obs, ContractViolation, StepTimeout)
+        return StepLoop(self, writes, specs, results, armed, check_obs, ContractViolation, StepTimeout,
+                        final_writes)
 
     def recover(self, i: int, exc: BaseException) -> None:
         """Env i raised or broke the contract: record it and rebuild the env by id."""
@@ -206,14 +225,15 @@ class EnvTable:
         """Write the slice's step_one results with one bulk write per field (the pool path and
         step_range; the inline path's C StepLoop writes them itself). Hung steps (stepper.HUNG
         after abandon) and NaN/inf obs are cut episodes, like crashes."""
-        cut = (0.0, False, True, 0.0, 0)
-        results = [r if type(r) is tuple else cut for r in results]
-        reward, terminated, truncated, ep_return, ep_len = zip(*results)
+        results = [r if type(r) is tuple else CUT for r in results]
+        reward, terminated, truncated, ep_return, ep_len, final = zip(*results)
         out["reward"][lo:hi] = reward
         out["terminated"][lo:hi] = terminated
         out["truncated"][lo:hi] = truncated
         out["ep_return"][lo:hi] = ep_return
         out["ep_len"][lo:hi] = ep_len
+        if self._final_rows is not None:
+            out["final"][lo:hi] = final
         # NaN/inf check over the whole staged block at once; offenders are quarantined.
         for block in self._float_staging:
             rows = block[lo:hi].reshape(hi - lo, -1)
@@ -225,6 +245,8 @@ class EnvTable:
                     out["truncated"][lo + j] = 1
                     out["ep_return"][lo + j] = 0.0
                     out["ep_len"][lo + j] = 0
+                    if self._final_rows is not None:
+                        out["final"][lo + j] = 0
 
     def step_range(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray, out: dict) -> None:
         """Step envs [lo, hi) through step_one and finish: the Python reference of the C

@@ -72,6 +72,7 @@ class WorkerArgs:
     reward_norm_mode: str           # per_env | global | off
     reward_norm_clip: float | None
     reward_norm_sync_every: int
+    reward_norm_gamma: float        # the learner's discount (return-std modes)
     seed: int
     ready_endpoint: str
     act_endpoint: str
@@ -249,14 +250,16 @@ def run_worker(args: WorkerArgs) -> None:
     row_strides = [s.strides[0] for s in staging]
     factories = [make_factory(node) for node in args.type_nodes]
     table = EnvTable(args.env_lo, args.type_index, args.type_names, args.type_specs, factories,
-                     args.obs_keys, staging, args.seed)
+                     args.obs_keys, staging, args.seed,
+                     final_staging=[views.results[f"final_{k.name}"] for k in args.obs_keys])
     stepper = Stepper(table, args.threads, args.step_timeout_s, views.results, tick=heartbeats)
     bounds = slice_bounds(n, args.slices)
     exit_code = 0
     rnorm_key = f"rlpipe:{args.run_id}:rnorm:{args.worker_id}"
     rnorm = None
     if args.reward_norm_mode != "off":
-        rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip)
+        rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip,
+                                 args.reward_norm_gamma, args.type_index)
         try:    # a replaced worker (or a resumed run) continues its predecessor's statistics
             saved = beat.client.get(rnorm_key)
             if saved:
@@ -343,7 +346,8 @@ def run_worker(args: WorkerArgs) -> None:
                 raw = results["reward"][lo:hi].copy()
                 results["reward_raw"][lo:hi] = raw
                 if rnorm is not None:
-                    results["reward"][lo:hi] = rnorm.normalize(lo, hi, raw)
+                    results["reward"][lo:hi] = rnorm.normalize(
+                        lo, hi, raw, results["terminated"][lo:hi] | results["truncated"][lo:hi])
                 if tracker is not None:
                     ep_len = results["ep_len"][lo:hi]
                     tracker.update(lo, hi, raw, ep_len, cut=results["truncated"][lo:hi].astype(bool) & (ep_len == 0))

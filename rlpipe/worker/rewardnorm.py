@@ -1,36 +1,38 @@
-"""Reward normalization in the worker: Welford running mean/std per env id, vectorized.
+"""Reward normalization in the worker, vectorized over a slice of envs.
 
 Modes (`reward_norm=`):
 
-- ``per_env``: one running (count, mean, M2) per env id of the worker; a reward of env i
-  becomes ``clip((r - mean_i) / (std_i + 1e-8), -clip, clip)`` (the article's formula).
-- ``global``: one running statistic over all envs of the worker (the learner combines the
-  workers' statistics with `RewardNormalizer.merge` for TensorBoard).
+- ``per_env`` / ``per_type`` / ``global``: divide each reward by the running std of the
+  *discounted return* G (G <- gamma * G + r, reset to 0 when an episode ends), with one
+  statistic per env id, per env type (within the worker), or one for the whole worker. No
+  mean is subtracted: a constant +1 reward stays +1 in sign and ordering, so the optimal
+  policy of an episodic task is unchanged. This is Gymnasium's `NormalizeReward` and SB3's
+  `VecNormalize`; gamma is the learner's.
+- ``mean_std``: ``(r - mean_i) / (std_i + 1e-8)`` per env over the rewards themselves, the
+  form of the system this project grew from (docs/origin.md). It shifts rewards, which
+  changes what an episodic task rewards (CartPole's +1 becomes 0): kept for the ablation.
 - ``off``: identity; no statistics are kept (zero cost).
 
-Numerics. Accumulators are float64 (count int64). One step adds one reward per env, which is
-Welford's update done for the whole slice at once (numpy, no Python loop per env); a block of
-several steps per env (`rewards` of shape [T, m]) and the `global` mode use Chan et al.'s
-parallel combine of the batch's two-pass (mean, M2) into the running one. Both are stable for
-reward scales from 1e-8 to 1e8 (tests check them against a float64 two-pass reference).
-Statistics include the reward being normalized (update first, then normalize). `std` is the
-population std sqrt(M2 / count); with one sample it is 0 and the normalized reward is 0.
-Note the 1e-8 in the denominator is absolute: for rewards whose std is itself ~1e-8 the
-output is shrunk (std / (std + 1e-8) = 1/2 at std = 1e-8); that is the article's formula.
+Statistics. Rows of (count, mean, M2) in float64, one per env, per type or one; each step's
+samples are folded in with Chan et al.'s parallel combine grouped by row (per_env: one sample
+per row, which is Welford's update), so mixing scales from 1e-8 to 1e8 stays exact (tests
+check against a float64 two-pass reference). The statistics include the step being
+normalized (update first, then normalize). While a row has fewer than two samples its scale
+is 1 (no spread to divide by yet).
 
 Clip. The normalized reward is clipped to [-clip, clip], default 10.0, the value of
-Gymnasium's `NormalizeReward` / SB3's `VecNormalize(clip_reward=10)`: a 10-sigma reward is an
-outlier whose full size would dominate a PPO batch. `clip=None` disables the clip.
+Gymnasium's `NormalizeReward` / SB3's `VecNormalize(clip_reward=10)`. `clip=None` disables it.
 
-State. `state()` packs the statistics as one compact bytes value per worker (for a Redis
-SET every `reward_norm.sync_every` steps and for checkpoints):
+State. `state()` packs the statistics as one compact bytes value per worker (for a Redis SET
+every `reward_norm.sync_every` steps, and for checkpoints):
 
-    header  "<4sBBHII": magic b"RWNS", version 1, mode code, 0, n_envs, rows
+    header  "<4sBBHII": magic b"RWNS", version 2, mode code, 0, n_envs, rows
     body    count int64[rows], mean float64[rows], M2 float64[rows]   (little-endian)
 
-(rows = n_envs for per_env, 1 for global, 0 for off; 16 + 24 * rows bytes: 1,696 bytes for a
-70-env worker.) `load()` validates magic, version, mode, env count, length and values and
-raises ValueError with a clear message; a restarted worker (same env-id range) restores it.
+(rows = n_envs for per_env and mean_std, the run's type count for per_type, 1 for global, 0
+for off.) The running returns G are not part of it: they belong to episodes in flight, which
+a restarted worker does not continue. `load()` validates everything and raises ValueError
+with a clear message; a restarted worker (same env-id range) restores it.
 """
 from __future__ import annotations
 
@@ -40,84 +42,106 @@ from collections.abc import Iterable
 
 import numpy as np
 
-MODES = ("per_env", "global", "off")
+MODES = ("per_env", "global", "off", "per_type", "mean_std")   # index = the state's mode code
+RETURN_MODES = ("per_env", "per_type", "global")
 EPS = 1e-8
 DEFAULT_CLIP = 10.0
 
 _MAGIC = b"RWNS"
-_VERSION = 1
+_VERSION = 2
 _HEADER = struct.Struct("<4sBBHII")
 
 
 class RewardNormalizer:
     """Running reward statistics for envs [0, n) of one worker (indices are worker-local)."""
 
-    def __init__(self, n: int, mode: str = "per_env", clip: float | None = DEFAULT_CLIP):
+    def __init__(self, n: int, mode: str = "per_env", clip: float | None = DEFAULT_CLIP,
+                 gamma: float = 0.99, type_index: np.ndarray | None = None):
         if mode not in MODES:
             raise ValueError(f"reward_norm mode must be one of {MODES}, got {mode!r}")
         if n < 1:
             raise ValueError(f"RewardNormalizer needs at least one env, got n={n}")
         if clip is not None and not clip > 0:
             raise ValueError(f"reward_norm clip must be > 0 or None, got {clip!r}")
+        if mode == "per_type" and (type_index is None or len(type_index) != n):
+            raise ValueError("reward_norm per_type needs the env type of each of the worker's envs")
         self.n = int(n)
         self.mode = mode
         self.clip = None if clip is None else float(clip)
-        rows = {"per_env": self.n, "global": 1, "off": 0}[mode]
+        self.gamma = float(gamma)
+        # env -> statistics row
+        if mode == "per_type":
+            self.row_of = np.asarray(type_index, dtype=np.int64)
+            rows = int(self.row_of.max()) + 1
+        elif mode == "global":
+            self.row_of, rows = np.zeros(self.n, dtype=np.int64), 1
+        else:
+            self.row_of, rows = np.arange(self.n, dtype=np.int64), (0 if mode == "off" else self.n)
         self.count = np.zeros(rows, dtype=np.int64)
         self.mean = np.zeros(rows, dtype=np.float64)
         self.m2 = np.zeros(rows, dtype=np.float64)
+        self.ret = np.zeros(self.n, dtype=np.float64)   # running discounted return per env
 
     # -- hot path ------------------------------------------------------------------------------
-    def normalize(self, lo: int, hi: int, rewards: np.ndarray) -> np.ndarray:
-        """Add the raw rewards of envs [lo, hi) to the statistics, return them normalized.
-
-        `rewards`: shape [hi - lo] (one step) or [T, hi - lo] (T steps, oldest first; all T
-        are normalized with the statistics after the whole block). Returns float32 of the same
-        shape (mode off: the rewards as float32, possibly the input array itself).
-        """
+    def normalize(self, lo: int, hi: int, rewards: np.ndarray, done: np.ndarray | None = None) -> np.ndarray:
+        """Normalize the raw rewards of envs [lo, hi) for one step (shape [hi - lo]) and fold
+        them into the statistics; `done` marks envs whose episode ended with this step (their
+        running return restarts). Returns float32 (mode off: the rewards as float32, possibly
+        the input array itself). mean_std also takes a [T, hi - lo] block, oldest first,
+        normalized with the statistics after the whole block."""
         r = np.asarray(rewards)
         if self.mode == "off":
             return r.astype(np.float32, copy=False)
-        if r.shape[-1] != hi - lo or r.ndim not in (1, 2):
-            raise ValueError(f"rewards of shape {r.shape} do not match envs [{lo}, {hi})")
+        if r.shape[-1] != hi - lo or r.ndim not in (1, 2) or (r.ndim == 2 and self.mode != "mean_std"):
+            raise ValueError(f"rewards of shape {r.shape} do not match envs [{lo}, {hi}) in mode {self.mode}")
         x = r.astype(np.float64)
-        if self.mode == "per_env":
-            if r.ndim == 1:
-                self._welford(lo, hi, x)
-            else:
-                self._chan(slice(lo, hi), x.shape[0], x.mean(axis=0),
-                           ((x - x.mean(axis=0)) ** 2).sum(axis=0))
+        if self.mode == "mean_std":
+            self.update(lo, hi, x)
             mean, std = self.mean[lo:hi], np.sqrt(self.m2[lo:hi] / self.count[lo:hi])
+            x -= mean
+            x /= std + EPS
         else:
-            self._chan_global(x)
-            mean, std = float(self.mean[0]), math.sqrt(self.m2[0] / self.count[0])
-        x -= mean
-        x /= std + EPS
+            g = self.ret[lo:hi]                         # a view: updated in place
+            g *= self.gamma
+            g += x
+            self.update(lo, hi, g)
+            rows = self.row_of[lo:hi]
+            count = self.count[rows]
+            scale = np.where(count > 1, np.sqrt(self.m2[rows] / np.maximum(count, 1) + EPS), 1.0)
+            x /= scale
+            if done is not None:
+                g[np.asarray(done, dtype=bool)] = 0.0
         if self.clip is not None:
             np.clip(x, -self.clip, self.clip, out=x)
         return x.astype(np.float32)
 
-    def _welford(self, lo: int, hi: int, x: np.ndarray) -> None:
-        count, mean, m2 = self.count[lo:hi], self.mean[lo:hi], self.m2[lo:hi]   # views
-        count += 1
-        delta = x - mean
-        mean += delta / count
-        m2 += delta * (x - mean)
+    def update(self, lo: int, hi: int, x: np.ndarray) -> None:
+        """Fold samples of envs [lo, hi) ([m] or [T, m]) into their rows: Welford per env
+        for one row per env, else Chan's parallel combine of each row's batch."""
+        if self.mode in ("per_env", "mean_std"):
+            self._per_env(lo, hi, x)
+            return
+        rows = self.row_of[lo:hi]
+        nr = len(self.count)
+        nb = np.bincount(rows, minlength=nr)
+        seen = np.flatnonzero(nb)
+        means = np.bincount(rows, weights=x, minlength=nr) / np.maximum(nb, 1)
+        d = x - means[rows]
+        m2b = np.bincount(rows, weights=d * d, minlength=nr)
+        self._chan(seen, nb[seen], means[seen], m2b[seen])
 
-    def _chan_global(self, x: np.ndarray) -> None:
-        """`_chan` into the single global row, in Python scalars (cheaper for one row)."""
-        nb = x.size
-        mb = float(x.sum()) / nb
-        d = (x - mb).ravel()
-        m2b = float(d @ d)
-        na = int(self.count[0])
-        n = na + nb
-        delta = mb - float(self.mean[0])
-        self.mean[0] += delta * (nb / n)
-        self.m2[0] += m2b + delta * delta * (na * (nb / n))
-        self.count[0] = n
+    def _per_env(self, lo: int, hi: int, x: np.ndarray) -> None:
+        if x.ndim == 1:                                    # one step: Welford
+            count, mean, m2 = self.count[lo:hi], self.mean[lo:hi], self.m2[lo:hi]   # views
+            count += 1
+            delta = x - mean
+            mean += delta / count
+            m2 += delta * (x - mean)
+            return
+        mb = x.mean(axis=0)                                # a [T, m] block: Chan
+        self._chan(slice(lo, hi), x.shape[0], mb, ((x - mb) ** 2).sum(axis=0))
 
-    def _chan(self, rows: slice, nb, mb, m2b) -> None:
+    def _chan(self, rows, nb, mb, m2b) -> None:
         """Chan's parallel combine of a batch (nb samples, mean mb, M2 m2b) into `rows`."""
         na = self.count[rows]
         n = na + nb
@@ -161,13 +185,17 @@ class RewardNormalizer:
             raise ValueError(f"reward-norm state is for mode {mode!r}, this normalizer is {self.mode!r}")
         if n != self.n:
             raise ValueError(f"reward-norm state holds {n} envs, this worker has {self.n}")
+        if len(count) != len(self.count):
+            raise ValueError(f"reward-norm state holds {len(count)} statistics rows, this worker "
+                             f"has {len(self.count)} (another type layout)")
         self.count, self.mean, self.m2 = count, mean, m2
 
     @classmethod
     def from_state(cls, data: bytes, clip: float | None = DEFAULT_CLIP) -> "RewardNormalizer":
         """A normalizer rebuilt from a state value (the learner uses it for `stats()`)."""
         mode, n, count, mean, m2 = _parse(data)
-        obj = cls(n, mode, clip)
+        layout = np.full(n, len(count) - 1) if mode == "per_type" else None   # only the row count matters
+        obj = cls(n, mode, clip, type_index=layout)
         obj.count, obj.mean, obj.m2 = count, mean, m2
         return obj
 
@@ -209,8 +237,8 @@ def _parse(data: bytes) -> tuple[str, int, np.ndarray, np.ndarray, np.ndarray]:
     if mode_code >= len(MODES):
         raise ValueError(f"reward-norm state has unknown mode code {mode_code}")
     mode = MODES[mode_code]
-    expected_rows = {"per_env": n, "global": 1, "off": 0}[mode]
-    if rows != expected_rows:
+    expected_rows = {"per_env": n, "mean_std": n, "global": 1, "off": 0}.get(mode, rows)
+    if rows != expected_rows or (mode == "per_type" and rows == 0):
         raise ValueError(f"reward-norm state for mode {mode!r} over {n} envs must have "
                          f"{expected_rows} rows, has {rows}")
     if len(data) != _HEADER.size + 24 * rows:

@@ -1,0 +1,269 @@
+"""One policy over many env types: the type-aware network, PopArt, per-type advantages, reward
+normalization that keeps the optimal policy, and GAE targets (termination, time-limit
+truncation with the final obs's value, an env rebuild's cut) against plain reference loops."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import compose_cfg
+from rlpipe.config import ObsKey, to_plain
+from rlpipe.envs.contract import EnvSpec
+from rlpipe.envs.registry import ActionSpace, MixPlan, plan_mix
+from rlpipe.learner.central import CentralLearner
+from rlpipe.learner.policy import Policy, TypeOrder
+from rlpipe.learner.popart import PopArt
+from rlpipe.learner.ppo import minibatches, normalize_per_type
+from rlpipe.learner.rollout import SliceRollout
+from rlpipe.worker.rewardnorm import RewardNormalizer
+
+STATE = ObsKey("state", (6,), "float32")
+
+
+def _plan(n_per_type: int = 16) -> MixPlan:
+    specs = (EnvSpec({"state": ((4,), "float32")}, "discrete", 2),
+             EnvSpec({"state": ((6,), "float32")}, "discrete", 3),
+             EnvSpec({"state": ((3,), "float32")}, "continuous", 1))
+    env_type = np.tile(np.arange(3, dtype=np.int16), n_per_type)
+    return MixPlan(("a", "b", "c"), specs, env_type, ActionSpace(3, 1), (STATE,))
+
+
+def _policy(seed: int = 0) -> Policy:
+    torch.manual_seed(seed)
+    return Policy(_plan(), (STATE,), (16, 16)).double()
+
+
+def _batch(n: int = 60, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    types = torch.randint(0, 3, (n,), generator=g)
+    return {"state": torch.randn(n, 6, generator=g, dtype=torch.float64)}, types
+
+
+# -- the type-aware network ------------------------------------------------------------------------
+
+def test_type_order_sorts_and_restores_rows():
+    types = torch.tensor([2, 0, 2, 1, 0, 0, 2])
+    order = TypeOrder.of(types)
+    assert order.segments == ((0, 0, 3), (1, 3, 4), (2, 4, 7))
+    x = torch.arange(7)
+    assert torch.equal(order.types, order.sort(types)) and torch.equal(order.unsort(order.sort(x)), x)
+    one = TypeOrder.of(torch.tensor([1, 1, 1]))
+    assert one.perm is None and one.segments == ((1, 0, 3),)
+
+
+def test_each_type_reads_only_its_own_weights():
+    """A batched forward equals each row run alone, and changing one type's input and output
+    layers changes no other type's value or actions."""
+    policy = _policy()
+    obs, types = _batch()
+    logits, mean = policy.dist_params(obs, types)
+    value = policy.value(obs, types)
+    for i in range(0, len(types), 7):                   # row by row: the same numbers
+        lg, mn = policy.dist_params({"state": obs["state"][i:i + 1]}, types[i:i + 1])
+        torch.testing.assert_close(lg[0], logits[i])
+        torch.testing.assert_close(mn[0], mean[i])
+        torch.testing.assert_close(policy.value({"state": obs["state"][i:i + 1]}, types[i:i + 1])[0], value[i])
+    with torch.no_grad():
+        for tower in (policy.critic, policy.actor_disc, policy.actor_cont):
+            tower.inp.weight[1].add_(1.0)
+            tower.out.bias[1].add_(3.0)
+    logits2, mean2 = policy.dist_params(obs, types)
+    value2 = policy.value(obs, types)
+    other, mine = types != 1, types == 1
+    assert torch.equal(logits2[other], logits[other]) and torch.equal(value2[other], value[other])
+    assert torch.equal(mean2[other], mean[other])
+    assert not torch.allclose(value2[mine], value[mine])
+
+
+def test_deterministic_act_is_the_mode():
+    policy = _policy()
+    obs, types = _batch()
+    a_disc, a_cont, _, _ = policy.act(obs, types, deterministic=True)
+    logits, mean = policy.dist_params(obs, types)
+    assert torch.equal(a_disc, logits.argmax(-1))
+    assert torch.equal(a_cont, mean)
+
+
+# -- PopArt ----------------------------------------------------------------------------------------
+
+def test_popart_preserves_outputs_when_statistics_move():
+    policy = _policy()
+    obs, types = _batch(90)
+    before = policy.value(obs, types)
+    rng = np.random.default_rng(0)
+    scale = torch.tensor([1.0, 100.0, 1e4], dtype=torch.float64)
+    for _ in range(5):                               # returns on three very different scales
+        rets = torch.from_numpy(rng.normal(50, 20, len(types))) * scale[types]
+        policy.popart.update(rets, types, 3e-4, policy.critic.out)
+        torch.testing.assert_close(policy.value(obs, types), before, rtol=1e-9, atol=1e-9)
+    assert policy.popart.sigma[2] > 1e4 * policy.popart.sigma[0] / 10      # they did move apart
+    assert not torch.equal(policy.popart.mu, torch.zeros(3, dtype=torch.float64))
+
+
+def test_popart_statistics_are_per_type_and_debiased():
+    rng = np.random.default_rng(1)
+    a = torch.from_numpy(rng.normal(3.0, 2.0, 400))
+    b = torch.from_numpy(rng.normal(-500.0, 80.0, 300))
+    mixed, alone = PopArt(3), PopArt(3)
+    layer = Policy(_plan(), (STATE,), (8,)).double().critic.out
+    mixed.update(torch.cat([a, b]), torch.cat([torch.zeros(400, dtype=torch.long),
+                                              torch.ones(300, dtype=torch.long)]), 3e-4, layer)
+    alone.update(a, torch.zeros(400, dtype=torch.long), 3e-4, layer)
+    # type 0's statistics do not depend on type 1's data; the first batch sets them directly
+    assert mixed.mu[0] == alone.mu[0] and mixed.sigma[0] == alone.sigma[0]
+    assert mixed.mu[0].item() == pytest.approx(a.mean().item(), rel=1e-12)
+    assert mixed.sigma[0].item() == pytest.approx(a.std(unbiased=False).item(), rel=1e-9)
+    assert mixed.mu[1].item() == pytest.approx(b.mean().item(), rel=1e-12)
+    assert mixed.mu[2] == 0 and mixed.sigma[2] == 1                    # unseen type untouched
+
+
+def test_advantages_normalized_per_type_and_every_sample_trained():
+    rng = np.random.default_rng(2)
+    types = torch.from_numpy(rng.integers(0, 3, 500))
+    adv = torch.from_numpy(rng.normal(0, 1, 500)) * torch.tensor([1.0, 100.0, 0.01])[types] + 7
+    out = normalize_per_type(adv, types, 3)
+    for t in range(3):
+        sel = out[types == t]
+        assert sel.mean().abs() < 1e-9 and sel.std().item() == pytest.approx(1.0, rel=1e-5)
+    parts = minibatches(1000, 384, torch.Generator().manual_seed(0))
+    assert len(parts) == 3 and sorted(torch.cat(parts).tolist()) == list(range(1000))
+
+
+# -- reward normalization --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["per_env", "per_type", "global"])
+def test_return_std_normalization_keeps_sign_and_order(mode):
+    """A constant +1 reward (CartPole) stays positive; where envs share a statistic, larger
+    rewards stay larger; the scale is the std of the discounted return, as SB3's
+    VecNormalize computes it (the reference loop below)."""
+    n, gamma = 4, 0.99
+    types = np.array([0, 1, 0, 1])
+    norm = RewardNormalizer(n, mode, clip=None, gamma=gamma, type_index=types)
+    ret = np.zeros(n)
+    seen: dict = {}
+    rng = np.random.default_rng(3)
+    for step in range(300):
+        raw = np.array([1.0, 1.0, 2.0, 2.0]) if step < 100 else rng.normal(0, 5, n)
+        done = np.zeros(n, bool) if step % 50 != 49 else np.array([True, False, True, False])
+        out = norm.normalize(0, n, raw, done)
+        # reference: G <- gamma G + r; statistics over G per row; r / sqrt(var + eps); reset on done
+        ret = ret * gamma + raw
+        rows = {"per_env": np.arange(n), "per_type": types, "global": np.zeros(n, int)}[mode]
+        for i in range(n):
+            seen.setdefault(rows[i], []).append(ret[i])
+        expect = np.array([raw[i] / (np.sqrt(np.var(seen[rows[i]]) + 1e-8) if len(seen[rows[i]]) > 1 else 1.0)
+                           for i in range(n)])
+        np.testing.assert_allclose(out, expect, rtol=2e-6)
+        ret[done] = 0.0
+        if step < 100:
+            assert (out > 0).all()                     # +1 and +2 stay rewards, not penalties
+            if mode != "per_env":                      # envs sharing a statistic keep their order
+                assert out[2] > out[0] and out[3] > out[1]
+    mean_std = RewardNormalizer(2, "mean_std", clip=None)
+    for _ in range(50):
+        shifted = mean_std.normalize(0, 2, np.array([1.0, 1.0]))
+    assert (shifted == 0).all()          # the article's form removes a constant reward entirely
+
+
+def test_reward_statistics_round_trip_in_every_mode():
+    rng = np.random.default_rng(4)
+    for mode in ("per_env", "per_type", "global", "mean_std"):
+        types = np.array([3, 0, 3, 1, 0])
+        a = RewardNormalizer(5, mode, gamma=0.9, type_index=types)
+        for _ in range(30):
+            a.normalize(0, 5, rng.normal(0, 10, 5), rng.random(5) < 0.1)
+        b = RewardNormalizer(5, mode, gamma=0.9, type_index=types)
+        b.load(a.state())
+        assert b.state() == a.state()
+        np.testing.assert_array_equal(b.m2, a.m2)
+    with pytest.raises(ValueError, match="statistics rows"):      # another type layout
+        RewardNormalizer(5, "per_type", type_index=np.zeros(5, int)).load(
+            RewardNormalizer(5, "per_type", type_index=np.array([3, 0, 3, 1, 0])).state())
+
+
+# -- GAE targets -----------------------------------------------------------------------------------
+
+def _reference_gae(rewards, values, next_value, terminated, truncated, boot, gamma, lam):
+    """Textbook GAE, one env, written the slow way: a time-limit truncation adds
+    gamma * boot[t] to its reward (boot: V(final obs), or V(s_t) for a cut) and stops the trace."""
+    T = len(rewards)
+    adv = np.zeros(T)
+    last = 0.0
+    for t in reversed(range(T)):
+        done = terminated[t] or truncated[t]
+        r = rewards[t] + (gamma * boot[t] if truncated[t] and not terminated[t] else 0.0)
+        nv = next_value if t == T - 1 else values[t + 1]
+        delta = r + gamma * nv * (1 - done) - values[t]
+        last = delta + gamma * lam * (1 - done) * last
+        adv[t] = last
+    return adv, adv + values
+
+
+def test_gae_matches_the_reference_for_termination_truncation_and_cut():
+    gamma, lam, T, n = 0.97, 0.9, 12, 3
+    rng = np.random.default_rng(5)
+    ro = SliceRollout(n, T, (ObsKey("state", (2,), "float32"),), 1)
+    rewards = rng.normal(0, 1, (T, n)).astype(np.float32)
+    values = rng.normal(0, 1, (T, n)).astype(np.float32)
+    terminated = np.zeros((T, n), bool)
+    truncated = np.zeros((T, n), bool)
+    terminated[4, 0] = True                        # env 0: an episode terminates
+    truncated[6, 1] = True                         # env 1: a time limit, with its final obs's value
+    truncated[8, 2] = True                         # env 2: an env rebuild cut (no final obs)
+    final_value = np.full((T, n), np.nan, np.float32)
+    final_value[6, 1] = 42.0
+    for t in range(T):
+        if t:
+            ro.add_outcome(rewards[t - 1], terminated[t - 1], truncated[t - 1], gamma, final_value[t - 1])
+        ro.add_step({"state": np.zeros((n, 2), np.float32)}, np.zeros(n), np.zeros((n, 1)), np.zeros(n),
+                    values[t])
+    ro.t = T                                        # the T-th outcome arrives with the next obs
+    ro.add_outcome(rewards[T - 1], terminated[T - 1], truncated[T - 1], gamma, final_value[T - 1])
+    next_value = rng.normal(0, 1, n).astype(np.float32)
+    block = ro.finish(next_value, gamma, lam)
+    adv = block["adv"].reshape(T, n)
+    for i in range(n):
+        boot = np.where(np.isnan(final_value[:, i]), values[:, i], final_value[:, i])
+        ref_adv, ref_ret = _reference_gae(rewards[:, i].astype(np.float64), values[:, i].astype(np.float64),
+                                          float(next_value[i]), terminated[:, i], truncated[:, i], boot,
+                                          gamma, lam)
+        np.testing.assert_allclose(adv[:, i], ref_adv, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(block["ret"].reshape(T, n)[:, i], ref_ret, rtol=1e-5, atol=1e-5)
+    # the truncation bootstrapped from 42 (the final obs), not from V(s_t)
+    assert adv[6, 1] == pytest.approx(rewards[6, 1] + gamma * 42.0 - values[6, 1], rel=1e-5)
+
+
+# -- the learner -----------------------------------------------------------------------------------
+
+def _learner(*overrides: str) -> CentralLearner:
+    spec = to_plain(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", *overrides]))
+    return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys))
+
+
+def test_learning_rate_anneals_by_env_steps_not_time():
+    learner = _learner("run.total_env_steps=1000", "learner.learning_rate=0.01")
+    assert learner.lr_now() == 0.01
+    learner.counters.env_steps = 250
+    assert learner.lr_now() == pytest.approx(0.0075)
+    learner.counters.env_steps = 5000
+    assert learner.lr_now() == pytest.approx(0.0002)                   # floor: 2 % of the base
+    timed = _learner("run.total_env_steps=null", "run.duration_s=60", "learner.learning_rate=0.01")
+    timed.counters.env_steps = 10**9
+    assert timed.lr_now() == 0.01                                       # duration only: constant
+
+
+def test_resume_restores_popart_statistics_exactly():
+    a = _learner()
+    n = 256
+    types = torch.arange(4).repeat(n // 4)
+    a.policy.popart.update(torch.randn(n, dtype=torch.float64) * 100, types, 3e-4, a.policy.critic.out)
+    a.counters.env_steps, a.counters.trained_samples = 1234, 999
+    payload = a.checkpoint_payload()
+    b = _learner()
+    b.restore(payload)
+    for (k, va), (_, vb) in zip(a.policy.state_dict().items(), b.policy.state_dict().items()):
+        assert torch.equal(va, vb), k
+    assert torch.equal(b.actor.popart.sigma, a.policy.popart.sigma)   # the serving copy too
+    assert b.counters.trained_samples == 999
+    assert not torch.equal(b.policy.popart.sigma, torch.ones(4, dtype=torch.float64))
