@@ -169,6 +169,8 @@ class RunSchema:
 class LoggingSchema:
     progress_interval_s: float = 10.0
     aggregate_interval_s: float = 60.0
+    random_return_episodes: int = 20
+    random_return_budget_s: float = 30.0
 
 
 @dataclass
@@ -328,6 +330,8 @@ class RunSpec:
     seed: int
     progress_interval_s: float
     aggregate_interval_s: float
+    random_return_episodes: int     # random-action episodes per type behind the "learned" verdicts (0: none)
+    random_return_budget_s: float   # ... and the most seconds spent on one type
 
 
 def _fail(key: str, value: Any, allowed: str) -> None:
@@ -338,6 +342,12 @@ def _fail(key: str, value: Any, allowed: str) -> None:
 def _positive_int(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         _fail(key, value, "allowed is a positive integer")
+    return value
+
+
+def _count(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(key, value, "allowed is an integer >= 0")
     return value
 
 
@@ -588,4 +598,7 @@ def to_plain(cfg: DictConfig) -> RunSpec:
                                              cfg.logging.progress_interval_s),
         aggregate_interval_s=_positive_number("logging.aggregate_interval_s",
                                               cfg.logging.aggregate_interval_s),
+        random_return_episodes=_count("logging.random_return_episodes", cfg.logging.random_return_episodes),
+        random_return_budget_s=_positive_number("logging.random_return_budget_s",
+                                                cfg.logging.random_return_budget_s),
     )

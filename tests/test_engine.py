@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO, read_summary, rlpipe_cmd, run_cli, run_leftovers
 
 SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps", "wall_s", "sps",
-                "startup_first_step_s", "all_envs_ready_s", "updates", "episodes",
-                "mean_return_last100", "peak_rss_mb", "shm_bytes", "faults", "board",
+                "startup_first_step_s", "all_envs_ready_s", "updates", "trained_samples", "episodes",
+                "mean_return_last100", "random_return", "learned", "peak_rss_mb", "shm_bytes", "faults", "board",
                 "cgroup_driver", "redis", "env_versions", "loss_std", "loss_std_checkpoints",
                 "resumed_from_step", "dist"}
 
@@ -48,8 +48,10 @@ def assert_nothing_left(run_dir, driver_pid):
 
 def test_short_run_learns_and_cleans_up(short_tmp):
     run_dir = short_tmp / "run"
+    # reward_norm=per_env scales by the std of the discounted return: CartPole's +1 keeps its
+    # meaning (the mean-shifting form would turn it into 0 and nothing would be learned)
     out = run_cli(run_dir, "env_mix=cartpole", "env_count=32", "run.total_env_steps=60000",
-                  "run.duration_s=240")
+                  "run.duration_s=240", "reward_norm=per_env")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert SUMMARY_KEYS <= set(summary)
@@ -59,6 +61,9 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     assert summary["updates"] > 10
     # Random CartPole lasts ~22 steps; a learning policy is well past that after 60k steps.
     assert summary["mean_return_last100"]["cartpole"] > 60
+    assert 10 < summary["random_return"]["cartpole"] < 40      # measured beside the run
+    assert summary["learned"] == {"cartpole": "learned"}
+    assert summary["trained_samples"] >= summary["updates"] * 32 * 32   # update_envs x rollout_len
     assert summary["redis"] == "embedded"
     assert summary["sps"] > 0 and summary["peak_rss_mb"] > 0 and summary["shm_bytes"] > 0
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))

@@ -23,6 +23,7 @@ import zmq
 
 import rlpipe
 from rlpipe.config import RunSpec
+from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix, preload_modules
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.slices import SliceRef
@@ -145,6 +146,7 @@ class Driver:
         self.next_memory_tb = 0.0
         self.unspawned: list[WorkerHandle] = []
         self.next_spawn = 0.0
+        self.random_probe = None    # the child measuring each type's random-action return
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -248,6 +250,10 @@ class Driver:
         self._phase(f"{len(self.handles) - len(self.unspawned)} hot workers started")
         if self.learner is None:
             self._build_learner()   # while the hot workers build their envs
+        if not self.learner.random:
+            self.random_probe = random_return.start(
+                ctx, {t.name: t.node for t in spec.env_types}, self.run_dir, spec.random_return_episodes,
+                spec.random_return_budget_s, spec.seed + 99)
         self.memory.start()
         self.rcli.hset(f"rlpipe:{self.run_id}:run", "state", "running")
         self.started = True
@@ -545,6 +551,7 @@ class Driver:
         failure cannot leave the rest behind."""
         steps = [
             lambda: self._continue_stopped(),
+            lambda: random_return.stop(self.random_probe),
             lambda: stop_workers(self.handles),
             lambda: self._final_errors(),
             lambda: self._checkpoint() if self.learner and not self.learner.random and self.started else None,
@@ -617,6 +624,7 @@ class Driver:
         half = self.t0 + (end - self.t0) / 2
         late_losses = [loss for t, loss in c.losses if t >= half]
         faults = fault_counts(self.run_dir / "lifecycle.sqlite")
+        randoms = random_return.read_results(self.run_dir)
         return {
             "stage": self.spec.stage,
             "env_count": self.spec.env_count,
@@ -632,6 +640,8 @@ class Driver:
             "episodes": c.episodes,
             "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None)
                                     for k, v in c.returns.items()},
+            "random_return": {k: round(v["mean"], 3) for k, v in randoms.items() if v.get("mean") is not None},
+            "learned": {k: random_return.verdict(list(v), randoms.get(k)) for k, v in c.returns.items()},
             "peak_rss_mb": round(self.memory.peak_bytes / 2**20, 1),
             "shm_bytes": sum(h.layout.size for h in self.handles if h.generation > 0),
             "faults": faults,
@@ -666,9 +676,15 @@ class Driver:
         for name, value in result["mean_return_last100"].items():
             if value is not None:
                 metrics[f"hparams/return/{name}"] = value
+                if name in result["random_return"]:
+                    metrics[f"hparams/return_over_random/{name}"] = value - result["random_return"][name]
         from rlpipe.telemetry.tb import RunBoard
         board = RunBoard(self.run_dir, None)
         board.hparams(hparams, metrics)
+        board.text("learning/per_type", "\n".join(
+            f"{name}: return {result['mean_return_last100'][name]}, random "
+            f"{result['random_return'].get(name, 'unknown')}: {verdict}"
+            for name, verdict in result["learned"].items()), result["env_steps"])
         board.close()
 
     def run(self) -> int:

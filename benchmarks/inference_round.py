@@ -1,0 +1,110 @@
+"""What one central-inference round costs the learner: the policy's forward over every env's obs.
+
+    python benchmarks/inference_round.py                          # +stage=day4: 7,000 seed12 envs
+    python benchmarks/inference_round.py --baseline-rev 8b93796   # ... beside the policy of a git revision
+    python benchmarks/inference_round.py --overrides env_mix=cartpole env_count=7000
+
+The batch is the stage's plan (types as the run assigns them, one row per env, random obs
+of the board's keys and dtypes); the policy is built from the composed config as the learner
+builds it, and called as the learner calls it (`act_explore` when scaling is on, else `act`),
+with `learner.torch_threads` threads. With `--baseline-rev`, the `rlpipe/learner/policy.py`
+of that revision is loaded from git and timed on the same batch, the two interleaved round
+by round so machine drift hits both. Prints the median and p90 ms per round of each and the
+ratio of medians.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from rlpipe.config import conf_dir, register_schema, to_plain  # noqa: E402
+from rlpipe.envs.registry import plan_mix  # noqa: E402
+
+
+def policy_class(rev: str | None):
+    if rev is None:
+        from rlpipe.learner.policy import Policy
+        return Policy
+    source = subprocess.run(["git", "show", f"{rev}:rlpipe/learner/policy.py"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp(prefix="rlpipe_policy_")) / f"policy_{rev}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"policy_{rev}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Policy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--overrides", nargs="*", default=["+stage=day4"])
+    ap.add_argument("--baseline-rev", default=None)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    register_schema()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        spec = to_plain(compose(config_name="config", overrides=args.overrides))
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    lc = spec.learner
+    torch.set_num_threads(lc.torch_threads)
+    rng = np.random.default_rng(0)
+    obs = {}
+    for k in plan.obs_keys:
+        shape = (spec.env_count,) + k.shape
+        obs[k.name] = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8) if k.dtype == "uint8"
+                                       else rng.normal(size=shape).astype(k.dtype))
+    types = torch.from_numpy(plan.env_type.astype(np.int64))
+    contenders = {"current": policy_class(None)}
+    if args.baseline_rev:
+        contenders[args.baseline_rev] = policy_class(args.baseline_rev)
+    policies = {name: cls(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
+                for name, cls in contenders.items()}
+    gen = torch.Generator().manual_seed(1)
+
+    def one(policy) -> float:
+        t0 = time.perf_counter()
+        if spec.scaling.enabled:
+            policy.act_explore(obs, types, gen)
+        else:
+            policy.act(obs, types)
+        return (time.perf_counter() - t0) * 1e3
+
+    for p in policies.values():           # warm-up: allocator, first-call paths
+        one(p)
+    times = {name: [] for name in policies}
+    for _ in range(args.rounds):
+        for name, p in policies.items():
+            times[name].append(one(p))
+    rows = {name: {"median_ms": statistics.median(t), "p90_ms": float(np.percentile(t, 90))}
+            for name, t in times.items()}
+    rgb = sum(1 for t in plan.env_type if "rgb" in plan.specs[t].obs)
+    print(f"inference round: {spec.env_count} rows ({rgb} with rgb), {len(plan.names)} types, "
+          f"{'act_explore' if spec.scaling.enabled else 'act'}, {lc.torch_threads} torch thread(s), "
+          f"{args.rounds} rounds")
+    for name, r in rows.items():
+        print(f"  {name}: median {r['median_ms']:.1f} ms, p90 {r['p90_ms']:.1f} ms")
+    if args.baseline_rev:
+        ratio = rows["current"]["median_ms"] / rows[args.baseline_rev]["median_ms"]
+        print(f"  current / {args.baseline_rev} (median): {ratio:.3f}")
+        rows["ratio"] = ratio
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
