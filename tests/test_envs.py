@@ -274,7 +274,10 @@ class _Float64Walk(EnvInterface):
 
     def step(self, env_id, action):
         self.t += 1
-        return {"state": self.rng.normal(size=3) * 1e3}, float(action), False, self.t >= 5, {}
+        obs = {"state": self.rng.normal(size=3) * 1e3}
+        if self.t >= 5:
+            self.end_obs = obs["state"]            # what the final-obs rows must hold
+        return obs, float(action), False, self.t >= 5, {}
 
     def close(self, env_id):
         pass
@@ -305,6 +308,9 @@ def test_c_step_loop_casts_obs_whose_dtype_differs_from_the_board():
         for key in ref_out:
             np.testing.assert_array_equal(fast_out[key], ref_out[key])
         finals += int(fast_out["final"].sum())
+        if fast_out["final"].any():
+            for i in range(n):
+                assert np.array_equal(fast_final[i, :3], fast.envs[i].end_obs.astype(np.float32))
     assert finals == 2 * n and (fast_final[:, :3] != -7).all()    # steps 5 and 10 truncate
     assert (fast_rows[:, 3:] == -7).all() and (fast_final[:, 3:] == -7).all()   # nothing past the 3 values
     assert np.abs(fast_rows[:, :3]).max() > 10 and not fast.faults
