@@ -1,4 +1,4 @@
-"""Emulators of the article's troublemakers: unity_sim, physics_sim, web_sim, faulty.
+"""Emulators of the original system's troublemakers: unity_sim, physics_sim, web_sim, faulty.
 
 Each does real work (renders real pixels, integrates real dynamics, builds and parses real
 pages, allocates real memory); the trouble it emulates is on top of that work, and every rate,

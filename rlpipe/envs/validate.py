@@ -1,4 +1,4 @@
-"""day0: validate every env type of the mix (DESIGN §5), no learner and no workers.
+"""day0: validate every env type of the mix (docs/architecture.md), no learner and no workers.
 
 `python -m rlpipe +stage=day0 env_mix=seed12` (run.mode=validate). For each type:
 1. describe it and check that its obs fit the buffer (as the driver's plan does);

@@ -161,7 +161,7 @@ cdef extern from *:
         return retries;
     }
 
-    /* The article's double buffer, kept for the ablation and as the stress tests' negative
+    /* The original double buffer (docs/origin.md), kept for the ablation and as the stress tests' negative
        control: read the published slot with no re-check. It can return torn rows. */
     static void rl_unchecked_gather(uint8_t* base, int64_t ctrl_off, int nkeys,
                                     const int64_t* key_off, const int64_t* stride,
@@ -407,7 +407,7 @@ cdef class BoardView:
         return r
 
     def gather_unchecked(self, ptrs, row_strides, int64_t env_lo, int64_t count, idx=0):
-        """The article's double-buffer read (published slot, no re-check): for the ablation
+        """The original double-buffer read (published slot, no re-check): for the ablation
         and as the negative control of the torn-read tests. May return torn rows."""
         cdef uint8_t* dst[MAX_KEYS]
         cdef int64_t dstride[MAX_KEYS]

@@ -358,7 +358,7 @@ def _first_line(text: str) -> str:
 
 
 def error_record(env_id, env_type, exc: BaseException, ts: float | None = None) -> dict:
-    """The ERROR record a worker writes for an exception of env `env_id` (DESIGN §4, §6)."""
+    """The ERROR record a worker writes for an exception of env `env_id` (docs/architecture.md)."""
     text = format_exc_text(exc)
     message = _first_line(str(exc))
     if len(message) > MESSAGE_CHARS:

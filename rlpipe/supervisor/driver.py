@@ -77,7 +77,7 @@ def git_commit() -> str:
 
 
 def env_version(node: dict, commit: str) -> str:
-    """Hash of the type's config + package version + git commit (DESIGN §3)."""
+    """Hash of the type's config + package version + git commit (docs/architecture.md)."""
     text = json.dumps(node, sort_keys=True, default=str) + rlpipe.__version__ + commit
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -314,7 +314,7 @@ class Driver:
 
     def _after_update(self, progress: float) -> None:
         """Loss-variance checkpoints: the std of the total loss over the last window of updates
-        when the run passes each configured fraction (the article's 12/24/36 h)."""
+        when the run passes each configured fraction (the original system's 12/24/36 h)."""
         lc = self.spec.learner
         losses = self.learner.counters.losses
         for f in lc.loss_std_at:
@@ -577,7 +577,7 @@ class Driver:
 
     def _memory_curves(self) -> None:
         """Memory of the whole run (PSS, sampled by PeakMemory) and each worker's RSS from its
-        Redis beat: the article's RSS curves, per worker group."""
+        Redis beat: the original system's RSS curves, per worker group."""
         values = {"memory/pss_mb": self.memory.last_bytes / 2**20}
         try:
             pipe = self.rcli.pipeline(transaction=False)

@@ -1,5 +1,5 @@
 """The error aggregator: pulls every worker's error ring, counts by stack-trace hash, and
-keeps `errors_top10.md` in the run directory up to date (DESIGN §6, §7).
+keeps `errors_top10.md` in the run directory up to date (docs/architecture.md, Control plane).
 
 The driver owns one ErrorAggregator. Each worker's ring (rlpipe.shm.errorring, in the
 worker's segment) is added when the worker starts and drained + removed when it is replaced

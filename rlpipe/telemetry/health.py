@@ -1,5 +1,5 @@
 """The health report of a finished (or interrupted) run: `health_report.md` plus PNG plots in
-the run directory (DESIGN §5 day6, §7).
+the run directory (the day6 stage, docs/architecture.md).
 
 Everything in it is read back from the run's own files (summary.json, tb/, lifecycle.sqlite,
 errors_top10.md, checkpoints/, .hydra/overrides.yaml): never from config. An input that is
