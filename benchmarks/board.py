@@ -55,7 +55,7 @@ GEN = 1
 
 def make_board(buffer: str, n_envs: int, locked: bool, rgb_dtype: str | None = None):
     """Create a worker segment for conf/buffer/<buffer>.yaml; returns (segment, geometry)."""
-    from rlpipe.config import ObsKey
+    from rlpipe.spec import ObsKey
     from rlpipe.shm.layout import H_GENERATION, WorkerLayout, WorkerViews
     import yaml
 

@@ -146,7 +146,7 @@ def test_soak_chaos_1000_envs(short_tmp):
     run_dir = short_tmp / "run"
     out = run_cli(run_dir, "+stage=day5", "env_count=1000", "run.duration_s=600", timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    from rlpipe.supervisor.recovery import recovery_report
+    from rlpipe.lifecycle.recovery import recovery_report
     report = recovery_report(run_dir / "lifecycle.sqlite")
     report.pop("events", None)
     print("SOAK", json.dumps(report))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlpipe.config import ConfigError, ObsKey
+from rlpipe.spec import ConfigError, ObsKey
 
 DISCRETE, CONTINUOUS = "discrete", "continuous"
 

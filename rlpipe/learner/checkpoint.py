@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlpipe.config import ConfigError
+from rlpipe.spec import ConfigError
 from rlpipe.shm.segment import pid_alive
 
 log = logging.getLogger(__name__)

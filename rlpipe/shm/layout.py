@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlpipe.config import ObsKey
+from rlpipe.spec import ObsKey
 from rlpipe.native.board import BoardView, load_u64, store_u64
 from rlpipe.shm.errorring import ERROR_RING_BYTES
 

@@ -27,6 +27,7 @@ from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix, preload_modules
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.slices import SliceRef
+from rlpipe.protocol import RING, epsilon_channel, reward_stats_key, run_key, worker_key
 from rlpipe.redis_client import connect as redis_client
 from rlpipe.shm.layout import H_AWAKE
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
@@ -34,13 +35,12 @@ from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
 from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
-from rlpipe.supervisor.lifecycle import LifecycleWriter, fault_counts
+from rlpipe.lifecycle import LifecycleWriter, fault_counts
 from rlpipe.supervisor.memory import PeakMemory
 from rlpipe.supervisor.redis_service import RedisService
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import WorkerHandle, group_ranges, stop_workers, worker_context
 from rlpipe.telemetry.progress import Progress
-from rlpipe.worker.doorbell import RING
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
 from rlpipe.worker.rewardnorm import RewardNormalizer
@@ -190,7 +190,7 @@ class Driver:
         self.redis.start()
         self._phase(f"redis ({self.redis.mode}) up")
         self.rcli = redis_client(self.redis.url)
-        self.rcli.hset(f"rlpipe:{self.run_id}:run", mapping={
+        self.rcli.hset(run_key(self.run_id), mapping={
             "state": "starting", "pid": os.getpid(), "env_count": spec.env_count,
             "run_dir": str(self.run_dir)})
         lifecycle_ep = f"ipc://{self.sock_dir}/lifecycle.ipc"
@@ -255,7 +255,7 @@ class Driver:
                 ctx, {t.name: t.node for t in spec.env_types}, self.run_dir, spec.random_return_episodes,
                 spec.random_return_budget_s, spec.seed + 99)
         self.memory.start()
-        self.rcli.hset(f"rlpipe:{self.run_id}:run", "state", "running")
+        self.rcli.hset(run_key(self.run_id), "state", "running")
         self.started = True
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -265,7 +265,7 @@ class Driver:
 
     def _rnorm_keys(self) -> list[str]:
         n_workers = -(-self.spec.env_count // self.spec.group_size)
-        return [f"rlpipe:{self.run_id}:rnorm:{k}" for k in range(n_workers)]
+        return [reward_stats_key(self.run_id, k) for k in range(n_workers)]
 
     def _resume(self) -> None:
         """Continue from the newest loadable checkpoint of this run directory; the workers'
@@ -334,7 +334,7 @@ class Driver:
             pipe = self.rcli.pipeline(transaction=False)
             for h in self.handles:
                 if h.awake:
-                    pipe.publish(f"rlpipe:{self.run_id}:eps:{h.worker_id}",
+                    pipe.publish(epsilon_channel(self.run_id, h.worker_id),
                                  pack_epsilons(h.env_lo, self.learner.epsilons(h.env_lo, h.env_hi)))
             pipe.execute()
         except redis.RedisError:
@@ -582,7 +582,7 @@ class Driver:
         try:
             pipe = self.rcli.pipeline(transaction=False)
             for h in self.handles:
-                pipe.hget(f"rlpipe:{self.run_id}:worker:{h.worker_id}", "rss_mb")
+                pipe.hget(worker_key(self.run_id, h.worker_id), "rss_mb")
             rss = [float(v) for v in pipe.execute() if v is not None]
         except redis.RedisError:
             rss = []

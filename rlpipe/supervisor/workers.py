@@ -12,7 +12,7 @@ from rlpipe.envs.registry import MixPlan
 from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
 from rlpipe.shm.errorring import ErrorRing
 from rlpipe.shm.segment import Segment, segment_name
-from rlpipe.worker.doorbell import ACT, STOP_SLICE, slice_bounds
+from rlpipe.protocol import ACT, STOP_SLICE, slice_bounds
 from rlpipe.worker.process import WorkerArgs, run_worker
 
 WORKER_PRELOAD = ["rlpipe.worker.process"]

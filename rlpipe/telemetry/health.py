@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rlpipe.supervisor.lifecycle import FAULT_KINDS, _connect_ro
-from rlpipe.supervisor.recovery import recovery_report, restart_reasons
+from rlpipe.lifecycle import FAULT_KINDS, connect_ro
+from rlpipe.lifecycle.recovery import recovery_report, restart_reasons
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def _load_db(run_dir: Path) -> tuple[Path | None, str]:
     if not path.is_file():
         return None, "missing"
     try:
-        with contextlib.closing(_connect_ro(path)) as db:
+        with contextlib.closing(connect_ro(path)) as db:
             n = db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
     except sqlite3.DatabaseError as e:
         return None, f"unreadable ({e})"
@@ -144,7 +144,7 @@ def load_run(run_dir: Path) -> RunFiles:
 
 
 def _query(db_path: Path, sql: str, args: tuple = ()) -> list[tuple]:
-    with contextlib.closing(_connect_ro(db_path)) as db:
+    with contextlib.closing(connect_ro(db_path)) as db:
         return db.execute(sql, args).fetchall()
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlpipe.config import ObsKey
+from rlpipe.spec import ObsKey
 from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_obs
 from rlpipe.native.steploop import ObsWrite, StepLoop
 from rlpipe.shm.errorring import error_record

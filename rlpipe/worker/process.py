@@ -19,16 +19,17 @@ import redis
 import zmq
 
 from rlpipe import redis_client
-from rlpipe.config import ObsKey
+from rlpipe.spec import ObsKey
 from rlpipe.envs.contract import CONTINUOUS, EnvSpec
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
+from rlpipe.protocol import (ACT, RING, STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
+                             worker_key)
 from rlpipe.shm.layout import (H_AWAKE, H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
                                 WorkerViews)
 from rlpipe.shm.errorring import ErrorRing
 from rlpipe.shm.segment import Segment
-from rlpipe.supervisor.lifecycle import LifecycleClient
-from rlpipe.worker.doorbell import ACT, RING, STOP_SLICE, slice_bounds
+from rlpipe.lifecycle import LifecycleClient
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy, unpack_epsilons
 from rlpipe.worker.rewardnorm import RewardNormalizer
@@ -231,7 +232,7 @@ def run_worker(args: WorkerArgs) -> None:
     act.setsockopt(zmq.LINGER, 0)
     act.setsockopt(zmq.RCVHWM, 1000)
     act.connect(args.act_endpoint)
-    beat = _Heartbeat(args.redis_url, f"rlpipe:{args.run_id}:worker:{args.worker_id}",
+    beat = _Heartbeat(args.redis_url, worker_key(args.run_id, args.worker_id),
                       args.heartbeat_redis_interval_s)
     steps = 0
     next_signal = 0.0
@@ -255,7 +256,7 @@ def run_worker(args: WorkerArgs) -> None:
     stepper = Stepper(table, args.threads, args.step_timeout_s, views.results, tick=heartbeats)
     bounds = slice_bounds(n, args.slices)
     exit_code = 0
-    rnorm_key = f"rlpipe:{args.run_id}:rnorm:{args.worker_id}"
+    rnorm_key = reward_stats_key(args.run_id, args.worker_id)
     rnorm = None
     if args.reward_norm_mode != "off":
         rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip,
@@ -272,7 +273,7 @@ def run_worker(args: WorkerArgs) -> None:
         specs = [args.type_specs[t] for t in args.type_index]
         explore = EpsilonGreedy(np.array([s.action_kind == CONTINUOUS for s in specs]),
                                 np.array([s.action_n for s in specs]), seed=args.seed + 7919 * args.worker_id)
-        feed = _EpsilonFeed(beat.client, f"rlpipe:{args.run_id}:eps:{args.worker_id}", args.env_lo,
+        feed = _EpsilonFeed(beat.client, epsilon_channel(args.run_id, args.worker_id), args.env_lo,
                             explore)
     next_rnorm_sync = args.reward_norm_sync_every * n
 
