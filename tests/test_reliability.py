@@ -11,6 +11,7 @@ import time
 
 import psutil
 import pytest
+import redis
 
 from conftest import REPO, read_summary, rlpipe_cmd, run_cli, run_leftovers
 from rlpipe.redis_client import connect, keepalive_options
@@ -137,6 +138,19 @@ def test_redis_client_keepalive_and_health_checks():
         assert sorted(keepalive_options().values()) == [3, 10, 60]
     unix = connect("unix:///tmp/nothing.sock").connection_pool.connection_kwargs
     assert "socket_keepalive" not in unix and unix["socket_timeout"] == 2.0
+
+
+def test_redis_client_retries_connection_errors_with_backoff():
+    """A failed connect is retried twice with exponential backoff (50 ms, 100 ms); only
+    connection errors are retried, so a hanging Redis costs one timeout, not three."""
+    client = connect("unix:///tmp/rlpipe-no-such-redis.sock")
+    retry = client.connection_pool.make_connection().retry
+    assert retry._retries == 2
+    assert retry._supported_errors == (redis.ConnectionError,)
+    t0 = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+    assert time.monotonic() - t0 >= 0.15
 
 
 @pytest.mark.slow

@@ -27,6 +27,8 @@ from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix, preload_modules
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.slices import SliceRef
+from rlpipe.files import atomic_write
+from rlpipe.procs import pid_alive
 from rlpipe.protocol import RING, epsilon_channel, reward_stats_key, run_key, worker_key
 from rlpipe.redis_client import connect as redis_client
 from rlpipe.shm.layout import H_AWAKE
@@ -96,11 +98,10 @@ def sweep_dead_socket_dirs() -> None:
     for path in Path("/tmp").glob("rlpipe_*-*"):
         try:
             pid = int(path.name.split("_", 1)[1].split("-", 1)[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, PermissionError):
+        except ValueError:
             continue
+        if not pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Driver:
@@ -306,11 +307,9 @@ class Driver:
         self._log_update(self.learner.poll_update(wait=True))
         path = self.run_dir / "export" / "policy.pt"
         path.parent.mkdir(exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"policy": self.learner.policy.state_dict(), "compat": self.learner.compat(),
-                    "env_steps": self.learner.counters.env_steps, "config_yaml": self.config_yaml}, tmp)
-        os.replace(tmp, path)
-        return path
+        exported = {"policy": self.learner.policy.state_dict(), "compat": self.learner.compat(),
+                    "env_steps": self.learner.counters.env_steps, "config_yaml": self.config_yaml}
+        return atomic_write(path, lambda f: torch.save(exported, f))
 
     def _after_update(self, progress: float) -> None:
         """Loss-variance checkpoints: the std of the total loss over the last window of updates
@@ -352,7 +351,7 @@ class Driver:
         try:
             states = [v for v in self.rcli.mget(self._rnorm_keys()) if v]
         except redis.RedisError:
-            return
+            return        # Redis down: no reward_norm scalars this interval, the next one tries again
         if states:
             count, mean, var = RewardNormalizer.merge(states)
             self.board.scalars(self.learner.counters.env_steps, {
@@ -585,7 +584,7 @@ class Driver:
                 pipe.hget(worker_key(self.run_id, h.worker_id), "rss_mb")
             rss = [float(v) for v in pipe.execute() if v is not None]
         except redis.RedisError:
-            rss = []
+            rss = []      # Redis down: this sample has no worker RSS; PSS is read from /proc anyway
         if rss:
             values.update({"workers/rss_mb_max": max(rss), "workers/rss_mb_mean": float(np.mean(rss))})
         self.board.scalars(self.learner.counters.env_steps, values)
@@ -700,7 +699,7 @@ class Driver:
             self.teardown()
         end = time.monotonic()
         result = self.summary(end)
-        (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
         self._hparams(result)
         try:
             from rlpipe.telemetry.health import write_health_report

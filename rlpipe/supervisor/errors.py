@@ -5,14 +5,12 @@ The driver owns one ErrorAggregator. Each worker's ring (rlpipe.shm.errorring, i
 worker's segment) is added when the worker starts and drained + removed when it is replaced
 or stopped, so the last records of a dead worker are still counted. `maybe_run(now)` in the
 driver's loop pulls and rewrites the report every `logging.aggregate_interval_s`; `finish()`
-does a last pull and write at the end of the run. The report is rewritten atomically (a tmp
-file in the same directory, then os.replace), so a reader sees the old or the new report,
-never half of one.
+does a last pull and write at the end of the run. The report is rewritten atomically
+(rlpipe/files.py), so a reader sees the old or the new report, never half of one.
 """
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -21,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rlpipe.files import atomic_write
 from rlpipe.shm.errorring import stacktrace_hash
 
 log = logging.getLogger(__name__)
@@ -258,20 +257,7 @@ class ErrorAggregator:
         """Rewrite `errors_top10.md` atomically; its path."""
         text = self.render()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        return self.path
+        return atomic_write(self.path, text)
 
 
 def _fmt_ts(ts: float) -> str:

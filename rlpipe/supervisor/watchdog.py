@@ -58,6 +58,8 @@ class Watchdog:
                 pipe.hget(worker_key(self.run_id, h.worker_id), "ts")
             values = pipe.execute()
         except redis.RedisError:
+            # Down even after the client's retries: not a dead worker. The scan judges by
+            # the OS beat alone, and Redis beats count again from its restart.
             self.redis_down_scans += 1
             self._redis_was_down = True
             return None

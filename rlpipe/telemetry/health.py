@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import re
 import sqlite3
 import time
@@ -29,8 +28,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rlpipe.files import atomic_write
 from rlpipe.lifecycle import FAULT_KINDS, connect_ro
 from rlpipe.lifecycle.recovery import recovery_report, restart_reasons
+from rlpipe.telemetry.tb_events import Series, read_scalars
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +50,6 @@ _PANEL_COLS = 4
 
 
 # --- inputs --------------------------------------------------------------------------------
-
-@dataclass
-class Series:
-    steps: np.ndarray
-    values: np.ndarray
-
-    @property
-    def first(self) -> float:
-        return float(self.values[0])
-
-    @property
-    def last(self) -> float:
-        return float(self.values[-1])
-
 
 @dataclass
 class RunFiles:
@@ -87,25 +74,6 @@ def _load_summary(run_dir: Path) -> tuple[dict | None, str]:
     if not isinstance(data, dict):
         return None, "unreadable (not a JSON object)"
     return data, "present"
-
-
-def read_scalars(tb_dir: Path) -> dict[str, Series]:
-    """Every scalar tag of the event files directly in `tb_dir` (all files, in order), each
-    sorted by step (stable: a resumed run's repeated steps keep their order)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0}, purge_orphaned_data=False)
-    acc.Reload()
-    out: dict[str, Series] = {}
-    for tag in acc.Tags().get("scalars", []):
-        events = acc.Scalars(tag)
-        if not events:
-            continue
-        steps = np.array([e.step for e in events], dtype=np.int64)
-        values = np.array([e.value for e in events], dtype=np.float64)
-        order = np.argsort(steps, kind="stable")
-        out[tag] = Series(steps[order], values[order])
-    return out
 
 
 def _load_tb(run_dir: Path) -> tuple[dict[str, Series], str]:
@@ -727,8 +695,4 @@ def write_health_report(run_dir: str | Path) -> Path:
     if run.notes:
         head += ["", "Notes:", ""] + [f"- {n}" for n in run.notes]
 
-    out = run_dir / REPORT_NAME
-    tmp = run_dir / f".{REPORT_NAME}.{os.getpid()}.tmp"
-    tmp.write_text("\n".join(head + rep.lines) + "\n")
-    os.replace(tmp, out)
-    return out
+    return atomic_write(run_dir / REPORT_NAME, "\n".join(head + rep.lines) + "\n")

@@ -23,6 +23,7 @@ from rlpipe.spec import ObsKey
 from rlpipe.envs.contract import CONTINUOUS, EnvSpec
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
+from rlpipe.procs import pid_alive
 from rlpipe.protocol import (ACT, RING, STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
                              worker_key)
 from rlpipe.shm.layout import (H_AWAKE, H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
@@ -93,16 +94,6 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
-
-
-def _driver_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _join_cgroups(paths: tuple[str, ...]) -> None:
@@ -182,7 +173,7 @@ class _EpsilonFeed:
         try:
             self.pubsub.close()
         except (redis.RedisError, OSError):
-            pass
+            pass           # closing a connection to a Redis that is gone: nothing left to free
 
 
 def _rss_mb() -> float:
@@ -301,7 +292,7 @@ def run_worker(args: WorkerArgs) -> None:
         while not views.load(H_AWAKE) and not stopping:
             if act.poll(100) and ACT.unpack(act.recv())[0] == STOP_SLICE:
                 stopping.append(True)
-            elif not _driver_alive(args.driver_pid):
+            elif not pid_alive(args.driver_pid):
                 stopping.append(True)
             heartbeats()
         acts, results = views.actions, views.results
@@ -363,7 +354,7 @@ def run_worker(args: WorkerArgs) -> None:
                     pass                       # the learner is gone or drowning; we check below
                 if table.faults:
                     report_faults()
-            elif not _driver_alive(args.driver_pid):
+            elif not pid_alive(args.driver_pid):
                 break
             if views.load(H_GENERATION) != args.generation:
                 break
@@ -388,7 +379,7 @@ def run_worker(args: WorkerArgs) -> None:
             try:
                 beat.client.set(rnorm_key, rnorm.state())
             except redis.RedisError:
-                pass
+                pass       # Redis down at exit: the statistics of the last sync stay in Redis
         if feed is not None:
             feed.close()
         stepper.close()
