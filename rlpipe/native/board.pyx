@@ -1,6 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Seqlock double-buffered obs board and its lock-based twin, in C with __atomic builtins.
 
+This module is longer than the others (~470 lines) on purpose: both boards, their publish
+and gather loops and the unchecked read of the benchmark share one set of inline C helpers
+and one BoardView, and a Cython extension cannot share inline C across modules.
+
 Memory layout is owned by rlpipe.shm.layout; this module only sees raw addresses:
 
 * a control line of 64 bytes per env: a uint64 sequence word at +0 (both boards) and, for
