@@ -23,11 +23,12 @@ ALLOWED = {
     "shm": {"native", "base"},
     "envs": {"shm", "native", "base"},
     "worker": {"envs", "shm", "native", "base"},
-    "config": {"base"},                          # the Hydra schema and its validation
+    "config": {"worker", "envs", "shm", "native", "base"},   # the Hydra schema and validation:
+                                                 # it checks values against what the layers offer
     "telemetry": {"base"},                       # reads run files and public APIs only
-    "learner": {"worker", "envs", "shm", "native", "base", "config"},
-    "supervisor": {"telemetry", "learner", "worker", "envs", "shm", "native", "base", "config"},
-    "app": {"supervisor", "telemetry", "learner", "worker", "envs", "shm", "native", "base", "config"},
+    "learner": {"config", "worker", "envs", "shm", "native", "base"},
+    "supervisor": {"telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
+    "app": {"supervisor", "telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
 }
 SUBPACKAGES = ("native", "shm", "envs", "worker", "learner", "supervisor", "telemetry")
 
