@@ -37,7 +37,7 @@ import numpy as np
 from rlpipe.envs.contract import (DISCRETE, ContractViolation, EnvSpec, check_fits, check_obs,
                                   check_step)
 from rlpipe.envs.registry import describe, make_factory
-from rlpipe.shm.errorring import stacktrace_hash
+from rlpipe.shm.errorlog import stacktrace_hash
 from rlpipe.spec import ObsKey
 
 if TYPE_CHECKING:           # the day0 entry takes the app's RunSpec; nothing here imports Hydra

@@ -28,7 +28,7 @@ from rlpipe.protocol import (ACT, RING, STOP_SLICE, epsilon_channel, reward_stat
                              worker_key)
 from rlpipe.shm.layout import (H_AWAKE, H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
                                 WorkerViews)
-from rlpipe.shm.errorring import ErrorRing
+from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment
 from rlpipe.lifecycle import LifecycleClient
 from rlpipe.worker.envtable import EnvTable
@@ -204,7 +204,7 @@ def run_worker(args: WorkerArgs) -> None:
         pass
 
     views.store(H_PID, os.getpid())
-    errors = ErrorRing(views.error_ring_buf, create=False)      # the driver initialized it
+    errors = ErrorLog(views.error_log_buf, create=False)      # the driver initialized it
     # OS-level beat: the handler stamps CLOCK_MONOTONIC into shared memory. It runs only when
     # this interpreter's main thread is alive and reaching bytecode boundaries.
     beat_addr = views.header_addr + H_OS_BEAT_NS
@@ -269,7 +269,7 @@ def run_worker(args: WorkerArgs) -> None:
     next_rnorm_sync = args.reward_norm_sync_every * n
 
     def report_faults() -> None:
-        """Each env fault: a lifecycle row and an ERROR record in the shared-memory ring."""
+        """Each env fault: a lifecycle row and an ERROR record in the shared-memory error log."""
         for fault in table.faults:
             t = args.type_index[fault.env_id - args.env_lo]
             fields = dict(env_id=fault.env_id, env_type=args.type_names[t],
