@@ -15,20 +15,19 @@ import json
 from pathlib import Path
 
 import yaml
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rlpipe.telemetry.tb_events import read_scalars
 
 
 def first_reach(run_dir: Path, env_type: str, threshold: float):
-    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    acc.Reload()
-    tag = f"charts/episodic_return/{env_type}"
-    if tag not in acc.Tags()["scalars"]:
+    scalars = read_scalars(run_dir / "tb")
+    curve = scalars.get(f"charts/episodic_return/{env_type}")
+    if curve is None:
         return None
-    events = acc.Scalars(tag)
-    start = min(e.wall_time for e in acc.Scalars("charts/sps")) - 2.0
-    for e in events:
-        if e.value >= threshold:
-            return {"env_steps": e.step, "seconds": round(e.wall_time - start, 1)}
+    start = float(scalars["charts/sps"].wall_times.min()) - 2.0
+    for step, value, wall in zip(curve.steps.tolist(), curve.values.tolist(), curve.wall_times.tolist()):
+        if value >= threshold:
+            return {"env_steps": step, "seconds": round(wall - start, 1)}
     return None
 
 

@@ -10,9 +10,10 @@ Phases (every number below is measured in this run, on this machine):
    (tag + sum(body)) ^ MAGIC. A read accepted by the seqlock is then checked: `torn_accepted`
    counts accepted reads that fail the checksum, disagree across keys, or go back in time
    (`torn_stale`). Two parts, summed: (a) buffer `small` (rgb, state, vector) on 4 envs until
-   --reads checked reads; (b) the article's shapes with rgb as float32 on 2 envs for
+   --reads checked reads; (b) the original system's shapes with rgb as float32 on 2 envs for
    --lap-seconds, where a reader's copy takes as long as a publish, so the writer laps it
-   constantly (`lap_*`). The readers also do one unchecked read (the article's double buffer:
+   constantly (`lap_*`). The readers also do one unchecked read (the original double buffer,
+   docs/origin.md:
    read the published slot, no re-check) per four checked ones: `torn_unchecked` > 0 shows
    that the stress really tears what the seqlock's re-check rejects (`torn_retries`).
 2. Sync ablation. Two writer processes (half the envs each) publish as fast as they can while
@@ -20,11 +21,12 @@ Phases (every number below is measured in this run, on this machine):
    lock board (robust per-env mutex), rounds alternating. `*_obs_per_s` is what the reader
    (the learner's inference) gets; `*_write_obs_per_s` what the writers publish meanwhile;
    `seqlock_over_lock_all` compares reads + writes. The headline uses the default board
-   (`conf/buffer/state_only`, 256 envs); `*_seed_*` repeats it with the article's shapes.
+   (`conf/buffer/state_only`, 256 envs); `*_seed_*` repeats it with the original system's shapes.
 3. Gather bandwidth. Native gather of 256 rgb 224x224x3 uint8 obs (a list of env ids) into
    one contiguous array, against np.copyto of the same number of bytes (the physical limit).
 4. Small obs. Gather of 256 state-only obs (random env ids): the native call against the
-   article's get_batch (a Python loop of numpy slices picking the published slot + np.stack).
+   original system's get_batch (a Python loop of numpy slices picking the published slot +
+   np.stack).
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ GEN = 1
 
 def make_board(buffer: str, n_envs: int, locked: bool, rgb_dtype: str | None = None):
     """Create a worker segment for conf/buffer/<buffer>.yaml; returns (segment, geometry)."""
-    from rlpipe.config import ObsKey
+    from rlpipe.spec import ObsKey
     from rlpipe.shm.layout import H_GENERATION, WorkerLayout, WorkerViews
     import yaml
 
@@ -113,7 +115,7 @@ def stress_reader(geo, target_reads, max_s, stop, out_q):
     i = 0
     while reads < target_reads and time.perf_counter() - t0 < max_s and not stop.value:
         i += 1
-        if i % 5 == 0:                                    # the article's read, for contrast
+        if i % 5 == 0:                                    # the original system's read, for contrast
             board.gather_unchecked(ptrs, strides, 0, n)
             ok, _ = check_rows(outs, n)
             unchecked += n
@@ -288,7 +290,7 @@ def small_gather(batch: int = 256, n_envs: int = 1024, min_s: float = 1.0) -> di
         t_native = _best(lambda: board.gather(ptrs, strides, 0, batch, idx), 50, min_s)
         native = out.copy()
 
-        # the article's get_batch: per env, read the published-slot index, take that slot's row
+        # the original get_batch: per env, read the published-slot index, take that slot's row
         u8 = np.frombuffer(seg.buf, dtype=np.uint8)
         slots = u8[geo["key_offsets"][0]:geo["key_offsets"][0] + n_envs * 2 * stride] \
             .view(np.float32).reshape(n_envs, 2, stride // 4)[:, :, :rb // 4]
@@ -325,14 +327,14 @@ def main(argv=None) -> int:
                     help="duration of the float32-rgb part of the torn stress")
     ap.add_argument("--envs", type=int, default=256, help="envs on the sync-ablation board")
     ap.add_argument("--no-seed-ablation", action="store_true",
-                    help="skip the sync ablation with the article's (seed) shapes")
+                    help="skip the sync ablation with the original system's (seed) shapes")
     args = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
 
     res: dict = {"load1_start": round(os.getloadavg()[0], 2)}
     # (a) many reads: buffer `small` (rgb 64x64x3, state, vector) on 4 envs until --reads;
-    # (b) hard laps: the article's rgb as float32 (600 KB rows, a copy as long as a publish).
+    # (b) hard laps: the original rgb as float32 (600 KB rows, a copy as long as a publish).
     a = torn_stress(ctx, args.reads, args.stress_max_s, n_envs=4, buffer="small")
     b = torn_stress(ctx, 10**9, args.lap_seconds, n_envs=2, buffer="seed", rgb_dtype="float32")
     for key in ("torn_accepted", "reads", "torn_stale", "torn_retries", "torn_unchecked",

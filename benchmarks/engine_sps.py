@@ -23,11 +23,12 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+from rlpipe.telemetry.tb_events import read_scalars
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def engine_sps(n: int, seconds: float, extra: list[str]) -> dict:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     with tempfile.TemporaryDirectory(prefix="rlb", dir="/tmp") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "env_mix=cartpole",
@@ -38,12 +39,12 @@ def engine_sps(n: int, seconds: float, extra: list[str]) -> dict:
         if out.returncode != 0:
             raise RuntimeError(f"engine run failed:\n{out.stderr[-3000:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
-        acc = EventAccumulator(str(run_dir / "tb"))
-        acc.Reload()
+        scalars = read_scalars(run_dir / "tb")
         # Steady state: samples whose window had every env active, the first one dropped
         # (it may still straddle the ramp).
-        active = {e.step: e.value for e in acc.Scalars("envs/active")}
-        steady = [e.value for e in acc.Scalars("charts/sps") if active.get(e.step) == n][1:]
+        active = dict(zip(scalars["envs/active"].steps.tolist(), scalars["envs/active"].values.tolist()))
+        sps = scalars["charts/sps"]
+        steady = [v for s, v in zip(sps.steps.tolist(), sps.values.tolist()) if active.get(s) == n][1:]
         return {"sps_median": statistics.median(steady) if steady else 0.0,
                 "samples": len(steady), "summary_sps": summary["sps"],
                 "all_envs_ready_s": summary["all_envs_ready_s"],

@@ -27,7 +27,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from rlpipe.config import ObsKey
+from rlpipe.spec import ObsKey
 from rlpipe.envs.classic import GymnasiumEnv
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.stepper import Stepper

@@ -15,20 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from rlpipe.spec import OBS_DTYPES, OBS_KEYS, ConfigError, EnvTypeSpec, ObsKey  # noqa: F401 (re-exported)
 from rlpipe.worker.rewardnorm import MODES as REWARD_NORM_MODES
 
 log = logging.getLogger("rlpipe.config")
-OBS_KEYS = ("rgb", "state", "vector")
-OBS_DTYPES = ("uint8", "float32")
-
-
-class ConfigError(ValueError):
-    """A config value the engine cannot run with; the message is for the user, as is."""
-    what = "config error"
 
 
 def conf_dir() -> Path:
@@ -195,25 +188,7 @@ def register_schema() -> None:
     ConfigStore.instance().store(name="rlpipe_schema", node=RlpipeSchema)
 
 
-# --- plain values ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ObsKey:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class EnvTypeSpec:
-    name: str
-    weight: float
-    node: dict          # the type's config node, _target_/_partial_ included (for instantiate)
-
+# --- plain values (ObsKey and EnvTypeSpec are in rlpipe/spec.py) ----------------------------
 
 @dataclass(frozen=True)
 class LearnerSpec:

@@ -80,7 +80,7 @@ def writer_main(geo, writer_id, gen, stop, q):
 
 def reader_main(geo, writer_id, max_s, stop, q, unchecked_every=5):
     """Checked reads of all envs until stop/max_s; every `unchecked_every`-th read is the
-    article's unchecked double-buffer read (the negative control: it may tear)."""
+    original system's unchecked double-buffer read (the negative control: it may tear)."""
     seg, board = open_board(geo)
     n = geo["n_envs"]
     outs, ptrs, strides = out_rows(geo)
@@ -326,7 +326,7 @@ def test_writer_laps_two_readers_no_torn_read_accepted(segments, rgb_dtype, lock
     assert w["publishes"] > 100
     if not locked:
         # The stress is real: the writer lapped the readers (the seqlock retried) and the
-        # article's unchecked read, run side by side, did return torn rows.
+        # original system's unchecked read, run side by side, did return torn rows.
         assert sum(s["retries"] for s in stats) > 0, stats
         assert sum(s["torn_unchecked"] for s in stats) > 0, stats
 

@@ -1,4 +1,4 @@
-"""The error ring (worker -> aggregator, in shared memory), the stack-trace hash, and the
+"""The error log (worker -> aggregator, in shared memory), the stack-trace hash, and the
 Top-10 report.
 
 Cross-process tests run the producer in spawned processes on a real /dev/shm segment. Every
@@ -20,15 +20,15 @@ import time
 import numpy as np
 import pytest
 
-from rlpipe.shm.errorring import (ERROR_RING_BYTES, MAX_RECORD_BYTES, ErrorRing, encode_record,
+from rlpipe.shm.errorlog import (ERROR_LOG_BYTES, MAX_RECORD_BYTES, ErrorLog, encode_record,
                                   error_record, format_exc_text, stacktrace_hash)
 from rlpipe.shm.segment import Segment, new_run_id, segment_name
 
 CTX = mp.get_context("spawn")
-RING_OFF = 4096               # where the ring sits in the test segment (64-byte aligned)
+LOG_OFF = 4096               # where the error log sits in the test segment (64-byte aligned)
 
 
-def ring_buffer(nbytes: int = ERROR_RING_BYTES) -> np.ndarray:
+def log_buffer(nbytes: int = ERROR_LOG_BYTES) -> np.ndarray:
     """A 64-byte aligned zeroed uint8 buffer (as a segment gives)."""
     raw = np.zeros(nbytes + 64, dtype=np.uint8)
     start = (-raw.ctypes.data) % 64
@@ -47,16 +47,16 @@ def intact(rec: dict) -> bool:
 # --- child processes ----------------------------------------------------------------------
 
 def producer_main(name: str, writer: int, n: int, max_size: int, progress, q) -> None:
-    """Attach the ring in segment `name` and write n self-checking records (seq 0..n-1),
-    retrying a refused record (ring full) until it goes in. Runs until killed when n < 0."""
+    """Attach the error log in segment `name` and write n self-checking records (seq 0..n-1),
+    retrying a refused record (log full) until it goes in. Runs until killed when n < 0."""
     seg = Segment.attach(name)
-    ring = ErrorRing(np.frombuffer(seg.buf, dtype=np.uint8, count=ERROR_RING_BYTES, offset=RING_OFF),
+    elog = ErrorLog(np.frombuffer(seg.buf, dtype=np.uint8, count=ERROR_LOG_BYTES, offset=LOG_OFF),
                      create=False)
     rng = random.Random(writer)
     refused = seq = 0
     while n < 0 or seq < n:
         rec = body_record(writer, seq, rng.randrange(16, max_size), rng)
-        while not ring.write(rec):
+        while not elog.write(rec):
             refused += 1
             time.sleep(0.0005)
         seq += 1
@@ -67,17 +67,17 @@ def producer_main(name: str, writer: int, n: int, max_size: int, progress, q) ->
 # --- fixtures -----------------------------------------------------------------------------
 
 @pytest.fixture
-def shm_ring():
-    """A real /dev/shm segment with a ring at RING_OFF, created by the consumer side."""
-    seg = Segment.create(segment_name(new_run_id(), "errring"), RING_OFF + ERROR_RING_BYTES)
-    rings = []
+def shm_log():
+    """A real /dev/shm segment with an error log at LOG_OFF, created by the consumer side."""
+    seg = Segment.create(segment_name(new_run_id(), "errlog"), LOG_OFF + ERROR_LOG_BYTES)
+    elogs = []
     try:
-        view = np.frombuffer(seg.buf, dtype=np.uint8, count=ERROR_RING_BYTES, offset=RING_OFF)
-        ring = ErrorRing(view, create=True)
-        rings.append(ring)
-        yield seg, ring
+        view = np.frombuffer(seg.buf, dtype=np.uint8, count=ERROR_LOG_BYTES, offset=LOG_OFF)
+        elog = ErrorLog(view, create=True)
+        elogs.append(elog)
+        yield seg, elog
     finally:
-        for r in rings:
+        for r in elogs:
             r.release()
         seg.unlink()
         seg.close()
@@ -90,12 +90,12 @@ def reap(proc) -> None:
         proc.join(5)
 
 
-# --- the ring in one process --------------------------------------------------------------
+# --- the error log in one process----------------------------------------------------------
 
 def test_round_trip_and_counters():
-    buf = ring_buffer()
-    producer = ErrorRing(buf, create=True)
-    consumer = ErrorRing(buf, create=False)
+    buf = log_buffer()
+    producer = ErrorLog(buf, create=True)
+    consumer = ErrorLog(buf, create=False)
     recs = [{"seq": i, "env_id": np.int64(i), "msg": "é ünïcode \n\t \"quoted\"", "x": [1.5, None]}
             for i in range(5)]
     assert all(producer.write(r) for r in recs)
@@ -110,15 +110,15 @@ def test_round_trip_and_counters():
 
 def test_attach_to_uninitialised_memory_is_refused():
     with pytest.raises(ValueError, match="magic"):
-        ErrorRing(ring_buffer(), create=False)
+        ErrorLog(log_buffer(), create=False)
 
 
 def test_wraparound_over_many_records():
-    buf = ring_buffer()
-    producer, consumer = ErrorRing(buf, create=True), ErrorRing(buf, create=False)
+    buf = log_buffer()
+    producer, consumer = ErrorLog(buf, create=True), ErrorLog(buf, create=False)
     rng = random.Random(1)
     got, total_bytes, seq = [], 0, 0
-    while total_bytes < 3 * ERROR_RING_BYTES:
+    while total_bytes < 3 * ERROR_LOG_BYTES:
         for _ in range(rng.randrange(1, 60)):
             rec = body_record(0, seq, rng.randrange(16, 6000), rng)
             assert producer.write(rec)
@@ -133,9 +133,9 @@ def test_wraparound_over_many_records():
     assert head > 3 * producer.capacity          # the data area wrapped at least 3 times
 
 
-def test_full_ring_drops_and_counts_without_corrupting():
-    buf = ring_buffer()
-    producer, consumer = ErrorRing(buf, create=True), ErrorRing(buf, create=False)
+def test_full_log_drops_and_counts_without_corrupting():
+    buf = log_buffer()
+    producer, consumer = ErrorLog(buf, create=True), ErrorLog(buf, create=False)
     rng = random.Random(2)
     accepted, used, seq = [], 0, 0
     while True:
@@ -148,7 +148,7 @@ def test_full_ring_drops_and_counts_without_corrupting():
     refused = 1 + sum(not producer.write(body_record(0, 10**6 + i, 3000, rng)) for i in range(5))
     assert refused == 6 and consumer.dropped == 6
     assert consumer.written == len(accepted)
-    assert used > producer.capacity - 3200            # it filled the ring, not less
+    assert used > producer.capacity - 3200            # it filled the elog, not less
     got = consumer.read_all()
     assert [g["seq"] for g in got] == accepted and all(intact(g) for g in got)
     assert consumer.corrupt == 0
@@ -164,8 +164,8 @@ def test_oversized_record_is_trimmed_to_the_cap():
     rec = {"ts": 1.0, "env_id": 3, "env_type": "pong", "error_type": "ValueError",
            "stacktrace_hash": "ab" * 16, "message": "m" * 200, "traceback": tb}
     assert len(json.dumps(rec)) > 10 * MAX_RECORD_BYTES
-    buf = ring_buffer()
-    producer, consumer = ErrorRing(buf, create=True), ErrorRing(buf, create=False)
+    buf = log_buffer()
+    producer, consumer = ErrorLog(buf, create=True), ErrorLog(buf, create=False)
     assert producer.write(rec)
     (got,) = consumer.read_all()
     assert len(encode_record(rec)) <= MAX_RECORD_BYTES
@@ -189,8 +189,8 @@ def test_oversized_record_is_trimmed_to_the_cap():
 
 def test_torn_unpublished_record_is_never_read_and_is_overwritten():
     """A writer killed between writing a record's bytes and publishing head (simulated)."""
-    buf = ring_buffer()
-    producer, consumer = ErrorRing(buf, create=True), ErrorRing(buf, create=False)
+    buf = log_buffer()
+    producer, consumer = ErrorLog(buf, create=True), ErrorLog(buf, create=False)
     assert producer.write({"seq": 0})
     head = producer._head
     data = buf[256:]
@@ -198,14 +198,14 @@ def test_torn_unpublished_record_is_never_read_and_is_overwritten():
     data[head + 8:head + 40] = np.frombuffer(b'{"seq": 1, "half": "writ' + b"\xff" * 8, np.uint8)
     assert [r["seq"] for r in consumer.read_all()] == [0]
     assert consumer.read_all() == []
-    successor = ErrorRing(buf, create=False)          # the next writer continues from head
+    successor = ErrorLog(buf, create=False)          # the next writer continues from head
     assert successor.write({"seq": 2, "body": "x" * 500})
     assert [r["seq"] for r in consumer.read_all()] == [2] and consumer.corrupt == 0
 
 
 def test_threads_of_one_producer_do_not_interleave():
-    buf = ring_buffer()
-    producer, consumer = ErrorRing(buf, create=True), ErrorRing(buf, create=False)
+    buf = log_buffer()
+    producer, consumer = ErrorLog(buf, create=True), ErrorLog(buf, create=False)
     got = []
 
     def write(w):
@@ -225,32 +225,32 @@ def test_threads_of_one_producer_do_not_interleave():
         assert [g["seq"] for g in got if g["w"] == w] == list(range(400))
 
 
-# --- the ring across processes ------------------------------------------------------------
+# --- the error log across processes--------------------------------------------------------
 
-def test_cross_process_producer_concurrent_consumer(shm_ring):
-    seg, ring = shm_ring
+def test_cross_process_producer_concurrent_consumer(shm_log):
+    seg, elog = shm_log
     n = 4000
     progress, q = CTX.RawValue("q", 0), CTX.Queue()
     proc = CTX.Process(target=producer_main, args=(seg.name, 1, n, 8000, progress, q), name="errprod")
     proc.start()
     got, deadline = [], time.monotonic() + 30
     try:
-        while ring.dropped == 0 and time.monotonic() < deadline:
-            time.sleep(0.001)              # no reader at first: the ring fills, records are refused
+        while elog.dropped == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)              # no reader at first: the log fills, records are refused
         while len(got) < n and time.monotonic() < deadline:
-            got += ring.read_all()
+            got += elog.read_all()
         result = q.get(timeout=10)
     finally:
         reap(proc)
     assert proc.exitcode == 0
     assert [g["seq"] for g in got] == list(range(n))
     assert all(g["w"] == 1 and intact(g) for g in got)
-    assert ring.corrupt == 0 and ring.written == n
-    assert ring.dropped == result["refused"] > 0
+    assert elog.corrupt == 0 and elog.written == n
+    assert elog.dropped == result["refused"] > 0
 
 
-def test_producer_sigkilled_mid_writing_leaves_the_ring_readable(shm_ring):
-    seg, ring = shm_ring
+def test_producer_sigkilled_mid_writing_leaves_the_log_readable(shm_log):
+    seg, elog = shm_log
     rng = random.Random(3)
     got, kills = [], 0
     for writer in range(1, 7):           # each successor attaches and goes on from head
@@ -261,28 +261,28 @@ def test_producer_sigkilled_mid_writing_leaves_the_ring_readable(shm_ring):
         try:
             deadline = time.monotonic() + 20
             while progress.value < 5 and time.monotonic() < deadline:
-                got += ring.read_all()
+                got += elog.read_all()
             t_kill = time.monotonic() + rng.uniform(0.01, 0.08)
             while time.monotonic() < t_kill:
-                got += ring.read_all()
+                got += elog.read_all()
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1
             proc.join(10)
             assert proc.exitcode == -signal.SIGKILL
         finally:
             reap(proc)
-        got += ring.read_all()
-    got += ring.read_all()
-    assert kills == 6 and ring.corrupt == 0
+        got += elog.read_all()
+    got += elog.read_all()
+    assert kills == 6 and elog.corrupt == 0
     assert all(intact(g) for g in got)
     for writer in range(1, 7):
         seqs = [g["seq"] for g in got if g["w"] == writer]
         assert len(seqs) >= 5 and seqs == list(range(len(seqs))), writer
-    # the ring is still a working ring
-    writer_ring = ErrorRing(np.frombuffer(seg.buf, dtype=np.uint8, count=ERROR_RING_BYTES,
-                                          offset=RING_OFF), create=False)
+    # the error log still works
+    writer_ring = ErrorLog(np.frombuffer(seg.buf, dtype=np.uint8, count=ERROR_LOG_BYTES,
+                                          offset=LOG_OFF), create=False)
     assert writer_ring.write({"after": True})
-    assert ring.read_all() == [{"after": True}]
+    assert elog.read_all() == [{"after": True}]
     writer_ring.release()
 
 
@@ -361,15 +361,15 @@ def test_aggregator_top10_report(tmp_path):
     text = (tmp_path / "errors_top10.md").read_text()
     assert "No errors were recorded." in text and "0 error record(s)" in text
 
-    rings = {w: ErrorRing(ring_buffer(1 << 16), create=True) for w in ("w0", "w1")}
-    for w, r in rings.items():
-        agg.add_ring(w, ErrorRing(r._u8, create=False))
+    elogs = {w: ErrorLog(log_buffer(1 << 16), create=True) for w in ("w0", "w1")}
+    for w, r in elogs.items():
+        agg.add_log(w, ErrorLog(r._u8, create=False))
     # hash k occurs 13 - k times (k = 1..12), split over both workers and two env types
     ts = 1_700_000_000.0
     for k in range(1, 13):
         for i in range(13 - k):
             w = "w0" if i % 2 == 0 else "w1"
-            assert rings[w].write(fake_record(k, env_id=100 + i, env_type="pong" if i % 3 else "cartpole",
+            assert elogs[w].write(fake_record(k, env_id=100 + i, env_type="pong" if i % 3 else "cartpole",
                                               ts=ts + k * 10 + i))
     assert not agg.maybe_run(now=0.5)           # within the interval: nothing
     assert agg.maybe_run(now=1.0)
@@ -389,20 +389,20 @@ def test_aggregator_top10_report(tmp_path):
     assert "| 1 |" in tb_text and "Error1: bug 1" in tb_text
 
     # a replaced worker: its last records are drained on removal; its drops still count
-    assert rings["w1"].write(fake_record(1, 7, "pong", ts + 500))
+    assert elogs["w1"].write(fake_record(1, 7, "pong", ts + 500))
     for _ in range(10_000):
-        if not rings["w1"].write(fake_record(2, 8, "pong", ts + 600)):
+        if not elogs["w1"].write(fake_record(2, 8, "pong", ts + 600)):
             break
     assert agg.drain("w0") == 0
-    pulled = agg.remove_ring("w1")
+    pulled = agg.remove_log("w1")
     assert pulled > 1 and agg.counts_by_hash()[f"{1:032x}"] == 13
-    assert agg.dropped == 1 and agg.remove_ring("w1") == 0
-    agg.add_ring("w1", ErrorRing(ErrorRing(ring_buffer(1 << 16), create=True)._u8, create=False))
-    assert rings["w0"].write(fake_record(12, 1, "pong", ts + 700))
-    agg.add_ring("w0", ErrorRing(ring_buffer(1 << 16), create=True))      # replaces: drains the old
+    assert agg.dropped == 1 and agg.remove_log("w1") == 0
+    agg.add_log("w1", ErrorLog(ErrorLog(log_buffer(1 << 16), create=True)._u8, create=False))
+    assert elogs["w0"].write(fake_record(12, 1, "pong", ts + 700))
+    agg.add_log("w0", ErrorLog(log_buffer(1 << 16), create=True))      # replaces: drains the old
     assert agg.counts_by_hash()[f"{12:032x}"] == 2
     path = agg.finish()
-    assert path == tmp_path / "errors_top10.md" and "1 dropped (ring full)" in path.read_text()
+    assert path == tmp_path / "errors_top10.md" and "1 dropped (error log full)" in path.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["errors_top10.md"]    # no tmp left
 
 
@@ -410,8 +410,8 @@ def test_report_rewrite_is_atomic(tmp_path):
     from rlpipe.supervisor.errors import ErrorAggregator
 
     agg = ErrorAggregator(tmp_path, interval_s=0.0)
-    ring = ErrorRing(ring_buffer(1 << 18), create=True)
-    agg.add_ring(0, ring)
+    elog = ErrorLog(log_buffer(1 << 18), create=True)
+    agg.add_log(0, elog)
     agg.write_report()
     seen, stop = [], threading.Event()
 
@@ -424,7 +424,7 @@ def test_report_rewrite_is_atomic(tmp_path):
     written = set()
     try:
         for i in range(150):
-            ring.write(fake_record(i % 15, i, "pong", 1e9 + i))
+            elog.write(fake_record(i % 15, i, "pong", 1e9 + i))
             agg.pull()
             written.add(agg.write_report().read_text())
     finally:

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from rlpipe.supervisor.lifecycle import (
-    EVENT_KINDS, LifecycleClient, LifecycleWriter, cli, env_history, event_counts, fault_counts,
-)
+from rlpipe.lifecycle import EVENT_KINDS, LifecycleClient, LifecycleWriter, env_history, event_counts, fault_counts
+from rlpipe.lifecycle.__main__ import cli
 
 REPO = Path(__file__).resolve().parents[1]
 PER_WORKER = 300

@@ -11,6 +11,7 @@ import time
 
 import psutil
 import pytest
+import redis
 
 from conftest import REPO, read_summary, rlpipe_cmd, run_cli, run_leftovers
 from rlpipe.redis_client import connect, keepalive_options
@@ -139,6 +140,19 @@ def test_redis_client_keepalive_and_health_checks():
     assert "socket_keepalive" not in unix and unix["socket_timeout"] == 2.0
 
 
+def test_redis_client_retries_connection_errors_with_backoff():
+    """A failed connect is retried twice with exponential backoff (50 ms, 100 ms); only
+    connection errors are retried, so a hanging Redis costs one timeout, not three."""
+    client = connect("unix:///tmp/rlpipe-no-such-redis.sock")
+    retry = client.connection_pool.make_connection().retry
+    assert retry._retries == 2
+    assert retry._supported_errors == (redis.ConnectionError,)
+    t0 = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+    assert time.monotonic() - t0 >= 0.15
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_soak_chaos_1000_envs(short_tmp):
@@ -146,7 +160,7 @@ def test_soak_chaos_1000_envs(short_tmp):
     run_dir = short_tmp / "run"
     out = run_cli(run_dir, "+stage=day5", "env_count=1000", "run.duration_s=600", timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    from rlpipe.supervisor.recovery import recovery_report
+    from rlpipe.lifecycle.recovery import recovery_report
     report = recovery_report(run_dir / "lifecycle.sqlite")
     report.pop("events", None)
     print("SOAK", json.dumps(report))

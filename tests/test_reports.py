@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlpipe.supervisor.lifecycle import LifecycleWriter
-from rlpipe.supervisor.recovery import recovery_report, restart_reasons
+from rlpipe.lifecycle import LifecycleWriter
+from rlpipe.lifecycle.recovery import recovery_report, restart_reasons
 from rlpipe.telemetry.health import (PLOT_GROUPS, PLOT_MEMORY, PLOT_RETURNS, PLOT_SPS, REPORT_NAME,
                                      write_health_report)
 

@@ -1,10 +1,11 @@
-"""Env types and the contract they keep (DESIGN §3).
+"""Env types and the contract they keep (docs/architecture.md, Environments).
 
 contract   EnvInterface, EnvSpec, the checker (check_obs/check_step/check_fits)
 registry   one factory per type (make_factory), describe, the run's MixPlan and action heads
 classic    GymnasiumEnv: any Gymnasium id, spaces mapped onto the contract
 bullet     BulletReacher: a KUKA arm in PyBullet DIRECT mode, clients shared per process
-emulators  UnitySim, PhysicsSim, WebSim, Faulty: the article's troublemakers, chaos as config
+emulators  UnitySim, PhysicsSim, WebSim, Faulty (one module each, a shared base): the troublemakers
+           of docs/origin.md
 image      nearest resize of frames onto the board's rgb shape
 validate   day0: build, cycle and time every type of a mix (env_validation.json/.md)
 """

@@ -1,4 +1,4 @@
-"""The environment contract every env type keeps (DESIGN §3), and its checker.
+"""The environment contract every env type keeps (docs/architecture.md), and its checker.
 
 An env type is a class implementing EnvInterface plus a classmethod `describe(**params)`
 that returns its EnvSpec without building an env (the learner sizes the policy from it).
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlpipe.config import ConfigError, ObsKey
+from rlpipe.spec import ConfigError, ObsKey
 
 DISCRETE, CONTINUOUS = "discrete", "continuous"
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import describe, make_factory
+from rlpipe.files import atomic_write
 
 RESULT_FILE = "random_returns.json"
 
@@ -101,9 +102,7 @@ def measure_all(nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: f
     path = Path(out_dir) / RESULT_FILE
     for i, (name, node) in enumerate(nodes.items()):
         results[name] = play_random(node, episodes, budget_s, seed + 1000 * i)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(results, indent=1))
 
 
 def read_results(run_dir: Path) -> dict[str, dict]:

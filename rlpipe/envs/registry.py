@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from hydra.utils import instantiate
 
-from rlpipe.config import ConfigError, EnvTypeSpec, ObsKey
+from rlpipe.spec import ConfigError, EnvTypeSpec, ObsKey
 from rlpipe.envs.contract import CONTINUOUS, DISCRETE, EnvSpec, check_fits
 
 log = logging.getLogger("rlpipe.envs")

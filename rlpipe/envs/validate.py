@@ -1,4 +1,4 @@
-"""day0: validate every env type of the mix (DESIGN §5), no learner and no workers.
+"""day0: validate every env type of the mix (docs/architecture.md), no learner and no workers.
 
 `python -m rlpipe +stage=day0 env_mix=seed12` (run.mode=validate). For each type:
 1. describe it and check that its obs fit the buffer (as the driver's plan does);
@@ -30,14 +30,18 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlpipe.config import ObsKey, RunSpec
 from rlpipe.envs.contract import (DISCRETE, ContractViolation, EnvSpec, check_fits, check_obs,
                                   check_step)
 from rlpipe.envs.registry import describe, make_factory
-from rlpipe.shm.errorring import stacktrace_hash
+from rlpipe.shm.errorlog import stacktrace_hash
+from rlpipe.spec import ObsKey
+
+if TYPE_CHECKING:           # the day0 entry takes the app's RunSpec; nothing here imports Hydra
+    from rlpipe.config import RunSpec
 
 CYCLES = 3                 # build -> reset -> step -> close cycles per type
 ENVS_PER_CYCLE = 2         # envs of one type alive together in a cycle

@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlpipe.config import ConfigError
-from rlpipe.shm.segment import pid_alive
+from rlpipe.files import fsync_dir as _fsync_dir
+from rlpipe.procs import pid_alive
+from rlpipe.spec import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +54,6 @@ def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.is_file()]
     return [p for _, p in sorted(found)]
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(directory: str | os.PathLike, step: int, payload: dict, keep: int) -> Path:

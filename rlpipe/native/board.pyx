@@ -1,6 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Seqlock double-buffered obs board and its lock-based twin, in C with __atomic builtins.
 
+This module is longer than the others (~470 lines) on purpose: both boards, their publish
+and gather loops and the unchecked read of the benchmark share one set of inline C helpers
+and one BoardView, and a Cython extension cannot share inline C across modules.
+
 Memory layout is owned by rlpipe.shm.layout; this module only sees raw addresses:
 
 * a control line of 64 bytes per env: a uint64 sequence word at +0 (both boards) and, for
@@ -161,7 +165,7 @@ cdef extern from *:
         return retries;
     }
 
-    /* The article's double buffer, kept for the ablation and as the stress tests' negative
+    /* The original double buffer (docs/origin.md), kept for the ablation and as the stress tests' negative
        control: read the published slot with no re-check. It can return torn rows. */
     static void rl_unchecked_gather(uint8_t* base, int64_t ctrl_off, int nkeys,
                                     const int64_t* key_off, const int64_t* stride,
@@ -407,7 +411,7 @@ cdef class BoardView:
         return r
 
     def gather_unchecked(self, ptrs, row_strides, int64_t env_lo, int64_t count, idx=0):
-        """The article's double-buffer read (published slot, no re-check): for the ablation
+        """The original double-buffer read (published slot, no re-check): for the ablation
         and as the negative control of the torn-read tests. May return torn rows."""
         cdef uint8_t* dst[MAX_KEYS]
         cdef int64_t dstride[MAX_KEYS]

@@ -3,12 +3,12 @@
 per-env episode stats, copy obs into the staging rows and write the step results.
 
 This is EnvTable.step_one + EnvTable.finish for a whole slice without the per-env Python
-bookkeeping. That bookkeeping cost ~2.8 µs a CartPole step against ~6.3 µs for the env itself
-(benchmarks/step_path.py: table_python vs stepper_inline). Env calls stay Python calls. Everything that is not the happy
-path goes back to the table: a raised exception, or an obs, reward or flag outside the
-contract (the message comes from contract.check_obs), or a step past its deadline
-(StepTimeout). The table records the fault and rebuilds the env by id, and the loop writes
-the step as a cut episode (truncated, no finished stats), as step_one does.
+bookkeeping, which cost almost half as much as a CartPole step itself (benchmarks/step_path.py:
+table_python vs stepper_inline; figures in docs/benchmarks.md). Env calls stay Python calls.
+Everything that is not the happy path goes back to the table: a raised exception, or an obs,
+reward or flag outside the contract (the message comes from contract.check_obs), or a step
+past its deadline (StepTimeout). The table records the fault and rebuilds the env by id, and
+the loop writes the step as a cut episode (truncated, no finished stats), as step_one does.
 
 A time-limit truncation (truncated, not terminated) also copies the episode's end obs into
 the env's final-obs rows and sets `final`: the learner bootstraps from V(final obs), which

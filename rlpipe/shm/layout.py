@@ -12,7 +12,7 @@ writer notices and stops.
     results             rewards, end flags, episode stats, score, executed action, behaviour logp,
                         final obs of time-limit truncations (one row per env and key)
     actions             policy action (discrete i32, continuous f32[cont_dim]), logp, alternative
-    error ring (1 MiB)  the worker's ERROR records, pulled by the driver's aggregator
+    error log (1 MiB)  the worker's ERROR records, pulled by the driver's aggregator
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlpipe.config import ObsKey
+from rlpipe.spec import ObsKey
 from rlpipe.native.board import BoardView, load_u64, store_u64
-from rlpipe.shm.errorring import ERROR_RING_BYTES
+from rlpipe.shm.errorlog import ERROR_LOG_BYTES
 
 ALIGN = 64
 HEADER_BYTES = 4096
@@ -47,7 +47,7 @@ class WorkerLayout:
     strides: tuple[int, ...]
     results: dict          # field -> (offset, dtype, per-env shape)
     actions: dict
-    error_ring_off: int    # ERROR_RING_BYTES of JSON error records (rlpipe.shm.errorring)
+    error_log_off: int    # ERROR_LOG_BYTES of JSON error records (rlpipe.shm.errorlog)
     size: int
 
     @classmethod
@@ -88,10 +88,10 @@ class WorkerLayout:
         actions = fields([("discrete", "int32", ()), ("continuous", "float32", cd),
                           ("logp", "float32", ()), ("alt_discrete", "int32", ()),
                           ("alt_continuous", "float32", cd), ("alt_logp", "float32", ())])
-        ring_off = off
-        off += ERROR_RING_BYTES
+        log_off = off
+        off += ERROR_LOG_BYTES
         return cls(n_envs, obs_keys, cont_dim, ctrl_off, tuple(key_offsets), tuple(strides),
-                   results, actions, ring_off, off)
+                   results, actions, log_off, off)
 
 
 class WorkerViews:
@@ -112,8 +112,8 @@ class WorkerViews:
 
         self.results = {name: view(spec) for name, spec in layout.results.items()}
         self.actions = {name: view(spec) for name, spec in layout.actions.items()}
-        self.error_ring_buf = np.frombuffer(buf, dtype=np.uint8, count=ERROR_RING_BYTES,
-                                            offset=layout.error_ring_off)
+        self.error_log_buf = np.frombuffer(buf, dtype=np.uint8, count=ERROR_LOG_BYTES,
+                                            offset=layout.error_log_off)
         self.board = BoardView(segment.base, layout.ctrl_off, list(layout.key_offsets),
                                list(layout.strides), [k.nbytes for k in layout.obs_keys],
                                segment.base + H_GENERATION, locked=locked, n_envs=n,
@@ -127,4 +127,4 @@ class WorkerViews:
         store_u64(self.header_addr + word, value)
 
     def release(self) -> None:
-        self.header = self.results = self.actions = self.board = self.error_ring_buf = None
+        self.header = self.results = self.actions = self.board = self.error_log_buf = None

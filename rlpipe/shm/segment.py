@@ -17,6 +17,8 @@ import re
 import secrets
 from pathlib import Path
 
+from rlpipe.procs import pid_alive
+
 SHM_DIR = Path("/dev/shm")
 PREFIX = "rlpipe_"
 _NAME_RE = re.compile(r"^rlpipe_(\d+)-[0-9a-f]+_")
@@ -81,24 +83,6 @@ class Segment:
             self.buf.close()
         except BufferError:
             pass
-
-
-def pid_alive(pid: int) -> bool:
-    """True if `pid` is a running process. A zombie (killed, not yet reaped by its parent)
-    counts as dead: it will never clean up, and a harness may start the next run before
-    reaping the last one."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True                      # no procfs: trust the signal probe
-    state = stat[stat.rfind(")") + 2:][:1]   # the command name may hold spaces and ')'
-    return state not in ("Z", "X")
 
 
 def sweep_dead_segments() -> list[str]:

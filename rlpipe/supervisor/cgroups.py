@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlpipe.procs import pid_alive
+
 log = logging.getLogger("rlpipe.cgroups")
 CPU_PERIOD_US = 100_000
 SHARES_DEFAULT, SHARES_MAX = 1024, 262_144        # cgroup v1 cpu.shares
@@ -233,12 +235,7 @@ def sweep_dead_cgroups(roots: CgroupRoots) -> list[Path]:
             m = _RUN_DIR_RE.match(d.name)
             if m is None:
                 continue
-            try:
-                os.kill(int(m.group(1)), 0)
-                continue
-            except ProcessLookupError:
-                pass
-            except PermissionError:
+            if pid_alive(int(m.group(1))):
                 continue
             _remove_tree(d)
             removed.append(d)

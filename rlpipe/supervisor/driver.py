@@ -27,6 +27,9 @@ from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix, preload_modules
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.slices import SliceRef
+from rlpipe.files import atomic_write
+from rlpipe.procs import pid_alive
+from rlpipe.protocol import RING, epsilon_channel, reward_stats_key, run_key, worker_key
 from rlpipe.redis_client import connect as redis_client
 from rlpipe.shm.layout import H_AWAKE
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
@@ -34,13 +37,12 @@ from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
 from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
-from rlpipe.supervisor.lifecycle import LifecycleWriter, fault_counts
+from rlpipe.lifecycle import LifecycleWriter, fault_counts
 from rlpipe.supervisor.memory import PeakMemory
 from rlpipe.supervisor.redis_service import RedisService
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import WorkerHandle, group_ranges, stop_workers, worker_context
 from rlpipe.telemetry.progress import Progress
-from rlpipe.worker.doorbell import RING
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
 from rlpipe.worker.rewardnorm import RewardNormalizer
@@ -77,7 +79,7 @@ def git_commit() -> str:
 
 
 def env_version(node: dict, commit: str) -> str:
-    """Hash of the type's config + package version + git commit (DESIGN §3)."""
+    """Hash of the type's config + package version + git commit (docs/architecture.md)."""
     text = json.dumps(node, sort_keys=True, default=str) + rlpipe.__version__ + commit
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -96,11 +98,10 @@ def sweep_dead_socket_dirs() -> None:
     for path in Path("/tmp").glob("rlpipe_*-*"):
         try:
             pid = int(path.name.split("_", 1)[1].split("-", 1)[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (ValueError, PermissionError):
+        except ValueError:
             continue
+        if not pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Driver:
@@ -124,7 +125,7 @@ class Driver:
         self.memory = PeakMemory(os.getpid())
         self.zctx = zmq.Context(io_threads=1)
         self.sock_dir: Path | None = None
-        self.board = None           # telemetry.tb.RunBoard, built with the learner
+        self.tb = None              # telemetry.tb.TbWriter, built with the learner
         self.learner = None         # learner.central.CentralLearner
         self.slice_seen: dict[tuple[int, int], float] = {}
         self.slice_first_step: dict[tuple[int, int], float] = {}
@@ -139,7 +140,7 @@ class Driver:
         self.resumed_from_step = 0
         self.started = False        # services and workers up: a final checkpoint makes sense
         self._chart_mark = (0, self.t0)   # (env steps, time) of the last charts/sps sample
-        self.loss_std_checkpoints: dict[str, float] = {}
+        self.loss_std_marks: dict[str, float] = {}
         self.next_checkpoint = self.t0 + spec.learner.checkpoint_interval_s
         self.next_publish = 0.0
         self.next_rnorm_tb = 0.0
@@ -163,14 +164,14 @@ class Driver:
         import torch
 
         from rlpipe.learner.central import CentralLearner
-        from rlpipe.telemetry.tb import RunBoard
+        from rlpipe.telemetry.tb import TbWriter
         torch.set_num_threads(self.spec.learner.torch_threads)
         self.learner = CentralLearner(self.spec, self.plan)
         if self.spec.resume:
             self._resume()
             self._chart_mark = (self.learner.counters.env_steps, time.monotonic())
-        self.board = RunBoard(self.run_dir, self.config_yaml)
-        self.board.text("env_versions", "\n".join(f"{k}: {v}" for k, v in self.versions.items()))
+        self.tb = TbWriter(self.run_dir, self.config_yaml)
+        self.tb.text("env_versions", "\n".join(f"{k}: {v}" for k, v in self.versions.items()))
         self._phase("learner built")
 
     def _phase(self, what: str) -> None:
@@ -190,7 +191,7 @@ class Driver:
         self.redis.start()
         self._phase(f"redis ({self.redis.mode}) up")
         self.rcli = redis_client(self.redis.url)
-        self.rcli.hset(f"rlpipe:{self.run_id}:run", mapping={
+        self.rcli.hset(run_key(self.run_id), mapping={
             "state": "starting", "pid": os.getpid(), "env_count": spec.env_count,
             "run_dir": str(self.run_dir)})
         lifecycle_ep = f"ipc://{self.sock_dir}/lifecycle.ipc"
@@ -239,7 +240,7 @@ class Driver:
             h = WorkerHandle(k, lo, hi, spec, self.plan, self.run_id, self.zctx,
                              f"ipc://{self.sock_dir}/act_w{k}.ipc")
             h.awake = self.schedule.awake[k]
-            h.on_retire = lambda old: self.errors.remove_ring(old.worker_id)
+            h.on_retire = lambda old: self.errors.remove_log(old.worker_id)
             self.handles.append(h)
         # Hot groups start now; dormant ones are started from the loop a few at a time, so
         # the first steps are not queued behind a hundred forks on a busy machine.
@@ -255,7 +256,7 @@ class Driver:
                 ctx, {t.name: t.node for t in spec.env_types}, self.run_dir, spec.random_return_episodes,
                 spec.random_return_budget_s, spec.seed + 99)
         self.memory.start()
-        self.rcli.hset(f"rlpipe:{self.run_id}:run", "state", "running")
+        self.rcli.hset(run_key(self.run_id), "state", "running")
         self.started = True
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -265,7 +266,7 @@ class Driver:
 
     def _rnorm_keys(self) -> list[str]:
         n_workers = -(-self.spec.env_count // self.spec.group_size)
-        return [f"rlpipe:{self.run_id}:rnorm:{k}" for k in range(n_workers)]
+        return [reward_stats_key(self.run_id, k) for k in range(n_workers)]
 
     def _resume(self) -> None:
         """Continue from the newest loadable checkpoint of this run directory; the workers'
@@ -306,24 +307,23 @@ class Driver:
         self._log_update(self.learner.poll_update(wait=True))
         path = self.run_dir / "export" / "policy.pt"
         path.parent.mkdir(exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"policy": self.learner.policy.state_dict(), "compat": self.learner.compat(),
-                    "env_steps": self.learner.counters.env_steps, "config_yaml": self.config_yaml}, tmp)
-        os.replace(tmp, path)
-        return path
+        exported = {"policy": self.learner.policy.state_dict(), "compat": self.learner.compat(),
+                    "env_steps": self.learner.counters.env_steps, "config_yaml": self.config_yaml}
+        return atomic_write(path, lambda f: torch.save(exported, f))
 
     def _after_update(self, progress: float) -> None:
-        """Loss-variance checkpoints: the std of the total loss over the last window of updates
-        when the run passes each configured fraction (the article's 12/24/36 h)."""
+        """Loss-std marks: the std of the total loss over the last window of updates when the
+        run passes each configured fraction (the original system's 12/24/36 h). summary.json
+        keeps its key `loss_std_checkpoints` for them (a public interface)."""
         lc = self.spec.learner
         losses = self.learner.counters.losses
         for f in lc.loss_std_at:
             key = f"{f:g}"
-            if key not in self.loss_std_checkpoints and progress >= f and len(losses) >= 2:
+            if key not in self.loss_std_marks and progress >= f and len(losses) >= 2:
                 window = [loss for _t, loss in losses[-lc.loss_std_window:]]
-                self.loss_std_checkpoints[key] = round(float(np.std(window)), 6)
-                self.board.scalars(self.learner.counters.env_steps,
-                                   {f"losses/std_at_{key}": self.loss_std_checkpoints[key]})
+                self.loss_std_marks[key] = round(float(np.std(window)), 6)
+                self.tb.scalars(self.learner.counters.env_steps,
+                                {f"losses/std_at_{key}": self.loss_std_marks[key]})
 
     def _publish_scaling(self, now: float) -> None:
         """Exploration rates to each awake worker's channel; weights to TensorBoard."""
@@ -334,14 +334,14 @@ class Driver:
             pipe = self.rcli.pipeline(transaction=False)
             for h in self.handles:
                 if h.awake:
-                    pipe.publish(f"rlpipe:{self.run_id}:eps:{h.worker_id}",
+                    pipe.publish(epsilon_channel(self.run_id, h.worker_id),
                                  pack_epsilons(h.env_lo, self.learner.epsilons(h.env_lo, h.env_hi)))
             pipe.execute()
         except redis.RedisError:
             pass          # the next publish carries the rates; workers keep the last ones
         step = self.learner.counters.env_steps
-        self.board.histogram("scaling/weight", self.learner.weights(), step)
-        self.board.scalars(step, {f"scaling/mean_weight/{k}": v
+        self.tb.histogram("scaling/weight", self.learner.weights(), step)
+        self.tb.scalars(step, {f"scaling/mean_weight/{k}": v
                                   for k, v in self.learner.weights_by_type().items()})
 
     def _reward_stats(self, now: float) -> None:
@@ -352,10 +352,10 @@ class Driver:
         try:
             states = [v for v in self.rcli.mget(self._rnorm_keys()) if v]
         except redis.RedisError:
-            return
+            return        # Redis down: no reward_norm scalars this interval, the next one tries again
         if states:
             count, mean, var = RewardNormalizer.merge(states)
-            self.board.scalars(self.learner.counters.env_steps, {
+            self.tb.scalars(self.learner.counters.env_steps, {
                 "reward_norm/count": count, "reward_norm/mean": mean, "reward_norm/std": var ** 0.5})
 
     # -- the loop ----------------------------------------------------------------------------
@@ -372,7 +372,7 @@ class Driver:
         """Start (or restart) a worker; a dormant group's worker joins its cgroup first thing."""
         paths = [] if h.awake else self.cgroups.dormant_paths(h.worker_id)
         h.spawn(self.ctx, self.args_common, paths, self.cgroups.active_paths())
-        self.errors.add_ring(h.worker_id, h.error_ring)
+        self.errors.add_log(h.worker_id, h.error_log)
 
     def _spawn_some(self, now: float) -> None:
         """Start the next dormant workers (a handful per loop turn)."""
@@ -411,7 +411,7 @@ class Driver:
             self.next_memory_tb = now + 10.0
             self._memory_curves()
         if self.errors.maybe_run(now):
-            self.board.text("errors/top10", self.errors.text_for_tensorboard(), self.learner.counters.env_steps)
+            self.tb.text("errors/top10", self.errors.text_for_tensorboard(), self.learner.counters.env_steps)
         if now >= self.next_redis_check:
             self.next_redis_check = now + 5.0
             if self.redis.restart_if_dead():
@@ -515,7 +515,7 @@ class Driver:
     def _log_update(self, stats) -> None:
         if stats is None:
             return
-        self.board.scalars(self.learner.counters.env_steps, {
+        self.tb.scalars(self.learner.counters.env_steps, {
             "losses/policy": stats.policy_loss, "losses/value": stats.value_loss,
             "losses/entropy": stats.entropy, "losses/approx_kl": stats.approx_kl,
             "losses/clipfrac": stats.clipfrac, "losses/total": stats.total_loss,
@@ -535,7 +535,7 @@ class Driver:
             if rets:
                 values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
                 rets.clear()
-        self.board.scalars(c.env_steps, values)
+        self.tb.scalars(c.env_steps, values)
         return sps
 
     def _status_line(self, now: float, sps: float) -> str:
@@ -563,7 +563,7 @@ class Driver:
             lambda: self.lifecycle.stop() if self.lifecycle else None,
             lambda: self.rcli.close() if hasattr(self, "rcli") else None,
             lambda: self.redis.stop() if self.redis else None,
-            lambda: self.board.close() if self.board else None,
+            lambda: self.tb.close() if self.tb else None,
             lambda: self.zctx.term(),
             lambda: self._remove_sockets(),
         ]
@@ -577,25 +577,25 @@ class Driver:
 
     def _memory_curves(self) -> None:
         """Memory of the whole run (PSS, sampled by PeakMemory) and each worker's RSS from its
-        Redis beat: the article's RSS curves, per worker group."""
+        Redis beat: the original system's RSS curves, per worker group."""
         values = {"memory/pss_mb": self.memory.last_bytes / 2**20}
         try:
             pipe = self.rcli.pipeline(transaction=False)
             for h in self.handles:
-                pipe.hget(f"rlpipe:{self.run_id}:worker:{h.worker_id}", "rss_mb")
+                pipe.hget(worker_key(self.run_id, h.worker_id), "rss_mb")
             rss = [float(v) for v in pipe.execute() if v is not None]
         except redis.RedisError:
-            rss = []
+            rss = []      # Redis down: this sample has no worker RSS; PSS is read from /proc anyway
         if rss:
             values.update({"workers/rss_mb_max": max(rss), "workers/rss_mb_mean": float(np.mean(rss))})
-        self.board.scalars(self.learner.counters.env_steps, values)
+        self.tb.scalars(self.learner.counters.env_steps, values)
 
     def _final_errors(self) -> None:
-        """Every worker has stopped: pull the rings one last time and write the report."""
+        """Every worker has stopped: pull the error logs one last time and write the report."""
         if self.errors is not None:
             self.errors.finish()
-            if self.board is not None:
-                self.board.text("errors/top10", self.errors.text_for_tensorboard(),
+            if self.tb is not None:
+                self.tb.text("errors/top10", self.errors.text_for_tensorboard(),
                                 self.learner.counters.env_steps)
 
     def _continue_stopped(self) -> None:
@@ -650,7 +650,7 @@ class Driver:
             "redis": self.redis.mode,
             "env_versions": {k: [v] for k, v in self.versions.items()},
             "loss_std": round(float(np.std(late_losses)), 6) if len(late_losses) > 1 else None,
-            "loss_std_checkpoints": self.loss_std_checkpoints,
+            "loss_std_checkpoints": self.loss_std_marks,     # the public key keeps its name
             "resumed_from_step": self.resumed_from_step,
             "dist": self._dist(),
         }
@@ -678,14 +678,14 @@ class Driver:
                 metrics[f"hparams/return/{name}"] = value
                 if name in result["random_return"]:
                     metrics[f"hparams/return_over_random/{name}"] = value - result["random_return"][name]
-        from rlpipe.telemetry.tb import RunBoard
-        board = RunBoard(self.run_dir, None)
-        board.hparams(hparams, metrics)
-        board.text("learning/per_type", "\n".join(
+        from rlpipe.telemetry.tb import TbWriter
+        tb = TbWriter(self.run_dir, None)
+        tb.hparams(hparams, metrics)
+        tb.text("learning/per_type", "\n".join(
             f"{name}: return {result['mean_return_last100'][name]}, random "
             f"{result['random_return'].get(name, 'unknown')}: {verdict}"
             for name, verdict in result["learned"].items()), result["env_steps"])
-        board.close()
+        tb.close()
 
     def run(self) -> int:
         self.install_signals()
@@ -700,7 +700,7 @@ class Driver:
             self.teardown()
         end = time.monotonic()
         result = self.summary(end)
-        (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
         self._hparams(result)
         try:
             from rlpipe.telemetry.health import write_health_report

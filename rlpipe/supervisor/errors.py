@@ -1,18 +1,16 @@
-"""The error aggregator: pulls every worker's error ring, counts by stack-trace hash, and
-keeps `errors_top10.md` in the run directory up to date (DESIGN §6, §7).
+"""The error aggregator: pulls every worker's error log, counts by stack-trace hash, and
+keeps `errors_top10.md` in the run directory up to date (docs/architecture.md, Control plane).
 
-The driver owns one ErrorAggregator. Each worker's ring (rlpipe.shm.errorring, in the
+The driver owns one ErrorAggregator. Each worker's error log (rlpipe.shm.errorlog, in the
 worker's segment) is added when the worker starts and drained + removed when it is replaced
 or stopped, so the last records of a dead worker are still counted. `maybe_run(now)` in the
 driver's loop pulls and rewrites the report every `logging.aggregate_interval_s`; `finish()`
-does a last pull and write at the end of the run. The report is rewritten atomically (a tmp
-file in the same directory, then os.replace), so a reader sees the old or the new report,
-never half of one.
+does a last pull and write at the end of the run. The report is rewritten atomically
+(rlpipe/files.py), so a reader sees the old or the new report, never half of one.
 """
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -21,7 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rlpipe.shm.errorring import stacktrace_hash
+from rlpipe.files import atomic_write
+from rlpipe.shm.errorlog import stacktrace_hash
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class HashStats:
 
 
 class ErrorAggregator:
-    """Counts the ERROR records of every worker ring by stack-trace hash; writes the Top-10."""
+    """Counts the ERROR records of every worker's error log by stack-trace hash; writes the Top-10."""
 
     def __init__(self, run_dir: Path, interval_s: float, top_n: int = TOP_N,
                  report_name: str = REPORT_NAME):
@@ -73,58 +72,58 @@ class ErrorAggregator:
         self.interval_s = float(interval_s)
         self.top_n = int(top_n)
         self.path = self.run_dir / report_name
-        self._rings: dict = {}
+        self._logs: dict = {}
         self._stats: dict[str, HashStats] = {}
         self._lock = threading.RLock()
         self._next_run = float("-inf")
         self.total = 0                 # records counted
         self.pulls = 0
-        self._dropped_retired = 0      # dropped / corrupt counts of rings already removed
+        self._dropped_retired = 0      # dropped / corrupt counts of error logs already removed
         self._corrupt_retired = 0
         self._read_errors = 0
 
-    # -- rings ---------------------------------------------------------------------------
+    # -- error logs ----------------------------------------------------------------------
 
-    def add_ring(self, worker_id, ring) -> None:
-        """Start pulling `ring` for `worker_id`; an older ring of the same id is drained and
-        retired first (a replaced worker's successor brings a fresh ring)."""
+    def add_log(self, worker_id, elog) -> None:
+        """Start pulling `elog` for `worker_id`; an older error log of the same id is drained and
+        retired first (a replaced worker's successor brings a fresh one)."""
         with self._lock:
-            if worker_id in self._rings:
-                self.remove_ring(worker_id)
-            self._rings[worker_id] = ring
+            if worker_id in self._logs:
+                self.remove_log(worker_id)
+            self._logs[worker_id] = elog
 
     def drain(self, worker_id) -> int:
-        """Pull everything left in one worker's ring now; the number of records counted."""
+        """Pull everything left in one worker's error log now; the number of records counted."""
         with self._lock:
-            ring = self._rings.get(worker_id)
-            return 0 if ring is None else self._pull_one(worker_id, ring)
+            elog = self._logs.get(worker_id)
+            return 0 if elog is None else self._pull_one(worker_id, elog)
 
-    def remove_ring(self, worker_id, drain: bool = True) -> int:
-        """Stop pulling a worker's ring, draining it first (default): records counted."""
+    def remove_log(self, worker_id, drain: bool = True) -> int:
+        """Stop pulling a worker's error log, draining it first (default): records counted."""
         with self._lock:
-            ring = self._rings.get(worker_id)
-            if ring is None:
+            elog = self._logs.get(worker_id)
+            if elog is None:
                 return 0
-            n = self._pull_one(worker_id, ring) if drain else 0
-            self._retire(ring)
-            del self._rings[worker_id]
+            n = self._pull_one(worker_id, elog) if drain else 0
+            self._retire(elog)
+            del self._logs[worker_id]
             return n
 
-    def _retire(self, ring) -> None:
+    def _retire(self, elog) -> None:
         try:
-            self._dropped_retired += int(ring.dropped)
-        except Exception:               # a ring whose memory is gone: its drops are unknown
+            self._dropped_retired += int(elog.dropped)
+        except Exception:               # an error log whose memory is gone: its drops are unknown
             pass
-        self._corrupt_retired += int(getattr(ring, "corrupt", 0))
+        self._corrupt_retired += int(getattr(elog, "corrupt", 0))
 
     # -- pulling -------------------------------------------------------------------------
 
-    def _pull_one(self, worker_id, ring) -> int:
+    def _pull_one(self, worker_id, elog) -> int:
         try:
-            records = ring.read_all()
+            records = elog.read_all()
         except Exception as exc:       # never take the driver down over an error report
             self._read_errors += 1
-            log.warning("error ring of worker %s unreadable: %s", worker_id, exc)
+            log.warning("error log of worker %s unreadable: %s", worker_id, exc)
             return 0
         for rec in records:
             self._count(rec, worker_id)
@@ -146,10 +145,10 @@ class ErrorAggregator:
         self.total += 1
 
     def pull(self) -> int:
-        """Read every ring; the number of new records counted."""
+        """Read every error log; the number of new records counted."""
         with self._lock:
             self.pulls += 1
-            return sum(self._pull_one(wid, ring) for wid, ring in list(self._rings.items()))
+            return sum(self._pull_one(wid, elog) for wid, elog in list(self._logs.items()))
 
     def maybe_run(self, now: float | None = None) -> bool:
         """Pull and rewrite the report when interval_s has passed since the last time
@@ -165,7 +164,7 @@ class ErrorAggregator:
     def finish(self) -> Path:
         """The run's last pull and report (call after the workers stopped, before unlink)."""
         with self._lock:
-            for wid in list(self._rings):
+            for wid in list(self._logs):
                 self.drain(wid)
             return self.write_report()
 
@@ -183,12 +182,12 @@ class ErrorAggregator:
 
     @property
     def dropped(self) -> int:
-        """Records the workers could not write because their ring was full."""
+        """Records the workers could not write because their error log was full."""
         with self._lock:
             live = 0
-            for ring in self._rings.values():
+            for elog in self._logs.values():
                 try:
-                    live += int(ring.dropped)
+                    live += int(elog.dropped)
                 except Exception:
                     pass
             return self._dropped_retired + live
@@ -196,7 +195,7 @@ class ErrorAggregator:
     @property
     def corrupt(self) -> int:
         with self._lock:
-            return self._corrupt_retired + sum(int(getattr(r, "corrupt", 0)) for r in self._rings.values())
+            return self._corrupt_retired + sum(int(getattr(r, "corrupt", 0)) for r in self._logs.values())
 
     def render(self, tensorboard: bool = False) -> str:
         """The report as markdown; `tensorboard=True` shortens the sample tracebacks."""
@@ -206,7 +205,7 @@ class ErrorAggregator:
             total, dropped, corrupt = self.total, self.dropped, self.corrupt
         lines = [f"# Errors: top {self.top_n} by stack-trace hash", ""]
         lines.append(f"Updated {_fmt_ts(time.time())} UTC. {total} error record(s), {distinct} distinct "
-                     f"stack trace(s), {dropped} dropped (ring full), {corrupt} unreadable.")
+                     f"stack trace(s), {dropped} dropped (error log full), {corrupt} unreadable.")
         lines.append("")
         if total == 0:
             lines.append("No errors were recorded.")
@@ -246,7 +245,7 @@ class ErrorAggregator:
             lines += [fence + "text", tb.rstrip("\n"), fence]
             if s.truncated:
                 lines.append("")
-                lines.append("(some records of this hash were truncated to fit the ring's record cap)")
+                lines.append("(some records of this hash were truncated to fit the error log's record cap)")
         lines.append("")
         return "\n".join(lines)
 
@@ -258,20 +257,7 @@ class ErrorAggregator:
         """Rewrite `errors_top10.md` atomically; its path."""
         text = self.render()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        return self.path
+        return atomic_write(self.path, text)
 
 
 def _fmt_ts(ts: float) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import redis
 
 from rlpipe.config import HeartbeatSpec
+from rlpipe.protocol import worker_key
 from rlpipe.shm.layout import H_OS_BEAT_NS, H_READY
 
 log = logging.getLogger("rlpipe.watchdog")
@@ -54,9 +55,11 @@ class Watchdog:
         try:
             pipe = self.redis.pipeline(transaction=False)
             for h in handles:
-                pipe.hget(f"rlpipe:{self.run_id}:worker:{h.worker_id}", "ts")
+                pipe.hget(worker_key(self.run_id, h.worker_id), "ts")
             values = pipe.execute()
         except redis.RedisError:
+            # Down even after the client's retries: not a dead worker. The scan judges by
+            # the OS beat alone, and Redis beats count again from its restart.
             self.redis_down_scans += 1
             self._redis_was_down = True
             return None

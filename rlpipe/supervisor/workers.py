@@ -10,9 +10,9 @@ import zmq
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
-from rlpipe.shm.errorring import ErrorRing
+from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment, segment_name
-from rlpipe.worker.doorbell import ACT, STOP_SLICE, slice_bounds
+from rlpipe.protocol import ACT, STOP_SLICE, slice_bounds
 from rlpipe.worker.process import WorkerArgs, run_worker
 
 WORKER_PRELOAD = ["rlpipe.worker.process"]
@@ -56,7 +56,7 @@ class WorkerHandle:
         self.proc = None
         self.spawned_at = 0.0
         self.awake = False
-        self.error_ring: ErrorRing | None = None
+        self.error_log: ErrorLog | None = None
         self.on_retire = None                      # called with the handle before a segment goes
         self.parked: list = []                     # rings of a dormant group, served on wake
         self.slice_seq = [0] * len(self.bounds)    # last step seq per slice (steps per env)
@@ -67,15 +67,15 @@ class WorkerHandle:
         if old is not None:
             self.views.store(H_GENERATION, self.generation)   # revoke: the old writer's publishes fail
             if self.on_retire is not None:
-                self.on_retire(self)                           # last chance to read the old ring
-            self.error_ring.release()
+                self.on_retire(self)                           # last chance to read the old error log
+            self.error_log.release()
             self.views.release()
         name = segment_name(self.run_id, f"w{self.worker_id}g{self.generation}")
         self.segment = Segment.create(name, self.layout.size)
         self.views = WorkerViews(self.layout, self.segment, locked=self.spec.board_sync == "lock")
         self.views.store(H_MAGIC, MAGIC)
         self.views.store(H_GENERATION, self.generation)
-        self.error_ring = ErrorRing(self.views.error_ring_buf, create=True)
+        self.error_log = ErrorLog(self.views.error_log_buf, create=True)
         if self.spec.board_sync == "lock":
             self.views.board.init_locks(self.n)
         if old is not None:
@@ -118,9 +118,9 @@ class WorkerHandle:
 
     def close(self) -> None:
         self.act.close()
-        if self.error_ring is not None:
-            self.error_ring.release()
-            self.error_ring = None
+        if self.error_log is not None:
+            self.error_log.release()
+            self.error_log = None
         if self.views is not None:
             self.views.release()
             self.views = None

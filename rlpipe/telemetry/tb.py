@@ -1,5 +1,6 @@
 """TensorBoard writer for a run: namespaced tags (charts/, losses/, envs/, board/) and the
-run's config as text, after CleanRL."""
+run's config as text, after CleanRL. (The tag prefix board/ is the shared-memory obs board's
+figures; the writer itself is `TbWriter`, so "board" names only that board.)"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +9,7 @@ from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 
-class RunBoard:
+class TbWriter:
     def __init__(self, run_dir: Path, config_yaml: str | None):
         self.writer = SummaryWriter(str(run_dir / "tb"))
         if config_yaml is not None:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlpipe.config import ObsKey
+from rlpipe.spec import ObsKey
 from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_obs
 from rlpipe.native.steploop import ObsWrite, StepLoop
-from rlpipe.shm.errorring import error_record
+from rlpipe.shm.errorlog import error_record
 
 
 MAX_BUILD_ATTEMPTS = 10
@@ -33,7 +33,7 @@ class StepTimeout(BaseException):
 class EnvFault:
     env_id: int
     kind: str            # "env_crash" (exception) | "env_quarantine" (contract violation) | "env_hang"
-    record: dict         # the error-ring record: ts, env_id, env_type, error_type, stacktrace_hash, ...
+    record: dict         # the error-log record: ts, env_id, env_type, error_type, stacktrace_hash, ...
 
 
 class EnvTable:

@@ -19,16 +19,18 @@ import redis
 import zmq
 
 from rlpipe import redis_client
-from rlpipe.config import ObsKey
+from rlpipe.spec import ObsKey
 from rlpipe.envs.contract import CONTINUOUS, EnvSpec
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
+from rlpipe.procs import pid_alive
+from rlpipe.protocol import (ACT, RING, STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
+                             worker_key)
 from rlpipe.shm.layout import (H_AWAKE, H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
                                 WorkerViews)
-from rlpipe.shm.errorring import ErrorRing
+from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment
-from rlpipe.supervisor.lifecycle import LifecycleClient
-from rlpipe.worker.doorbell import ACT, RING, STOP_SLICE, slice_bounds
+from rlpipe.lifecycle import LifecycleClient
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy, unpack_epsilons
 from rlpipe.worker.rewardnorm import RewardNormalizer
@@ -92,16 +94,6 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
-
-
-def _driver_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _join_cgroups(paths: tuple[str, ...]) -> None:
@@ -181,7 +173,7 @@ class _EpsilonFeed:
         try:
             self.pubsub.close()
         except (redis.RedisError, OSError):
-            pass
+            pass           # closing a connection to a Redis that is gone: nothing left to free
 
 
 def _rss_mb() -> float:
@@ -212,7 +204,7 @@ def run_worker(args: WorkerArgs) -> None:
         pass
 
     views.store(H_PID, os.getpid())
-    errors = ErrorRing(views.error_ring_buf, create=False)      # the driver initialized it
+    errors = ErrorLog(views.error_log_buf, create=False)      # the driver initialized it
     # OS-level beat: the handler stamps CLOCK_MONOTONIC into shared memory. It runs only when
     # this interpreter's main thread is alive and reaching bytecode boundaries.
     beat_addr = views.header_addr + H_OS_BEAT_NS
@@ -231,7 +223,7 @@ def run_worker(args: WorkerArgs) -> None:
     act.setsockopt(zmq.LINGER, 0)
     act.setsockopt(zmq.RCVHWM, 1000)
     act.connect(args.act_endpoint)
-    beat = _Heartbeat(args.redis_url, f"rlpipe:{args.run_id}:worker:{args.worker_id}",
+    beat = _Heartbeat(args.redis_url, worker_key(args.run_id, args.worker_id),
                       args.heartbeat_redis_interval_s)
     steps = 0
     next_signal = 0.0
@@ -255,7 +247,7 @@ def run_worker(args: WorkerArgs) -> None:
     stepper = Stepper(table, args.threads, args.step_timeout_s, views.results, tick=heartbeats)
     bounds = slice_bounds(n, args.slices)
     exit_code = 0
-    rnorm_key = f"rlpipe:{args.run_id}:rnorm:{args.worker_id}"
+    rnorm_key = reward_stats_key(args.run_id, args.worker_id)
     rnorm = None
     if args.reward_norm_mode != "off":
         rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip,
@@ -272,12 +264,12 @@ def run_worker(args: WorkerArgs) -> None:
         specs = [args.type_specs[t] for t in args.type_index]
         explore = EpsilonGreedy(np.array([s.action_kind == CONTINUOUS for s in specs]),
                                 np.array([s.action_n for s in specs]), seed=args.seed + 7919 * args.worker_id)
-        feed = _EpsilonFeed(beat.client, f"rlpipe:{args.run_id}:eps:{args.worker_id}", args.env_lo,
+        feed = _EpsilonFeed(beat.client, epsilon_channel(args.run_id, args.worker_id), args.env_lo,
                             explore)
     next_rnorm_sync = args.reward_norm_sync_every * n
 
     def report_faults() -> None:
-        """Each env fault: a lifecycle row and an ERROR record in the shared-memory ring."""
+        """Each env fault: a lifecycle row and an ERROR record in the shared-memory error log."""
         for fault in table.faults:
             t = args.type_index[fault.env_id - args.env_lo]
             fields = dict(env_id=fault.env_id, env_type=args.type_names[t],
@@ -300,7 +292,7 @@ def run_worker(args: WorkerArgs) -> None:
         while not views.load(H_AWAKE) and not stopping:
             if act.poll(100) and ACT.unpack(act.recv())[0] == STOP_SLICE:
                 stopping.append(True)
-            elif not _driver_alive(args.driver_pid):
+            elif not pid_alive(args.driver_pid):
                 stopping.append(True)
             heartbeats()
         acts, results = views.actions, views.results
@@ -362,7 +354,7 @@ def run_worker(args: WorkerArgs) -> None:
                     pass                       # the learner is gone or drowning; we check below
                 if table.faults:
                     report_faults()
-            elif not _driver_alive(args.driver_pid):
+            elif not pid_alive(args.driver_pid):
                 break
             if views.load(H_GENERATION) != args.generation:
                 break
@@ -387,7 +379,7 @@ def run_worker(args: WorkerArgs) -> None:
             try:
                 beat.client.set(rnorm_key, rnorm.state())
             except redis.RedisError:
-                pass
+                pass       # Redis down at exit: the statistics of the last sync stay in Redis
         if feed is not None:
             feed.close()
         stepper.close()

@@ -13,7 +13,7 @@ Per env, from the last `window` (scaling.window, default 100) rewards and the la
     score = (1 - c) / (1 + s_r + cv_L)             in [0, 1]
 
 - std is the population std over the window (two-pass, float64). `reward_scale` (default
-  1.0, a scalar or one value per env) is the reward size considered normal; the article's
+  1.0, a scalar or one value per env) is the reward size considered normal; the original system's
   ground truth is "95% of envs reward in [-1, 1]", so an env whose per-step rewards spread
   over +-100 scores ~0.01 and one with a constant reward scores 1. The reward term is not
   scale-free on purpose: it is there to catch envs whose raw rewards would dominate the

@@ -8,9 +8,9 @@ Two ways, picked by `worker.threads`:
   whose handler raises StepTimeout inside that step. This covers hangs in Python code, and
   in sleeps, sockets, locks and other interruptible waits. A step stuck in native code that
   ignores signals also stops the OS beat, so the watchdog replaces the worker. Arming the
-  deadline is one C store per step. Handing each slice to a helper thread instead cost
-  ~55 µs a slice, and a Condition round trip per env ~4 µs a step; CartPole's own step is
-  ~6.3 µs (benchmarks/step_path.py).
+  deadline is one C store per step. Handing each slice to a helper thread instead, and a
+  Condition round trip per env, cost several times a CartPole step (benchmarks/step_path.py;
+  the figures are in docs/benchmarks.md).
 - **Several threads: a pool.** This is for envs that release the GIL: renderers, physics
   engines, I/O. Helpers claim env after env of the slice under a plain lock and step them at
   once, through EnvTable.step_one. The main thread sleeps until the slice is done, or until

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rlpipe.supervisor.lifecycle import _connect_ro
+from rlpipe.lifecycle.readers import connect_ro
 
 WORKER_FAULTS = ("kill_worker", "stop_worker")
 REDIS_FAULTS = ("kill_redis",)
@@ -125,7 +125,7 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
     if summary is None:
         summary = _load_summary(db_path)
     rate = per_env_step_rate(summary)
-    with contextlib.closing(_connect_ro(db_path)) as db:
+    with contextlib.closing(connect_ro(db_path)) as db:
         injects = _rows(db, ("chaos_inject",))
         readies = _rows(db, ("worker_ready",))
         restarts = _rows(db, ("redis_restart",))
@@ -194,7 +194,7 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
 def restart_reasons(db_path: str | Path) -> dict[str, int]:
     """worker_restart rows counted by their detail "reason" ("unknown" when it has none),
     most frequent first."""
-    with contextlib.closing(_connect_ro(db_path)) as db:
+    with contextlib.closing(connect_ro(db_path)) as db:
         rows = db.execute("SELECT detail FROM events WHERE kind = 'worker_restart'").fetchall()
     counts = Counter(str(_detail(d).get("reason") or "unknown") for (d,) in rows)
     return dict(counts.most_common())

@@ -1,14 +1,14 @@
-"""A worker's error ring: single-producer / single-consumer JSON records in shared memory.
+"""A worker's error log: single-producer / single-consumer JSON records in shared memory.
 
 The worker (producer) writes one compact JSON record per ERROR; the driver's aggregator
-(consumer) pulls them every `logging.aggregate_interval_s`. The ring is a fixed byte region
+(consumer) pulls them every `logging.aggregate_interval_s`. The log is a fixed byte region
 (1 MiB, 64-byte aligned) of the worker's segment:
 
     +0     magic u64          written last by the creator (release)
     +8     capacity u64       bytes in the data area (a multiple of 8)
     +16    max record u64     the payload cap the creator chose (informational)
     +64    head u64           producer: bytes ever written (monotonic)        own cache line
-    +72    dropped u64        producer: records refused because the ring was full
+    +72    dropped u64        producer: records refused because the log was full
     +80    written u64        producer: records accepted
     +128   tail u64           consumer: bytes ever consumed (monotonic)       own cache line
     +256   data               capacity bytes
@@ -17,7 +17,7 @@ Records are 8-byte aligned: `u32 length | u32 crc32(payload) | payload | pad`. A
 straddles the end of the data area: when it does not fit before the end, the producer writes
 a skip marker (length 0xFFFFFFFF) there and starts the record at offset 0; the skipped bytes
 count as used. head and tail are positions in an unbounded byte stream (offset = pos %
-capacity), so `head - tail` is the number of unread bytes and the ring is empty iff they are
+capacity), so `head - tail` is the number of unread bytes and the log is empty iff they are
 equal.
 
 Ordering: the producer writes the record's bytes, then release-stores the new head
@@ -28,7 +28,7 @@ bytes the consumer has not released. A producer killed mid-record leaves head at
 whole record: the half-written bytes lie beyond head and are overwritten by the next writer
 (a successor attaching with `create=False` continues from the published head).
 
-Full ring: the record is dropped and `dropped` counts it; the producer never blocks and
+Full log: the record is dropped and `dropped` counts it; the producer never blocks and
 never overwrites unread data. An oversized record is shrunk to fit the cap (the traceback is
 trimmed in the middle, keeping its start and the innermost frames + exception line) and
 marked `"truncated": true`.
@@ -52,12 +52,12 @@ import numpy as np
 
 from rlpipe.native.board import load_u64, store_u64
 
-ERROR_RING_BYTES = 1 << 20
+ERROR_LOG_BYTES = 1 << 20
 MAX_RECORD_BYTES = 16 << 10          # payload cap of one record (JSON bytes)
 TRACEBACK_CHARS = 8 << 10            # traceback text kept in a fresh record
 MESSAGE_CHARS = 500                  # first line of the exception message
 
-RING_MAGIC = 0x726C70655F657272      # "rlpe_err"
+LOG_MAGIC = 0x726C70655F657272      # "rlpe_err"
 OFF_MAGIC, OFF_CAPACITY, OFF_MAX_RECORD = 0, 8, 16
 OFF_HEAD, OFF_DROPPED, OFF_WRITTEN = 64, 72, 80
 OFF_TAIL = 128
@@ -73,17 +73,17 @@ def _align8(n: int) -> int:
 def _as_u8(buf) -> np.ndarray:
     arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
     if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.c_contiguous:
-        raise ValueError("error ring: need a contiguous 1-D uint8 buffer")
+        raise ValueError("error log: need a contiguous 1-D uint8 buffer")
     if not arr.flags.writeable:
-        raise ValueError("error ring: buffer is read-only (both sides store a position)")
+        raise ValueError("error log: buffer is read-only (both sides store a position)")
     return arr
 
 
-class ErrorRing:
-    """SPSC ring of JSON records over `buf` (a uint8 array or any writable buffer).
+class ErrorLog:
+    """SPSC log of JSON records (a circular buffer) over `buf` (a uint8 array or any writable buffer).
 
     `create=True` initialises the header (the segment's owner, before the other side
-    attaches); `create=False` attaches to an initialised ring and raises ValueError if it is
+    attaches); `create=False` attaches to an initialised log and raises ValueError if it is
     not one. Either side may create; the producer calls `write`, the consumer `read_all`.
     """
 
@@ -92,9 +92,9 @@ class ErrorRing:
         self._mv = memoryview(self._u8)
         self._addr = self._u8.ctypes.data
         if self._addr % 8:
-            raise ValueError("error ring: buffer must be 8-byte aligned (64 preferred)")
+            raise ValueError("error log: buffer must be 8-byte aligned (64 preferred)")
         if len(self._u8) < HEADER_BYTES + 1024:
-            raise ValueError(f"error ring: {len(self._u8)} bytes is too small")
+            raise ValueError(f"error log: {len(self._u8)} bytes is too small")
         self._hdr = np.frombuffer(self._u8, dtype=np.uint64, count=HEADER_BYTES // 8)
         self._lock = threading.Lock()
         self.corrupt = 0                    # consumer-side: records that failed their check
@@ -103,14 +103,14 @@ class ErrorRing:
             self._u8[:HEADER_BYTES] = 0
             self._hdr[OFF_CAPACITY // 8] = capacity
             self._hdr[OFF_MAX_RECORD // 8] = max_record_bytes
-            store_u64(self._addr + OFF_MAGIC, RING_MAGIC)
+            store_u64(self._addr + OFF_MAGIC, LOG_MAGIC)
         else:
-            if load_u64(self._addr + OFF_MAGIC) != RING_MAGIC:
-                raise ValueError("error ring: no ring here (magic mismatch); the creator must "
+            if load_u64(self._addr + OFF_MAGIC) != LOG_MAGIC:
+                raise ValueError("error log: no error log here (magic mismatch); the creator must "
                                  "initialise it with create=True first")
             capacity = int(self._hdr[OFF_CAPACITY // 8])
             if capacity <= 0 or capacity > len(self._u8) - HEADER_BYTES or capacity % 8:
-                raise ValueError(f"error ring: bad capacity {capacity}")
+                raise ValueError(f"error log: bad capacity {capacity}")
         self.capacity = capacity
         # the payload cap: fits the data area with room for a skip marker and a header
         self.max_record_bytes = min(int(max_record_bytes), capacity // 2 - REC_HEADER.size)
@@ -125,7 +125,7 @@ class ErrorRing:
 
     def write(self, record: dict) -> bool:
         """Append one record (compact JSON, shrunk to the cap if needed). False, and
-        `dropped` + 1, when the ring has no room; never blocks, never overwrites unread data."""
+        `dropped` + 1, when the log has no room; never blocks, never overwrites unread data."""
         payload = encode_record(record, self.max_record_bytes)
         n = len(payload)
         size = _align8(REC_HEADER.size + n)
@@ -197,7 +197,7 @@ class ErrorRing:
 
     @property
     def dropped(self) -> int:
-        """Records the producer refused because the ring was full (monotonic)."""
+        """Records the producer refused because the log was full (monotonic)."""
         return load_u64(self._addr + OFF_DROPPED)
 
     @property
@@ -358,7 +358,7 @@ def _first_line(text: str) -> str:
 
 
 def error_record(env_id, env_type, exc: BaseException, ts: float | None = None) -> dict:
-    """The ERROR record a worker writes for an exception of env `env_id` (DESIGN §4, §6)."""
+    """The ERROR record a worker writes for an exception of env `env_id` (docs/architecture.md)."""
     text = format_exc_text(exc)
     message = _first_line(str(exc))
     if len(message) > MESSAGE_CHARS:
@@ -376,5 +376,5 @@ def error_record(env_id, env_type, exc: BaseException, ts: float | None = None) 
     }
 
 
-__all__ = ["ERROR_RING_BYTES", "MAX_RECORD_BYTES", "ErrorRing", "encode_record", "error_record",
+__all__ = ["ERROR_LOG_BYTES", "MAX_RECORD_BYTES", "ErrorLog", "encode_record", "error_record",
            "format_exc_text", "normalize_traceback", "stacktrace_hash", "trim_text"]

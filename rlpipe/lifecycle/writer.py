@@ -1,19 +1,6 @@
-"""The env lifecycle log: one row per create, crash, rebuild, wake, worker restart, ... of a run.
-
-Workers never touch SQLite. Each one holds a `LifecycleClient` (a ZMQ PUSH) and sends one
-compact-JSON frame per event; the driver process runs the single `LifecycleWriter`, a thread
-that drains a PULL socket plus an in-process queue (for the driver's own events) and writes
-rows in batched transactions to `<run_dir>/lifecycle.sqlite` (WAL). One writer means no
-lock contention between thousands of envs, and a worker can never be blocked by the log:
-a full send queue drops the event and counts it.
-
-Readers (`fault_counts`, `event_counts`, `env_history`, the CLI) open the file read-only,
-so they are safe to use while a run is still writing.
-"""
+"""The one SQLite writer of a run's lifecycle log (see the package docstring for why one)."""
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import logging
 import queue
@@ -21,35 +8,16 @@ import sqlite3
 import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import zmq
 
+from rlpipe.lifecycle.events import COLUMNS, check_endpoint, check_kind
+
 log = logging.getLogger(__name__)
 
-EVENT_KINDS = frozenset({
-    "env_create", "env_reset_fail", "env_crash", "env_hang", "env_rebuild", "env_quarantine",
-    "env_close", "group_wake", "group_hibernate", "worker_spawn", "worker_exit", "worker_term",
-    "worker_kill", "worker_restart", "redis_restart", "chaos_inject", "worker_ready",
-})
-
-# summary.json "faults" key -> the event kind it counts.
-FAULT_KINDS = {
-    "env_crashes": "env_crash",
-    "env_hangs": "env_hang",
-    "env_rebuilds": "env_rebuild",
-    "quarantined": "env_quarantine",
-    "worker_restarts": "worker_restart",
-}
-
-DB_NAME = "lifecycle.sqlite"
-IPC_PATH_MAX = 107          # sizeof(sockaddr_un.sun_path) - 1 on Linux
-
-_COLUMNS = ("ts", "run_id", "kind", "env_id", "env_type", "env_version", "worker_id",
-            "generation", "detail")
-_FIELDS = frozenset(_COLUMNS) - {"run_id", "kind"}      # what an event may carry
+_FIELDS = frozenset(COLUMNS) - {"run_id", "kind"}      # what an event may carry
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, ts REAL, run_id TEXT, kind TEXT, env_id INTEGER, env_type TEXT,
@@ -57,29 +25,14 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_kind ON events(kind);
 CREATE INDEX IF NOT EXISTS events_env_id ON events(env_id);
 """
-_INSERT = f"INSERT INTO events ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+_INSERT = f"INSERT INTO events ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
 _BATCH_ROWS = 500           # commit after this many rows ...
 _BATCH_S = 0.2              # ... or this long after the first uncommitted one
 _POLL_S = 0.1               # the writer thread wakes at least this often, so stop() is prompt
 _DRAIN_S = 2.0              # stop() gives in-flight events this long to arrive
 _QUIET_S = 0.1              # ... and stops earlier once the socket has been quiet this long
-_CLIENT_HWM = 10000
 _WRITER_RCVHWM = 100000     # frames of ~150 bytes: ~15 MB at most
-_CLIENT_LINGER_MS = 500     # on close, give the last events (e.g. worker_exit) time to leave
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in EVENT_KINDS:
-        raise ValueError(f"unknown lifecycle event kind {kind!r}; expected one of {sorted(EVENT_KINDS)}")
-
-
-def _check_endpoint(endpoint: str) -> None:
-    if endpoint.startswith("ipc://"):
-        path = endpoint[len("ipc://"):]
-        if len(path.encode()) > IPC_PATH_MAX:
-            raise ValueError(f"ipc endpoint path is {len(path.encode())} bytes, over the OS limit of "
-                             f"{IPC_PATH_MAX}: {path!r}; put the socket under a shorter directory")
 
 
 def _detail_text(detail: Any) -> str | None:
@@ -106,7 +59,7 @@ class LifecycleWriter:
 
     def __init__(self, db_path: str | Path, endpoint: str, run_id: str,
                  ctx: zmq.Context | None = None):
-        _check_endpoint(endpoint)
+        check_endpoint(endpoint)
         self.db_path = Path(db_path)
         self.endpoint = endpoint
         self.run_id = run_id
@@ -157,7 +110,7 @@ class LifecycleWriter:
     def record(self, kind: str, **fields: Any) -> None:
         """Thread-safe enqueue of one row from the driver process. Fields: env_id, env_type,
         env_version, worker_id, generation, detail (str or JSON-able dict), ts."""
-        _check_kind(kind)
+        check_kind(kind)
         unknown = set(fields) - _FIELDS
         if unknown:
             raise TypeError(f"record() got unknown lifecycle fields {sorted(unknown)}")
@@ -228,7 +181,7 @@ class LifecycleWriter:
         try:
             msg = json.loads(frame)
             kind = msg.pop("kind")
-            _check_kind(kind)
+            check_kind(kind)
             if set(msg) - _FIELDS:
                 raise ValueError(f"unknown fields {sorted(set(msg) - _FIELDS)}")
             return self._row(kind, msg)
@@ -326,142 +279,3 @@ class LifecycleWriter:
                 m.done.set()
             self._sock.close(linger=0)
             self._db.close()
-
-
-class LifecycleClient:
-    """Used in worker processes: a ZMQ PUSH connected to the writer's endpoint.
-
-    `event()` never blocks: when the send queue is full (writer gone or far behind) the
-    event is dropped and counted in `dropped`. Safe to share between a worker's threads.
-    """
-
-    def __init__(self, endpoint: str, ctx: zmq.Context | None = None, worker_id: int | None = None,
-                 generation: int | None = None, hwm: int = _CLIENT_HWM):
-        _check_endpoint(endpoint)
-        self.worker_id = None if worker_id is None else int(worker_id)
-        self.generation = None if generation is None else int(generation)
-        self.dropped = 0
-        self._lock = threading.Lock()       # ZMQ sockets are not thread-safe
-        self._sock: zmq.Socket | None = (ctx or zmq.Context.instance()).socket(zmq.PUSH)
-        self._sock.setsockopt(zmq.SNDHWM, hwm)
-        self._sock.setsockopt(zmq.LINGER, _CLIENT_LINGER_MS)
-        self._sock.connect(endpoint)
-
-    def event(self, kind: str, env_id: int | None = None, env_type: str | None = None,
-              env_version: str | None = None, detail: str | dict | None = None,
-              ts: float | None = None) -> None:
-        _check_kind(kind)
-        msg: dict[str, Any] = {"kind": kind, "ts": time.time() if ts is None else ts}
-        # Only non-null fields travel; the writer fills the rest with NULL.
-        # int() so numpy integers from the engine serialise as numbers.
-        for key, value in (("env_id", None if env_id is None else int(env_id)), ("env_type", env_type),
-                           ("env_version", env_version), ("worker_id", self.worker_id),
-                           ("generation", self.generation), ("detail", detail)):
-            if value is not None:
-                msg[key] = value
-        frame = json.dumps(msg, separators=(",", ":"), default=str).encode()
-        with self._lock:
-            if self._sock is None:
-                self.dropped += 1
-                return
-            try:
-                self._sock.send(frame, zmq.NOBLOCK)
-            except zmq.Again:
-                self.dropped += 1
-
-    def close(self) -> None:
-        with self._lock:
-            if self._sock is not None:
-                self._sock.close()          # keeps the socket's LINGER: last events still leave
-                self._sock = None
-
-    def __enter__(self) -> "LifecycleClient":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-# --- readers -------------------------------------------------------------------------------
-
-def _connect_ro(db_path: str | Path) -> sqlite3.Connection:
-    """Read-only, so a reader can never create an empty db by mistake or block the writer."""
-    path = Path(db_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no lifecycle log at {path}")
-    # A db at rest (no -wal beside it: the writer has closed) is opened immutable, so the
-    # reader creates no -shm/-wal files of its own in the run directory.
-    at_rest = not path.with_name(path.name + "-wal").exists()
-    return sqlite3.connect(path.resolve().as_uri() + ("?mode=ro&immutable=1" if at_rest else "?mode=ro"),
-                           uri=True)
-
-
-def fault_counts(db_path: str | Path) -> dict[str, int]:
-    """The "faults" block of summary.json, counted from rows."""
-    with contextlib.closing(_connect_ro(db_path)) as db:
-        kinds = dict(db.execute(
-            f"SELECT kind, COUNT(*) FROM events WHERE kind IN ({', '.join('?' * len(FAULT_KINDS))}) "
-            "GROUP BY kind", tuple(FAULT_KINDS.values())).fetchall())
-    return {key: kinds.get(kind, 0) for key, kind in FAULT_KINDS.items()}
-
-
-def event_counts(db_path: str | Path) -> dict[tuple[str, str | None], int]:
-    """(kind, env_type) -> number of rows; env_type is None for worker/run-level events."""
-    with contextlib.closing(_connect_ro(db_path)) as db:
-        rows = db.execute("SELECT kind, env_type, COUNT(*) FROM events GROUP BY kind, env_type").fetchall()
-    return {(kind, env_type): n for kind, env_type, n in rows}
-
-
-def env_history(db_path: str | Path, env_id: int) -> list[dict]:
-    """Every row of one env, oldest first (ties in ts keep arrival order)."""
-    with contextlib.closing(_connect_ro(db_path)) as db:
-        db.row_factory = sqlite3.Row
-        rows = db.execute("SELECT * FROM events WHERE env_id = ? ORDER BY ts, id", (env_id,)).fetchall()
-    return [dict(r) for r in rows]
-
-
-# --- CLI -------------------------------------------------------------------------------------
-
-def _table(header: tuple, rows: list[tuple], right: set[int] = frozenset()) -> str:
-    cells = [tuple("-" if v is None else str(v) for v in row) for row in [header, *rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = []
-    for row in cells:
-        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
-
-
-def cli(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m rlpipe.lifecycle",
-        description="Summarise a run's env lifecycle log (lifecycle.sqlite).")
-    p.add_argument("run_dir", type=Path, help="the Hydra run directory (or the .sqlite file itself)")
-    p.add_argument("--env", type=int, metavar="N", help="print the ordered history of env N")
-    args = p.parse_args(argv)
-
-    db_path = args.run_dir if args.run_dir.is_file() else args.run_dir / DB_NAME
-    if not db_path.is_file():
-        print(f"error: no lifecycle log: {db_path} does not exist", file=sys.stderr)
-        return 2
-    try:
-        if args.env is None:
-            counts = event_counts(db_path)
-            rows = [(kind, env_type, n) for (kind, env_type), n in
-                    sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
-            rows.append(("total", None, sum(counts.values())))
-            print(_table(("kind", "env_type", "count"), rows, right={2}))
-        else:
-            hist = env_history(db_path, args.env)
-            if not hist:
-                print(f"no events for env {args.env} in {db_path}")
-                return 0
-            rows = [(datetime.fromtimestamp(r["ts"]).isoformat(sep=" ", timespec="milliseconds"),
-                     r["kind"], r["env_type"], r["env_version"], r["worker_id"], r["generation"],
-                     r["detail"]) for r in hist]
-            print(_table(("time", "kind", "env_type", "version", "worker", "gen", "detail"),
-                         rows, right={4, 5}))
-    except sqlite3.DatabaseError as e:
-        print(f"error: cannot read lifecycle log {db_path}: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -1,0 +1,55 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+The content goes to a temporary file in the same directory (so the rename stays on one file
+system), is flushed and fsynced, and is then renamed over the target with os.replace; the
+directory is fsynced after, so the rename itself survives a crash. The temporary name holds
+the writer's pid and thread, so two writers never share one, and a failed write removes it.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import BinaryIO, Callable, Union
+
+Content = Union[str, bytes, Callable[[BinaryIO], None]]
+
+
+def temp_name(path: Path) -> Path:
+    """The temporary file `atomic_write` writes before the rename."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in `directory` durable; a file system that cannot is left as it is."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, content: Content) -> Path:
+    """Write `content` (text as UTF-8, bytes, or a function that writes into a binary file)
+    to `path` atomically; returns the path."""
+    path = Path(path)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path

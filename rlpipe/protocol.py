@@ -1,0 +1,66 @@
+"""What the driver, the learner and the workers agree on, in one place: the doorbell frames
+they send over ZMQ (small fixed structs, never pickles), how a worker's envs split into slices,
+what the learner may use of a worker to serve its slices, and the names of the Redis keys and
+channels they share. Every side imports these; none spells them out."""
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from rlpipe.shm.layout import WorkerViews
+
+# --- doorbell frames -------------------------------------------------------------------------
+
+# worker -> learner: "slice `slice` of worker `worker` (generation) has published step `seq`"
+RING = struct.Struct("<IIIQ")
+# learner -> worker: "actions for step `seq` of slice `slice` are in the action arrays"
+ACT = struct.Struct("<IQ")
+STOP_SLICE = 0xFFFFFFFF
+
+
+def slice_bounds(n_envs: int, slices: int) -> list[tuple[int, int]]:
+    """Split a worker's n envs into `slices` contiguous, near-equal, non-empty ranges."""
+    slices = max(1, min(slices, n_envs))
+    edges = [round(i * n_envs / slices) for i in range(slices + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(slices)]
+
+
+class SliceSource(Protocol):
+    """What the learner uses of a worker to serve its slices (the driver's WorkerHandle is one).
+
+    The learner gathers obs from `views.board`, writes actions into `views.actions`, reads
+    `views.results`, and rings the worker back; it never starts, stops or replaces a worker.
+    """
+    worker_id: int
+    env_lo: int                                  # first env id of the worker
+    bounds: list[tuple[int, int]]                # per slice: [lo, hi) inside the worker
+    slice_types: list[np.ndarray]                # per slice: env type index of each env
+    views: WorkerViews                           # the current generation's shared memory
+
+    def ring(self, slice_index: int, seq: int) -> bool:
+        """Tell the worker the actions of step `seq` of a slice are written; False if no peer."""
+
+
+# --- Redis key names -------------------------------------------------------------------------
+
+def run_key(run_id: str) -> str:
+    """Hash: the run's state (written by the driver)."""
+    return f"rlpipe:{run_id}:run"
+
+
+def worker_key(run_id: str, worker_id: int) -> str:
+    """Hash: a worker's Redis heartbeat (pid, generation, steps, RSS, time)."""
+    return f"rlpipe:{run_id}:worker:{worker_id}"
+
+
+def reward_stats_key(run_id: str, worker_id: int) -> str:
+    """String: a worker's packed reward-normalization statistics."""
+    return f"rlpipe:{run_id}:rnorm:{worker_id}"
+
+
+def epsilon_channel(run_id: str, worker_id: int) -> str:
+    """Pub/sub channel: the exploration rates of a worker's envs."""
+    return f"rlpipe:{run_id}:eps:{worker_id}"

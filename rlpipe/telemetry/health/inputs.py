@@ -1,0 +1,88 @@
+"""The health report's inputs: the run's own files (summary.json, tb/, lifecycle.sqlite), each
+read once, with a note saying whether it was present, missing or unreadable."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlpipe.lifecycle import connect_ro
+from rlpipe.telemetry.tb_events import Series, read_scalars
+
+log = logging.getLogger(__name__)
+
+RETURN_PREFIX = "charts/episodic_return/"
+MEMORY_TAGS = ("memory/pss_mb", "workers/rss_mb_max", "workers/rss_mb_mean")
+ENV_FAULT_KINDS = ("env_crash", "env_hang", "env_quarantine", "env_reset_fail")
+
+
+@dataclass
+class RunFiles:
+    run_dir: Path
+    summary: dict | None = None
+    summary_note: str = "missing"
+    scalars: dict[str, Series] = field(default_factory=dict)
+    tb_note: str = "missing"
+    db: Path | None = None
+    db_note: str = "missing"
+    notes: list[str] = field(default_factory=list)
+
+
+def _load_summary(run_dir: Path) -> tuple[dict | None, str]:
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None, "missing"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return None, f"unreadable ({e})"
+    if not isinstance(data, dict):
+        return None, "unreadable (not a JSON object)"
+    return data, "present"
+
+
+def _load_tb(run_dir: Path) -> tuple[dict[str, Series], str]:
+    tb = run_dir / "tb"
+    if not tb.is_dir():
+        return {}, "missing"
+    files = [p for p in tb.iterdir() if p.is_file() and "tfevents" in p.name]
+    if not files:
+        return {}, "missing (tb/ holds no event files)"
+    try:
+        scalars = read_scalars(tb)
+    except Exception as e:          # a truncated/corrupt event file must not sink the report
+        log.warning("health report: cannot read %s: %s", tb, e)
+        return {}, f"unreadable ({type(e).__name__}: {e})"
+    return scalars, f"present ({len(files)} event file(s), {len(scalars)} scalar tag(s))"
+
+
+def _load_db(run_dir: Path) -> tuple[Path | None, str]:
+    path = run_dir / "lifecycle.sqlite"
+    if not path.is_file():
+        return None, "missing"
+    try:
+        with contextlib.closing(connect_ro(path)) as db:
+            n = db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        return None, f"unreadable ({e})"
+    return path, f"present ({n:,} rows)"
+
+
+def load_run(run_dir: Path) -> RunFiles:
+    run = RunFiles(Path(run_dir))
+    run.summary, run.summary_note = _load_summary(run.run_dir)
+    run.scalars, run.tb_note = _load_tb(run.run_dir)
+    run.db, run.db_note = _load_db(run.run_dir)
+    return run
+
+
+def query(db_path: Path, sql: str, args: tuple = ()) -> list[tuple]:
+    with contextlib.closing(connect_ro(db_path)) as db:
+        return db.execute(sql, args).fetchall()
+
+
+def return_series(scalars: dict[str, Series]) -> dict[str, Series]:
+    return {tag[len(RETURN_PREFIX):]: s for tag, s in sorted(scalars.items()) if tag.startswith(RETURN_PREFIX)}

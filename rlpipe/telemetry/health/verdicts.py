@@ -1,0 +1,95 @@
+"""The health report's verdicts: yes / no / n/a checks, each with its evidence, drawn from what
+the sections found."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from rlpipe.telemetry.health.inputs import query
+from rlpipe.telemetry.health.markdown import fmt
+from rlpipe.telemetry.health.sections import Report
+
+PEAK_MEMORY_LIMIT_MB = 12 * 1024
+
+
+def build_verdicts(report: Report) -> None:
+    """Append the report's checks to `report.verdicts`, each (check, yes|no|n/a, evidence);
+    what is appended before a failure stays."""
+    s, v = report.s, report.verdicts
+    if report.run.summary is not None and s.get("active_envs_end") is not None and s.get("env_count"):
+        ok = s["active_envs_end"] >= s["env_count"]
+        v.append(("all envs active at end", "yes" if ok else "no",
+                  f"{s['active_envs_end']:,}/{s['env_count']:,} active (summary.json)"))
+    else:
+        v.append(("all envs active at end", "n/a", "summary.json missing"))
+
+    rep = report.recovery
+    if rep is None:
+        v.append(("every injected fault recovered", "n/a", "lifecycle.sqlite missing"))
+    elif rep["injected"] == 0:
+        v.append(("every injected fault recovered", "n/a", "no faults injected"))
+    else:
+        v.append(("every injected fault recovered", "yes" if rep["unrecovered"] == 0 else "no",
+                  f"{rep['recovered']}/{rep['injected']} recovered (lifecycle)"))
+
+    if report.run.db is None:
+        v.append(("no worker lost", "n/a", "lifecycle.sqlite missing"))
+    else:
+        lost = lost_workers(report.run.db)
+        n_restarts = (report.life_counts or {}).get("worker_restart", 0)
+        v.append(("no worker lost", "yes" if not lost else "no",
+                  f"{n_restarts} restart(s), each followed by a new generation's spawn (lifecycle)" if not lost
+                  else "worker(s) restarted without a replacement: " + ", ".join(map(str, lost))))
+
+    peak, src = None, None
+    if s.get("peak_rss_mb") is not None:
+        peak, src = float(s["peak_rss_mb"]), "summary.json peak_rss_mb"
+    elif "memory/pss_mb" in report.run.scalars:
+        peak, src = float(report.run.scalars["memory/pss_mb"].values.max()), "TensorBoard memory/pss_mb"
+    if peak is None:
+        v.append(("peak memory under 12 GiB", "n/a", "no memory figure"))
+    else:
+        v.append(("peak memory under 12 GiB", "yes" if peak < PEAK_MEMORY_LIMIT_MB else "no",
+                  f"{peak:,.1f} MiB ({src})"))
+
+    if report.run.summary is not None and s.get("updates") is not None:
+        ls = s.get("loss_std")
+        finite = ls is None or (isinstance(ls, (int, float)) and math.isfinite(ls))
+        ok = s["updates"] > 0 and finite
+        v.append(("learner updated, loss finite", "yes" if ok else "no",
+                  f"{s['updates']:,} update(s), loss_std {fmt(ls)}"))
+    else:
+        v.append(("learner updated, loss finite", "n/a", "summary.json missing"))
+
+    sps = report.run.scalars.get("charts/sps")
+    if sps is not None and len(sps.values) >= 3:
+        med = float(np.median(sps.values))
+        ok = sps.last >= 0.5 * med
+        v.append(("throughput held up (last sps ≥ half the median)", "yes" if ok else "no",
+                  f"last {sps.last:,.0f}, median {med:,.0f} (TensorBoard charts/sps)"))
+    else:
+        v.append(("throughput held up (last sps ≥ half the median)", "n/a", "too few charts/sps points"))
+
+    d = report.run.run_dir / "checkpoints"
+    n = len([p for p in d.glob("ckpt_*.pt")]) if d.is_dir() else 0
+    v.append(("checkpoint written", "yes" if n else "no", f"{n} file(s) in checkpoints/"))
+
+
+def lost_workers(db: Path) -> list[int]:
+    """Workers with a worker_restart row not followed by a spawn of a newer generation."""
+    restarts = query(db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_restart' "
+                         "AND worker_id IS NOT NULL")
+    spawns = query(db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_spawn' "
+                       "AND worker_id IS NOT NULL")
+    newest: dict[int, tuple[int, float]] = {}     # worker -> (newest generation, its spawn ts)
+    for w, gen, ts in spawns:
+        if w not in newest or (gen or 0) >= newest[w][0]:
+            newest[w] = (gen or 0, ts)
+    lost = set()
+    for w, gen, ts in restarts:
+        new_gen, new_ts = newest.get(w, (-1, float("-inf")))
+        if not (new_gen > (gen or 0) and new_ts >= ts):
+            lost.add(w)
+    return sorted(lost)

@@ -1,0 +1,56 @@
+"""The shared helpers: atomic writes (rlpipe/files.py) and the process-alive check
+(rlpipe/procs.py)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlpipe.files import atomic_write
+from rlpipe.procs import pid_alive
+
+
+def test_atomic_write_text_bytes_and_writer(tmp_path):
+    path = tmp_path / "out.txt"
+    assert atomic_write(path, "héllo\n") == path and path.read_text(encoding="utf-8") == "héllo\n"
+    atomic_write(path, b"\x00\x01")
+    assert path.read_bytes() == b"\x00\x01"
+    atomic_write(path, lambda f: f.write(b"from a writer"))
+    assert path.read_bytes() == b"from a writer"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_failed_atomic_write_keeps_the_old_file_and_no_temp(tmp_path):
+    path = tmp_path / "report.md"
+    path.write_text("old")
+
+    def half_then_fail(f):
+        f.write(b"half")
+        raise RuntimeError("writer died")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(path, half_then_fail)
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]
+
+
+def test_a_zombie_is_not_alive():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert pid_alive(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(child.pid):                 # killed, not reaped: a zombie
+            assert time.monotonic() < deadline, "a zombie still counts as alive"
+            time.sleep(0.05)
+        assert os.waitpid(child.pid, os.WNOHANG)[0] == child.pid   # it was a zombie until now
+        child.returncode = -signal.SIGKILL
+    finally:
+        if child.returncode is None:
+            child.kill()
+            child.wait()
+    assert not pid_alive(child.pid)
