@@ -137,21 +137,24 @@ class Report:
         if not names:
             self.add("No returns: summary.json and TensorBoard both lack them.")
             return
+        randoms = self.s.get("random_return") or {}
+        learned = self.s.get("learned") or {}
         rows = []
         for name in names:
             s = tb.get(name)
+            mine = [name, counts.get(name), last100.get(name), randoms.get(name), learned.get(name, "unknown")]
             if s is None:
-                rows.append([name, counts.get(name), last100.get(name), None, None, "-", 0])
+                rows.append(mine + [None, None, "-", 0])
                 continue
             delta = s.last - s.first
             trend = "flat" if math.isclose(delta, 0.0, abs_tol=1e-9) else ("up" if delta > 0 else "down")
-            rows.append([name, counts.get(name), last100.get(name), s.first, s.last,
-                         f"{trend} ({delta:+.3g})", len(s.steps)])
-        self.add("Last-100 mean from summary.json; first and last value of "
-                 "`charts/episodic_return/<type>` from TensorBoard (`missing`: not logged, e.g. no "
-                 "episode finished).", "")
-        self.add(md_table(["env type", "envs", "last-100 mean", "TB first", "TB last", "trend", "TB points"],
-                        rows))
+            rows.append(mine + [s.first, s.last, f"{trend} ({delta:+.3g})", len(s.steps)])
+        self.add("Last-100 mean, the type's random-action return (measured beside the run) and the "
+                 "verdict (`learned`: above random by three standard errors and 5 %) from "
+                 "summary.json; first and last value of `charts/episodic_return/<type>` from "
+                 "TensorBoard (`missing`: not logged, e.g. no episode finished).", "")
+        self.add(md_table(["env type", "envs", "last-100 mean", "random", "verdict", "TB first", "TB last",
+                           "trend", "TB points"], rows))
         self._image(PLOT_RETURNS, "returns per env type")
 
     def throughput_memory(self) -> None:

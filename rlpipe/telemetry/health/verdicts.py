@@ -63,6 +63,16 @@ def build_verdicts(report: Report) -> None:
     else:
         v.append(("learner updated, loss finite", "n/a", "summary.json missing"))
 
+    learned = s.get("learned") or {}
+    judged = {k: v for k, v in learned.items() if v != "unknown"}
+    if judged:
+        missed = sorted(k for k, v in judged.items() if v != "learned")
+        v.append(("every env type learned (above its random return)", "no" if missed else "yes",
+                  f"{len(judged) - len(missed)}/{len(judged)} learned"
+                  + (f"; did not learn: {', '.join(missed)}" if missed else "") + " (summary.json learned)"))
+    else:
+        v.append(("every env type learned (above its random return)", "n/a", "no random-return figures"))
+
     sps = report.run.scalars.get("charts/sps")
     if sps is not None and len(sps.values) >= 3:
         med = float(np.median(sps.values))
