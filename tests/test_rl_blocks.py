@@ -411,7 +411,7 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
 
 
 def test_checkpoint_keep_last_k(tmp_path):
-    stale = tmp_path / ".ckpt_5.pt.999999999.tmp"        # left by a writer killed mid-save
+    stale = tmp_path / ".ckpt_000000000005.pt.999999999.1.tmp"   # left by a writer killed mid-save
     stale.write_bytes(b"partial")
     for step in (10, 20, 30, 40, 50):
         save_checkpoint(tmp_path, step, {"step": torch.tensor(step)}, keep=3)

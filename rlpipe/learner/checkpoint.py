@@ -1,8 +1,8 @@
 """Checkpoints: atomic save, keep-last-k, resume from the newest loadable one, RNG states.
 
-Files are `<dir>/ckpt_<step:012d>.pt`, written as a temp file in the same directory
-(`.ckpt_<step>.pt.<pid>.tmp`), flushed and fsynced, then `os.replace`d onto the final name and
-the directory fsynced: a reader sees a whole checkpoint or none. After a save, all but the
+Files are `<dir>/ckpt_<step:012d>.pt`, written with `rlpipe.files.atomic_write` (a temp file
+named after the writer's pid and thread, fsynced, renamed, the directory fsynced): a reader
+sees a whole checkpoint or none; a temp file whose writer died is removed by the next save. After a save, all but the
 newest `keep` checkpoints are deleted.
 
 Loading uses `torch.load(weights_only=True)`, so a payload is made of tensors, dicts, lists,
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlpipe.files import fsync_dir as _fsync_dir
+from rlpipe.files import atomic_write
 from rlpipe.procs import pid_alive
 from rlpipe.spec import ConfigError
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 FORMAT = "rlpipe-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"^ckpt_(\d{12})\.pt$")
-_TMP = re.compile(r"^\.ckpt_\d+\.pt\.(\d+)\.tmp$")
+_TMP = re.compile(r"^\.ckpt_\d+\.pt\.(\d+)\.\d+\.tmp$")     # rlpipe.files.temp_name: pid, thread
 
 
 class CheckpointError(ConfigError):
@@ -66,23 +66,13 @@ def save_checkpoint(directory: str | os.PathLike, step: int, payload: dict, keep
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     final = d / f"ckpt_{step:012d}.pt"
-    tmp = d / f".ckpt_{step}.pt.{os.getpid()}.tmp"
     # Temp files left by a dead writer (killed mid-save) are garbage.
     for p in d.iterdir():
         m = _TMP.match(p.name)
         if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             p.unlink(missing_ok=True)
     record = {"format": FORMAT, "version": VERSION, "step": int(step), "payload": payload}
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(d)
+    atomic_write(final, lambda f: torch.save(record, f))
     for old in checkpoint_files(d)[:-keep]:
         old.unlink(missing_ok=True)
     return final
