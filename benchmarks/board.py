@@ -13,20 +13,31 @@ Phases (every number below is measured in this run, on this machine):
    --reads checked reads; (b) the original system's shapes with rgb as float32 on 2 envs for
    --lap-seconds, where a reader's copy takes as long as a publish, so the writer laps it
    constantly (`lap_*`). The readers also do one unchecked read (the original double buffer,
-   docs/origin.md:
-   read the published slot, no re-check) per four checked ones: `torn_unchecked` > 0 shows
-   that the stress really tears what the seqlock's re-check rejects (`torn_retries`).
+   docs/origin.md: read the published slot, no re-check) per four checked ones:
+   `torn_unchecked` > 0 shows that the stress really tears what the seqlock's re-check
+   rejects (`torn_retries`).
 2. Sync ablation. Two writer processes (half the envs each) publish as fast as they can while
-   one reader process gathers all envs, for the same duration on the seqlock board and on the
-   lock board (robust per-env mutex), rounds alternating. `*_obs_per_s` is what the reader
-   (the learner's inference) gets; `*_write_obs_per_s` what the writers publish meanwhile;
-   `seqlock_over_lock_all` compares reads + writes. The headline uses the default board
-   (`conf/buffer/state_only`, 256 envs); `*_seed_*` repeats it with the original system's shapes.
+   one reader process gathers all envs, for the same duration on each board variant, rounds
+   cycling the variants. Variants (VARIANTS): the seqlock board; the lock board with a robust
+   mutex per env (`lock_per_env`, the engine's buffer.sync=lock); and the lock board with one
+   mutex per writer's slice (`lock_per_slice`: the writer locks once per publish, the reader
+   once per slice: what a careful hand-built lock design does). Every ratio compares boards
+   with the same copy routine: `memcpy` (plain memcpy both sides) or `stream` (non-temporal
+   stores for calls of >= 8 MiB and rows >= 4 KiB, the seqlock board's default, both sides).
+   `*_obs_per_s` is what the reader (the learner's inference) gets; `*_write_obs_per_s` what
+   the writers publish meanwhile; `*_all` ratios compare reads + writes. The headline uses the
+   default board (`conf/buffer/state_only`, 256 envs; its 128-byte rows never stream, so only
+   `memcpy`); `seed_*` repeats every variant with the original system's shapes.
+   `seed_seqlock_stream_over_lock_per_env_memcpy_unequal` is the old figure (seqlock streaming
+   against a memcpy lock board), kept for continuity only.
 3. Gather bandwidth. Native gather of 256 rgb 224x224x3 uint8 obs (a list of env ids) into
-   one contiguous array, against np.copyto of the same number of bytes (the physical limit).
+   one contiguous array (38 MB: streamed, and again with memcpy), against np.copyto of the same
+   number of bytes (the physical limit) and the vectorized numpy gather (published slot per env
+   from the sequence words, one np.take(..., out=) into a preallocated array).
 4. Small obs. Gather of 256 state-only obs (random env ids): the native call against the
-   original system's get_batch (a Python loop of numpy slices picking the published slot +
-   np.stack).
+   original system's get_batch (a Python loop of numpy slices picking the published slot + np.stack,
+   allocating) and against the vectorized np.take(..., out=) into a preallocated array.
+   Neither numpy baseline re-checks for torn reads; the native gather does.
 """
 from __future__ import annotations
 
@@ -84,6 +95,10 @@ def open_board(geo):
     board = BoardView(seg.base, geo["ctrl_off"], geo["key_offsets"], geo["strides"], geo["row_bytes"],
                       seg.base + geo["gen_off"], locked=geo["locked"], n_envs=geo["n_envs"],
                       keepalive=seg.buf)
+    if "stream_bytes" in geo:              # copy routine: -1 memcpy only, else stream from there
+        board.stream_bytes = geo["stream_bytes"]
+    if "lock_envs" in geo:                 # lock board: envs per mutex (1: per env)
+        board.lock_envs = geo["lock_envs"]
     return seg, board
 
 
@@ -197,12 +212,29 @@ def torn_stress(ctx, target_reads: int, max_s: float, n_envs: int = 16, buffer: 
             "stress_s": max(r["s"] for r in rd)}
 
 
-def sync_round(ctx, buffer: str, locked: bool, n_envs: int, seconds: float) -> tuple[float, float, int]:
+# Board variants of the sync ablation: (locked, copy routine, envs per mutex). "memcpy": plain
+# memcpy on both sides; "stream": non-temporal stores for calls of >= 8 MiB and rows >= 4 KiB
+# (the seqlock board's default) on both sides. Per-slice: one mutex per writer's slice, taken
+# once per publish and once per slice by a gather (what a careful hand-built lock design does).
+STREAM_DEFAULT = 8 << 20
+VARIANTS = {
+    "seqlock_memcpy": (False, -1, 1),
+    "seqlock_stream": (False, STREAM_DEFAULT, 1),
+    "lock_per_env_memcpy": (True, -1, 1),
+    "lock_per_env_stream": (True, STREAM_DEFAULT, 1),
+    "lock_per_slice_memcpy": (True, -1, "slice"),
+    "lock_per_slice_stream": (True, STREAM_DEFAULT, "slice"),
+}
+
+
+def sync_round(ctx, buffer: str, variant: str, n_envs: int, seconds: float) -> tuple[float, float, int]:
     """One timed round: (reader obs/s, writers' obs/s, reader retries)."""
+    locked, stream_bytes, lock_envs = VARIANTS[variant]
+    half = n_envs // 2
     seg, geo = make_board(buffer, n_envs, locked)
+    geo = dict(geo, stream_bytes=stream_bytes, lock_envs=half if lock_envs == "slice" else lock_envs)
     try:
         stop, start, q = ctx.RawValue("i", 0), ctx.Barrier(4), ctx.Queue()
-        half = n_envs // 2
         procs = [ctx.Process(target=tp_worker, args=(geo, "w", 0, half, stop, start, q)),
                  ctx.Process(target=tp_worker, args=(geo, "w", half, n_envs - half, stop, start, q)),
                  ctx.Process(target=tp_worker, args=(geo, "r", 0, n_envs, stop, start, q))]
@@ -222,16 +254,19 @@ def sync_round(ctx, buffer: str, locked: bool, n_envs: int, seconds: float) -> t
     return read, write, sum(r for _, _, r in rates)
 
 
-def sync_ablation(ctx, buffer: str, n_envs: int, seconds: float, rounds: int) -> dict:
-    res = {False: [], True: []}
+def sync_ablation(ctx, buffer: str, n_envs: int, seconds: float, rounds: int,
+                  variants: list[str]) -> dict:
+    """Each variant for `seconds` in all, split over `rounds` rounds that cycle the variants."""
+    res: dict = {v: [] for v in variants}
     for _ in range(rounds):
-        for locked in (False, True):
-            res[locked].append(sync_round(ctx, buffer, locked, n_envs, seconds / rounds))
-    def mean(locked, i):
-        return float(np.mean([x[i] for x in res[locked]]))
-    return {"seqlock_read": mean(False, 0), "seqlock_write": mean(False, 1),
-            "lock_read": mean(True, 0), "lock_write": mean(True, 1),
-            "seqlock_retries": sum(x[2] for x in res[False])}
+        for v in variants:
+            res[v].append(sync_round(ctx, buffer, v, n_envs, seconds / rounds))
+    out = {}
+    for v, xs in res.items():
+        out[f"{v}_read"] = float(np.mean([x[0] for x in xs]))
+        out[f"{v}_write"] = float(np.mean([x[1] for x in xs]))
+        out[f"{v}_retries"] = sum(x[2] for x in xs)
+    return out
 
 
 def _best(fn, reps: int, min_s: float = 0.0) -> float:
@@ -245,6 +280,23 @@ def _best(fn, reps: int, min_s: float = 0.0) -> float:
         best = min(best, time.perf_counter() - t)
         i += 1
     return best
+
+
+def numpy_take(seg, geo, idx, out):
+    """The vectorized numpy gather of key 0 into a preallocated `out` (rows of the key's dtype
+    view): published slot per env from the sequence words, then one np.take(..., out=) over
+    the (env, slot) rows. No torn-read re-check (neither has the np.stack loop)."""
+    n, rb, stride = geo["n_envs"], geo["row_bytes"][0], geo["strides"][0]
+    item = out.dtype.itemsize
+    u8 = np.frombuffer(seg.buf, dtype=np.uint8)
+    rows = u8[geo["key_offsets"][0]:geo["key_offsets"][0] + n * 2 * stride] \
+        .view(out.dtype).reshape(n * 2, stride // item)[:, :rb // item]
+    seq = u8[geo["ctrl_off"]:geo["ctrl_off"] + n * 64].view(np.uint64)[::8]
+
+    def take():
+        np.take(rows, idx * 2 + ((seq[idx] >> np.uint64(1)) & np.uint64(1)).astype(np.int64),
+                axis=0, out=out)
+    return take
 
 
 def gather_bandwidth(batch: int = 256, reps: int = 15) -> dict:
@@ -262,17 +314,24 @@ def gather_bandwidth(batch: int = 256, reps: int = 15) -> dict:
         ptrs, strides = [out.ctypes.data], [rb]
         t_gather = _best(lambda: board.gather(ptrs, strides, 0, batch, idx), reps)
         assert np.array_equal(out.reshape(batch, rb), src[idx])
+        board.stream_bytes = -1                      # the same gather with plain memcpy
+        t_gather_memcpy = _best(lambda: board.gather(ptrs, strides, 0, batch, idx), reps)
+        assert np.array_equal(out.reshape(batch, rb), src[idx])
+        take = numpy_take(seg, geo, idx, out.reshape(batch, rb))
+        t_take = _best(take, reps)
+        assert np.array_equal(out.reshape(batch, rb), src[idx])
         a = np.random.default_rng(2).integers(0, 255, size=batch * rb, dtype=np.uint8)
         b = np.zeros_like(a)
         t_copy = _best(lambda: np.copyto(b, a), reps)
-        del board
+        del board, take
         view_seg.close()
     finally:
         seg.unlink()
         seg.close()
     nbytes = batch * rb
-    return {"gather_gbps": nbytes / t_gather / 1e9, "memcpy_gbps": nbytes / t_copy / 1e9,
-            "gather_bytes": nbytes}
+    return {"gather_gbps": nbytes / t_gather / 1e9, "gather_memcpy_gbps": nbytes / t_gather_memcpy / 1e9,
+            "np_take_gbps": nbytes / t_take / 1e9,
+            "memcpy_gbps": nbytes / t_copy / 1e9, "gather_bytes": nbytes}
 
 
 def small_gather(batch: int = 256, n_envs: int = 1024, min_s: float = 1.0) -> dict:
@@ -305,13 +364,18 @@ def small_gather(batch: int = 256, n_envs: int = 1024, min_s: float = 1.0) -> di
 
         t_np = _best(npstack, 50, min_s)
         assert np.array_equal(npstack(), native) and np.array_equal(native, src[idx])
-        del board, slots, ctrl, u8
+        out[:] = 0
+        take = numpy_take(seg, geo, idx, out)
+        t_take = _best(take, 50, min_s)
+        assert np.array_equal(out, native)
+        del board, slots, ctrl, u8, take
         view_seg.close()
     finally:
         seg.unlink()
         seg.close()
-    return {"native_obs_per_s": batch / t_native, "npstack_obs_per_s": batch / t_np,
-            "native_gather_us": t_native * 1e6, "npstack_us": t_np * 1e6}
+    return {"native_obs_per_s": batch / t_native, "npstack_loop_obs_per_s": batch / t_np,
+            "np_take_obs_per_s": batch / t_take, "native_gather_us": t_native * 1e6,
+            "npstack_loop_us": t_np * 1e6, "np_take_us": t_take * 1e6}
 
 
 def main(argv=None) -> int:
@@ -342,30 +406,56 @@ def main(argv=None) -> int:
         res[key] = a[key] + b[key]
     res.update({"lap_reads": b["reads"], "lap_retries": b["torn_retries"],
                 "lap_torn_unchecked": b["torn_unchecked"]})
-    abl = sync_ablation(ctx, "state_only", args.envs, args.seconds, args.rounds)
-    res.update({"seqlock_obs_per_s": abl["seqlock_read"], "lock_obs_per_s": abl["lock_read"],
-                "seqlock_write_obs_per_s": abl["seqlock_write"], "lock_write_obs_per_s": abl["lock_write"],
-                "seqlock_read_retries": abl["seqlock_retries"]})
+    # state_only rows are 128 B, below the 4 KiB streaming floor: both copy routines are plain
+    # memcpy there, so one variant of each board; the seed shapes (150 KB rgb rows) get both.
+    abl = sync_ablation(ctx, "state_only", args.envs, args.seconds, args.rounds,
+                        ["seqlock_memcpy", "lock_per_env_memcpy", "lock_per_slice_memcpy"])
+    for v in ("seqlock_memcpy", "lock_per_env_memcpy", "lock_per_slice_memcpy"):
+        res[f"{v}_obs_per_s"] = abl[f"{v}_read"]
+        res[f"{v}_write_obs_per_s"] = abl[f"{v}_write"]
+    res["seqlock_read_retries"] = abl["seqlock_memcpy_retries"]
     if not args.no_seed_ablation:
-        abl = sync_ablation(ctx, "seed", args.envs, args.seconds / 2, max(1, args.rounds // 2))
-        res.update({"seqlock_seed_obs_per_s": abl["seqlock_read"], "lock_seed_obs_per_s": abl["lock_read"],
-                    "seqlock_seed_write_obs_per_s": abl["seqlock_write"],
-                    "lock_seed_write_obs_per_s": abl["lock_write"]})
+        seed_variants = list(VARIANTS)
+        abl = sync_ablation(ctx, "seed", args.envs, args.seconds / 2, max(1, args.rounds // 2),
+                            seed_variants)
+        for v in seed_variants:
+            res[f"seed_{v}_obs_per_s"] = abl[f"{v}_read"]
+            res[f"seed_{v}_write_obs_per_s"] = abl[f"{v}_write"]
     res.update(gather_bandwidth())
     res.update(small_gather())
-    res["seqlock_over_lock"] = res["seqlock_obs_per_s"] / res["lock_obs_per_s"]
-    res["seqlock_over_lock_all"] = ((res["seqlock_obs_per_s"] + res["seqlock_write_obs_per_s"])
-                                    / (res["lock_obs_per_s"] + res["lock_write_obs_per_s"]))
-    res["gather_over_memcpy"] = res["gather_gbps"] / res["memcpy_gbps"]
-    res["native_over_npstack"] = res["native_obs_per_s"] / res["npstack_obs_per_s"]
+
+    def over(a, b, pre=""):
+        """Reads (the learner's side) of board a over board b, and reads + writes."""
+        ra, rb = res[f"{pre}{a}_obs_per_s"], res[f"{pre}{b}_obs_per_s"]
+        wa, wb = res[f"{pre}{a}_write_obs_per_s"], res[f"{pre}{b}_write_obs_per_s"]
+        return ra / rb, (ra + wa) / (rb + wb)
+    ratios = {}
+    ratios["seqlock_over_lock_per_env_same_memcpy"], ratios["seqlock_over_lock_per_env_same_memcpy_all"] = \
+        over("seqlock_memcpy", "lock_per_env_memcpy")
+    ratios["seqlock_over_lock_per_slice_same_memcpy"], ratios["seqlock_over_lock_per_slice_same_memcpy_all"] = \
+        over("seqlock_memcpy", "lock_per_slice_memcpy")
+    if not args.no_seed_ablation:
+        for lock in ("lock_per_env", "lock_per_slice"):
+            for copy in ("memcpy", "stream"):
+                ratios[f"seed_seqlock_over_{lock}_same_{copy}"], ratios[f"seed_seqlock_over_{lock}_same_{copy}_all"] = \
+                    over(f"seqlock_{copy}", f"{lock}_{copy}", "seed_")
+        # the old, unequal figure (seqlock streaming, lock board plain memcpy), for continuity
+        ratios["seed_seqlock_stream_over_lock_per_env_memcpy_unequal"], _ = \
+            over("seqlock_stream", "lock_per_env_memcpy", "seed_")
+    ratios["native_gather_over_memcpy_bandwidth"] = res["gather_gbps"] / res["memcpy_gbps"]
+    ratios["native_gather_over_np_take_bandwidth"] = res["gather_gbps"] / res["np_take_gbps"]
+    ratios["native_gather_memcpy_over_np_take_bandwidth"] = res["gather_memcpy_gbps"] / res["np_take_gbps"]
+    ratios["native_gather_over_npstack_loop_small"] = res["native_obs_per_s"] / res["npstack_loop_obs_per_s"]
+    ratios["native_gather_over_np_take_small"] = res["native_obs_per_s"] / res["np_take_obs_per_s"]
+    res.update(ratios)
     res["cpus"] = os.cpu_count()
     res["bench_s"] = time.perf_counter() - t0
     res["load1_end"] = round(os.getloadavg()[0], 2)
 
     targets = {"torn_accepted": res["torn_accepted"] == 0 and res["reads"] >= 1_000_000,
-               "seqlock_over_lock": res["seqlock_over_lock"] >= 4,
-               "gather_over_memcpy": res["gather_over_memcpy"] >= 0.6,
-               "native_over_npstack": res["native_over_npstack"] >= 8}
+               "seqlock_over_lock_per_env_same_memcpy": res["seqlock_over_lock_per_env_same_memcpy"] >= 4,
+               "native_gather_over_memcpy_bandwidth": res["native_gather_over_memcpy_bandwidth"] >= 0.6,
+               "native_gather_over_np_take_small": res["native_gather_over_np_take_small"] >= 1}
     res["targets_met"] = targets
     width = max(map(len, res))
     for k, v in res.items():

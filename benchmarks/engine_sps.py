@@ -1,18 +1,42 @@
-"""Env-steps/s of the full engine (random actions from the learner, no training) on CartPole,
-beside Gymnasium's SyncVectorEnv stepping the same envs in one process.
+"""Env-steps/s of the full engine on CartPole (random actions, and PPO training with
+learner.backlog=hold and drop), beside Gymnasium's SyncVectorEnv and AsyncVectorEnv on the
+same envs, all in one run.
 
-    python benchmarks/engine_sps.py [--counts 1000 7000] [--seconds 60] [--json]
+    python benchmarks/engine_sps.py [--counts 1000 7000] [--ppo-counts 1000 7000]
+                                    [--seconds 60] [--json] [hydra overrides for the engine...]
 
-The engine figure is the median of its TensorBoard `charts/sps` samples (one per 2 s) taken
-while every env was active (`envs/active` == env_count), so start-up does not dilute it. The
-SyncVectorEnv figure is the median of 1-second windows, half of them taken just before the
-engine run and half just after: on a shared machine whose speed drifts, both sides of the
-ratio see the same drift (the halves are printed so the drift shows).
+Baselines are built exactly as the engine's adapter builds its envs
+(rlpipe.envs.classic.make_gym: `gym.make("CartPole-v1", disable_env_checker=True)`, no
+wrapper: conf/env/cartpole.yaml sets neither make_kwargs nor wrappers):
+
+* `SyncVectorEnv`: all envs stepped in this one process.
+* `AsyncVectorEnv` (shared_memory=True, fork context): one process per env. Tried only at
+  counts this machine can hold: per-env private memory is measured on a 16-env probe and the
+  count is skipped (the reason printed) when it would need more than half of MemAvailable,
+  more file descriptors than RLIMIT_NOFILE's hard limit, or more processes than RLIMIT_NPROC.
+
+Each baseline figure is the median of 1-second windows, half taken before the engine runs of
+that count and half after (the machine is shared and its speed drifts: both sides of every
+ratio see the drift; the halves are printed).
+
+Engine figures come from the run's own TensorBoard charts (one sample per 2 s): the windows
+in which every env was active (`envs/active` == env_count), the first such one dropped.
+`env_sps_median` is the median of their `charts/sps`; `env_sps_mean` and `trained_per_s` are
+Σ env steps / Σ seconds and Σ trained samples / Σ seconds over the same windows, where a
+trained sample is an env step that went into a finished PPO update (`learner/trained_samples`,
+also summary.json `trained_samples`). Ratios use the median env-steps/s (random rows, as
+before) and the mean rates (ppo rows, so env steps and trained samples share one clock).
+A run in which no window had every env active is an error (exit 1, named), not a 0.
+
+PPO rows: `learner.mode=ppo env_mix=cartpole` with conf/learner/ppo.yaml's hyperparameters
+(overrides given on the command line apply to every engine run), every group hot.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,36 +50,69 @@ import numpy as np
 from rlpipe.telemetry.tb_events import read_scalars
 
 REPO = Path(__file__).resolve().parent.parent
+GYM_ID = "CartPole-v1"
 
 
-def engine_sps(n: int, seconds: float, extra: list[str]) -> dict:
+def make_env():
+    """As GymnasiumEnv builds CartPole (rlpipe.envs.classic.make_gym with the cartpole conf)."""
+    return gym.make(GYM_ID, disable_env_checker=True)
+
+
+class NotSteady(RuntimeError):
+    """No TensorBoard window of the run had every env active."""
+
+
+# --- the engine -------------------------------------------------------------------------------
+
+def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
+    """One engine run; mode is 'random' or 'hold'/'drop' (PPO with that learner.backlog)."""
+    learner = (["learner.mode=random"] if mode == "random"
+               else ["learner.mode=ppo", f"learner.backlog={mode}"])
     with tempfile.TemporaryDirectory(prefix="rlb", dir="/tmp") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "env_mix=cartpole",
-               f"env_count={n}", "learner.mode=random", f"run.duration_s={seconds}",
+               f"env_count={n}", *learner, f"run.duration_s={seconds}",
                "groups.hot=100000",      # every group hot: this measures stepping (startup.py: the ramp)
                "run.total_env_steps=null", *extra]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if out.returncode != 0:
-            raise RuntimeError(f"engine run failed:\n{out.stderr[-3000:]}")
+            raise RuntimeError(f"engine run failed ({n} envs, {mode}):\n{out.stderr[-3000:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
         scalars = read_scalars(run_dir / "tb")
-        # Steady state: samples whose window had every env active, the first one dropped
-        # (it may still straddle the ramp).
-        active = dict(zip(scalars["envs/active"].steps.tolist(), scalars["envs/active"].values.tolist()))
-        sps = scalars["charts/sps"]
-        steady = [v for s, v in zip(sps.steps.tolist(), sps.values.tolist()) if active.get(s) == n][1:]
-        return {"sps_median": statistics.median(steady) if steady else 0.0,
-                "samples": len(steady), "summary_sps": summary["sps"],
-                "all_envs_ready_s": summary["all_envs_ready_s"],
-                "startup_first_step_s": summary["startup_first_step_s"],
-                "peak_rss_mb": summary["peak_rss_mb"]}
+    sps_ev = scalars["charts/sps"]
+    wall, env_steps, sps = sps_ev.wall_times.tolist(), sps_ev.steps.tolist(), sps_ev.values.tolist()
+    active = scalars["envs/active"].values.tolist()
+    trained = (scalars["learner/trained_samples"].values.tolist()
+               if "learner/trained_samples" in scalars else [0.0] * len(sps))
+    if not (len(sps) == len(active) == len(trained)):
+        raise RuntimeError(f"engine run ({n} envs, {mode}): TensorBoard charts of unequal length")
+    # _log_charts writes these tags together, one sample per window (read_scalars keeps their
+    # order: a stable sort by step): sample i covers (wall[i-1], wall[i]]. Steady = every env
+    # active, the first such one dropped.
+    steady = [i for i in range(1, len(sps)) if active[i] == n][1:]
+    if not steady:
+        raise NotSteady(f"engine {mode} at {n} envs: no TensorBoard window had all {n} envs active "
+                        f"(max active {max(active, default=0):.0f}, all_envs_ready_s "
+                        f"{summary['all_envs_ready_s']}, run {seconds} s): nothing to report")
+    secs = sum(wall[i] - wall[i - 1] for i in steady)
+    steps = sum(env_steps[i] - env_steps[i - 1] for i in steady)
+    done = sum(trained[i] - trained[i - 1] for i in steady)
+    stepping_s = summary["env_steps"] / summary["sps"] if summary["sps"] else 0.0
+    return {"mode": mode, "env_sps_median": statistics.median(sps[i] for i in steady),
+            "env_sps_mean": steps / secs, "trained_per_s": done / secs, "windows": len(steady),
+            "window_s": round(secs, 1), "summary_sps": summary["sps"],
+            "summary_trained_samples": summary.get("trained_samples"),
+            "summary_trained_per_s": (round(summary.get("trained_samples", 0) / stepping_s, 1)
+                                      if stepping_s else None),
+            "updates": summary["updates"], "all_envs_ready_s": summary["all_envs_ready_s"],
+            "startup_first_step_s": summary["startup_first_step_s"],
+            "peak_rss_mb": summary["peak_rss_mb"]}
 
 
-def sync_vector_windows(n: int, seconds: float) -> list[float]:
-    """Env-steps/s of SyncVectorEnv over CartPole, in 1-second windows."""
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
-    envs.reset(seed=0)
+# --- the baselines ----------------------------------------------------------------------------
+
+def vector_windows(envs, n: int, seconds: float) -> list[float]:
+    """Env-steps/s of a vector env over CartPole, in 1-second windows."""
     rng = np.random.default_rng(0)
     windows = []
     end = time.perf_counter() + seconds
@@ -65,37 +122,179 @@ def sync_vector_windows(n: int, seconds: float) -> list[float]:
             envs.step(rng.integers(0, 2, n))
             steps += n
         windows.append(steps / (time.perf_counter() - t))
-    envs.close()
     return windows
 
 
-def sync_summary(before: list[float], after: list[float]) -> dict:
-    return {"sps_median": statistics.median(before + after), "samples": len(before) + len(after),
+def sync_windows(n: int, seconds: float) -> list[float]:
+    envs = gym.vector.SyncVectorEnv([make_env for _ in range(n)])
+    try:
+        envs.reset(seed=0)
+        return vector_windows(envs, n, seconds)
+    finally:
+        envs.close()
+
+
+def async_windows(n: int, seconds: float) -> list[float]:
+    envs = gym.vector.AsyncVectorEnv([make_env for _ in range(n)], shared_memory=True, context="fork")
+    ok = False
+    try:
+        envs.reset(seed=0)
+        windows = vector_windows(envs, n, seconds)
+        ok = True
+        return windows
+    finally:
+        envs.close(terminate=not ok)
+
+
+def _private_kb(pid: int) -> int:
+    """Private (unshared) memory of a process, kB: what each more env process would add."""
+    kb = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                kb += int(line.split()[1])
+    return kb
+
+
+def _mem_available_kb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    return 0
+
+
+def async_probe(probe_envs: int = 16) -> dict:
+    """Private memory per AsyncVectorEnv worker after stepping (16-env probe)."""
+    envs = gym.vector.AsyncVectorEnv([make_env for _ in range(probe_envs)], shared_memory=True,
+                                     context="fork")
+    try:
+        envs.reset(seed=0)
+        vector_windows(envs, probe_envs, 1.0)
+        per_env = max(_private_kb(p.pid) for p in envs.processes)
+    finally:
+        envs.close()
+    return {"private_kb_per_env": per_env}
+
+
+def async_reachable(n: int, probe: dict) -> str | None:
+    """None if AsyncVectorEnv at n envs fits this machine, else the reason it does not."""
+    need_kb = n * probe["private_kb_per_env"]
+    avail_kb = _mem_available_kb()
+    if need_kb > avail_kb // 2:
+        return (f"{n} worker processes x {probe['private_kb_per_env'] / 1024:.1f} MiB private each "
+                f"= {need_kb / 2**20:.1f} GiB, over half of MemAvailable ({avail_kb / 2**20:.1f} GiB; "
+                "the machine is shared)")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need_fds = 2 * n + 256                       # a pipe end and a sentinel per worker
+    if hard != resource.RLIM_INFINITY and need_fds > hard:
+        return f"needs ~{need_fds} file descriptors, RLIMIT_NOFILE hard limit is {hard}"
+    if soft != resource.RLIM_INFINITY and need_fds > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need_fds, hard))
+    nproc, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if nproc != resource.RLIM_INFINITY and n + 512 > nproc:
+        return f"needs {n} processes, RLIMIT_NPROC is {nproc}"
+    return None
+
+
+def halves(before: list[float], after: list[float]) -> dict:
+    return {"env_sps_median": statistics.median(before + after), "windows": len(before) + len(after),
             "median_before": statistics.median(before), "median_after": statistics.median(after)}
 
 
-def main() -> None:
+# --- the table --------------------------------------------------------------------------------
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def fmt(x, spec=",.0f", width=10) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:>{width}{spec}}"
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", type=int, nargs="+", default=[1000, 7000])
-    ap.add_argument("--seconds", type=float, default=60.0, help="engine run length per count")
+    ap.add_argument("--ppo-counts", type=int, nargs="*", default=None,
+                    help="counts that also get the two PPO rows (default: all of --counts; none: empty)")
+    ap.add_argument("--async-counts", type=int, nargs="*", default=None,
+                    help="counts at which to try AsyncVectorEnv (default: all of --counts)")
+    ap.add_argument("--seconds", type=float, default=60.0, help="engine run length (random rows)")
+    ap.add_argument("--ppo-seconds", type=float, default=None, help="engine run length (ppo rows; "
+                    "default --seconds)")
     ap.add_argument("--sync-seconds", type=float, default=16.0, help="split before/after the engine")
+    ap.add_argument("--async-seconds", type=float, default=8.0, help="split before/after the engine")
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for the engine")
     args = ap.parse_args()
-    results = {}
+    ppo_counts = args.counts if args.ppo_counts is None else args.ppo_counts
+    async_counts = args.counts if args.async_counts is None else args.async_counts
+    ppo_seconds = args.ppo_seconds or args.seconds
+    results: dict = {"load_start": os.getloadavg(), "cpus": os.cpu_count(), "counts": {}}
+    errors: list[str] = []
+    probe = async_probe() if async_counts else None
+    if probe:
+        results["async_probe"] = probe
+    print(f"{'envs':>6}  {'what':<34} {'env steps/s':>11} {'trained/s':>10} {'vs Sync':>8} "
+          f"{'vs Async':>8}  notes", flush=True)
     for n in args.counts:
-        before = sync_vector_windows(n, args.sync_seconds / 2)
-        eng = engine_sps(n, args.seconds, args.overrides)
-        sync = sync_summary(before, sync_vector_windows(n, args.sync_seconds / 2))
-        ratio = eng["sps_median"] / sync["sps_median"]
-        results[str(n)] = {"engine": eng, "sync_vector_env": sync, "ratio": round(ratio, 3)}
-        print(f"{n:>6} envs: engine {eng['sps_median']:>10,.0f} sps (median of {eng['samples']}, "
-              f"all ready at {eng['all_envs_ready_s']} s) | SyncVectorEnv "
-              f"{sync['sps_median']:>10,.0f} sps (before {sync['median_before']:,.0f}, after "
-              f"{sync['median_after']:,.0f}) | ratio {ratio:.2f}x", flush=True)
+        row: dict = {}
+        results["counts"][str(n)] = row
+        async_skip = async_reachable(n, probe) if n in async_counts else "not asked (--async-counts)"
+        sync_b = sync_windows(n, args.sync_seconds / 2)
+        async_b = async_windows(n, args.async_seconds / 2) if async_skip is None else None
+        runs = {}
+        for mode in ["random"] + (["hold", "drop"] if n in ppo_counts else []):
+            try:
+                runs[mode] = engine_run(n, args.seconds if mode == "random" else ppo_seconds, mode,
+                                        args.overrides)
+            except NotSteady as exc:
+                errors.append(str(exc))
+                runs[mode] = None
+        async_a = async_windows(n, args.async_seconds / 2) if async_skip is None else None
+        sync = halves(sync_b, sync_windows(n, args.sync_seconds / 2))
+        asy = halves(async_b, async_a) if async_skip is None else None
+        row["sync_vector_env"] = sync
+        row["async_vector_env"] = asy if asy else {"skipped": async_skip}
+        s_sps = sync["env_sps_median"]
+        a_sps = asy["env_sps_median"] if asy else None
+        print(f"{n:>6}  {'SyncVectorEnv':<34} {fmt(s_sps, width=11)} {fmt(None)} {'1.00x':>8} "
+              f"{fmt(ratio(s_sps, a_sps), '.2f', 7)}{'x' if a_sps else ' '}  before "
+              f"{sync['median_before']:,.0f}, after {sync['median_after']:,.0f}", flush=True)
+        if asy:
+            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<34} {fmt(a_sps, width=11)} {fmt(None)} "
+                  f"{fmt(ratio(a_sps, s_sps), '.2f', 7)}x {'1.00x':>8}  before "
+                  f"{asy['median_before']:,.0f}, after {asy['median_after']:,.0f}", flush=True)
+        else:
+            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<34} {'skipped':>11}  {async_skip}",
+                  flush=True)
+        for mode, r in runs.items():
+            name = "engine random actions" if mode == "random" else f"engine PPO backlog={mode}"
+            if r is None:
+                print(f"{n:>6}  {name:<34} {'FAILED':>11}  no window with every env active", flush=True)
+                row[f"engine_{mode}"] = None
+                continue
+            env = r["env_sps_median"] if mode == "random" else r["env_sps_mean"]
+            r["env_over_sync"] = ratio(env, s_sps)
+            r["env_over_async"] = ratio(env, a_sps)
+            if mode != "random":
+                r["trained_over_sync"] = ratio(r["trained_per_s"], s_sps)
+                r["trained_over_env"] = ratio(r["trained_per_s"], r["env_sps_mean"])
+            row[f"engine_{mode}"] = r
+            trained = None if mode == "random" else r["trained_per_s"]
+            note = (f"median of {r['windows']} windows" if mode == "random" else
+                    f"mean over {r['windows']} windows ({r['window_s']} s), trained/Sync "
+                    f"{r['trained_over_sync']}x, {r['updates']} updates")
+            print(f"{n:>6}  {name:<34} {fmt(env, width=11)} {fmt(trained)} "
+                  f"{fmt(r['env_over_sync'], '.2f', 7)}x {fmt(r['env_over_async'], '.2f', 7)}"
+                  f"{'x' if a_sps else ' '}  {note}; all ready {r['all_envs_ready_s']} s", flush=True)
+    results["load_end"] = os.getloadavg()
     if args.json:
         print(json.dumps(results))
+    for e in errors:
+        print(f"ERROR: {e}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -41,6 +41,8 @@ def open_board(geo):
                       keepalive=seg.buf)
     if geo.get("stream"):
         board.stream_bytes = 0          # every row of 4 KiB and up in non-temporal stores
+    if geo.get("lock_envs"):
+        board.lock_envs = geo["lock_envs"]      # lock board: envs sharing one mutex
     return seg, board
 
 
@@ -249,13 +251,15 @@ def test_board_rejects_misaligned_geometry(segments):
 
 # --- single-process semantics -----------------------------------------------------------------
 
-@pytest.mark.parametrize("locked,stream", [(False, False), (False, True), (True, False)],
-                         ids=["seqlock", "seqlock-streamed", "lock"])
-def test_publish_gather_idx_and_revocation(segments, locked, stream):
+@pytest.mark.parametrize("locked,stream,lock_envs",
+                         [(False, False, 0), (False, True, 0), (True, False, 0), (True, True, 0),
+                          (True, False, 3)],
+                         ids=["seqlock", "seqlock-streamed", "lock", "lock-streamed", "lock-per-3-envs"])
+def test_publish_gather_idx_and_revocation(segments, locked, stream, lock_envs):
     keys = buffer_keys("small")
     n = 8
     seg, geo = segments(keys, n, locked=locked)
-    _, board = open_board(dict(geo, stream=stream))
+    _, board = open_board(dict(geo, stream=stream, lock_envs=lock_envs))
     pay = Payloads(geo["row_bytes"], n, writer_id=3, seed=3)
     for k in (1, 2, 3):
         assert board.publish(pay.fill(k), pay.strides, 0, n, 1) == n
@@ -298,15 +302,18 @@ def test_publish_gather_idx_and_revocation(segments, locked, stream):
 
 # --- concurrency: lapping, killing, replacing ---------------------------------------------------
 
-@pytest.mark.parametrize("rgb_dtype,locked,stream",
-                         [("uint8", False, False), ("float32", False, True), ("uint8", True, False)],
-                         ids=["rgb-uint8", "rgb-float32-streamed", "rgb-uint8-lockboard"])
-def test_writer_laps_two_readers_no_torn_read_accepted(segments, rgb_dtype, locked, stream):
+@pytest.mark.parametrize("rgb_dtype,locked,stream,lock_envs",
+                         [("uint8", False, False, 0), ("float32", False, True, 0),
+                          ("uint8", True, False, 0), ("float32", True, True, 2)],
+                         ids=["rgb-uint8", "rgb-float32-streamed", "rgb-uint8-lockboard",
+                              "rgb-float32-streamed-lockboard-one-mutex"])
+def test_writer_laps_two_readers_no_torn_read_accepted(segments, rgb_dtype, locked, stream, lock_envs):
     keys = buffer_keys("seed", rgb_dtype)
     assert [k.name for k in keys] == ["rgb", "state", "vector"]
     n = 2
     seg, geo = segments(keys, n, locked=locked)
     geo["stream"] = stream          # float32 rows (600 KB) as a big batch would copy them
+    geo["lock_envs"] = lock_envs
     stop, q = CTX.RawValue("i", 0), CTX.Queue()
     writer = CTX.Process(target=writer_main, args=(geo, 1, 1, stop, q), name="writer")
     readers = [CTX.Process(target=reader_main, args=(geo, 1, 1.5, stop, q, 0 if locked else 2),

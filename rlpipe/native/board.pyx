@@ -205,28 +205,44 @@ cdef extern from *:
         if (pthread_mutex_lock(m) == EOWNERDEAD) pthread_mutex_consistent(m);
     }
 
-    /* Lock board: copy into the back slot and flip the sequence, all under the env's mutex. */
+    /* Lock board: copy into the back slot and flip the sequence, all under the mutex of the
+       env's lock group: lock_envs consecutive envs share the mutex of the group's first env
+       (1: a mutex per env; a worker slice's size: what a hand-built design takes once per
+       slice). `stream` picks the same copy routine as the seqlock's (rl_copy); the streamed
+       stores are fenced before the unlock. */
+    static inline int64_t rl_lock_owner(int64_t env, int64_t lock_envs) {
+        return lock_envs > 1 ? env - env % lock_envs : env;
+    }
+
     static int64_t rl_lock_publish(uint8_t* base, int64_t ctrl_off, int nkeys,
                                    const int64_t* key_off, const int64_t* stride,
                                    const int64_t* row_bytes, uint8_t* const* src,
                                    const int64_t* src_stride, int64_t env_lo, int64_t count,
-                                   const uint64_t* gen_word, uint64_t my_gen) {
+                                   const uint64_t* gen_word, uint64_t my_gen, int stream,
+                                   int64_t lock_envs) {
         uint8_t* ctrl_base = base + ctrl_off;
-        for (int64_t i = 0; i < count; i++) {
-            int64_t env = env_lo + i;
-            pthread_mutex_t* m = rl_mutex(ctrl_base, env);
+        int64_t i = 0;
+        while (i < count) {
+            int64_t owner = rl_lock_owner(env_lo + i, lock_envs);
+            int64_t end = lock_envs > 1 ? owner + lock_envs : env_lo + i + 1;
+            if (end > env_lo + count) end = env_lo + count;
+            pthread_mutex_t* m = rl_mutex(ctrl_base, owner);
             rl_lock(m);
             if (__atomic_load_n(gen_word, __ATOMIC_ACQUIRE) != my_gen) {
                 pthread_mutex_unlock(m);
                 return -1;
             }
-            uint64_t* seq = rl_seq(ctrl_base, env);
-            uint64_t s = __atomic_load_n(seq, __ATOMIC_RELAXED) & ~(uint64_t)1;
-            uint64_t back = ((s >> 1) + 1) & 1u;
-            for (int k = 0; k < nkeys; k++)
-                memcpy(base + key_off[k] + (env * 2 + (int64_t)back) * stride[k],
-                       src[k] + i * src_stride[k], (size_t)row_bytes[k]);
-            __atomic_store_n(seq, s + 2, __ATOMIC_RELEASE);
+            for (; env_lo + i < end; i++) {
+                int64_t env = env_lo + i;
+                uint64_t* seq = rl_seq(ctrl_base, env);
+                uint64_t s = __atomic_load_n(seq, __ATOMIC_RELAXED) & ~(uint64_t)1;
+                uint64_t back = ((s >> 1) + 1) & 1u;
+                for (int k = 0; k < nkeys; k++)
+                    rl_copy(base + key_off[k] + (env * 2 + (int64_t)back) * stride[k],
+                            src[k] + i * src_stride[k], (size_t)row_bytes[k], stream);
+                __atomic_store_n(seq, s + 2, __ATOMIC_RELEASE);
+            }
+            rl_sfence(stream);
             pthread_mutex_unlock(m);
         }
         return count;
@@ -236,19 +252,25 @@ cdef extern from *:
                                   const int64_t* key_off, const int64_t* stride,
                                   const int64_t* row_bytes, uint8_t* const* dst,
                                   const int64_t* dst_stride, const int64_t* idx,
-                                  int64_t env_lo, int64_t count) {
+                                  int64_t env_lo, int64_t count, int stream, int64_t lock_envs) {
         uint8_t* ctrl_base = base + ctrl_off;
+        pthread_mutex_t* held = NULL;          /* kept while consecutive envs share it */
         for (int64_t i = 0; i < count; i++) {
             int64_t env = idx ? idx[i] : env_lo + i;
-            pthread_mutex_t* m = rl_mutex(ctrl_base, env);
-            rl_lock(m);
+            pthread_mutex_t* m = rl_mutex(ctrl_base, rl_lock_owner(env, lock_envs));
+            if (m != held) {
+                if (held) { rl_sfence(stream); pthread_mutex_unlock(held); }
+                rl_lock(m);
+                held = m;
+            }
             uint64_t slot = (__atomic_load_n(rl_seq(ctrl_base, env), __ATOMIC_RELAXED) >> 1) & 1u;
             for (int k = 0; k < nkeys; k++)
-                memcpy(dst[k] + i * dst_stride[k],
-                       base + key_off[k] + (env * 2 + (int64_t)slot) * stride[k],
-                       (size_t)row_bytes[k]);
-            pthread_mutex_unlock(m);
+                rl_copy(dst[k] + i * dst_stride[k],
+                        base + key_off[k] + (env * 2 + (int64_t)slot) * stride[k],
+                        (size_t)row_bytes[k], stream);
         }
+        rl_sfence(stream);
+        if (held) pthread_mutex_unlock(held);
         return 0;
     }
 
@@ -279,11 +301,12 @@ cdef extern from *:
     int64_t rl_lock_publish(uint8_t* base, int64_t ctrl_off, int nkeys, const int64_t* key_off,
                             const int64_t* stride, const int64_t* row_bytes, uint8_t** src,
                             const int64_t* src_stride, int64_t env_lo, int64_t count,
-                            const uint64_t* gen_word, uint64_t my_gen) nogil
+                            const uint64_t* gen_word, uint64_t my_gen, int stream,
+                            int64_t lock_envs) nogil
     int64_t rl_lock_gather(uint8_t* base, int64_t ctrl_off, int nkeys, const int64_t* key_off,
                            const int64_t* stride, const int64_t* row_bytes, uint8_t** dst,
                            const int64_t* dst_stride, const int64_t* idx, int64_t env_lo,
-                           int64_t count) nogil
+                           int64_t count, int stream, int64_t lock_envs) nogil
     int64_t rl_bad_index(const int64_t* idx, int64_t count, int64_t n) nogil
     uint64_t rl_load_u64(const uint64_t* p) nogil
     void rl_store_u64(uint64_t* p, uint64_t v) nogil
@@ -301,8 +324,10 @@ cdef class BoardView:
     read); n_envs=-1 (the default) trusts the caller. `keepalive` (the segment's mmap) is
     pinned with a buffer export for the view's lifetime, so the mapping cannot be unmapped
     under the raw pointers (mmap.close() raises BufferError instead of leaving them dangling).
-    A seqlock call that moves at least `stream_bytes` bytes (default 8 MiB, past what the
-    caches keep anyway) writes rows of 4 KiB and up with non-temporal stores; -1 never streams.
+    A call that moves at least `stream_bytes` bytes (seqlock default 8 MiB, past what the
+    caches keep anyway; lock board default -1) writes rows of 4 KiB and up with non-temporal
+    stores; -1 never streams. Lock board only: `lock_envs` consecutive envs share one mutex
+    (default 1, a mutex per env; benchmarks/board.py sets a slice's size).
     """
     cdef uint8_t* base
     cdef int64_t ctrl_off
@@ -315,6 +340,7 @@ cdef class BoardView:
     cdef public int64_t max_retries
     cdef public int64_t n_envs
     cdef public int64_t stream_bytes
+    cdef public int64_t lock_envs
     cdef int64_t row_total
     cdef object _pin
 
@@ -343,7 +369,8 @@ cdef class BoardView:
         self.locked = locked
         self.max_retries = max_retries
         self.n_envs = n_envs
-        self.stream_bytes = rl_default_stream_bytes()
+        self.stream_bytes = -1 if locked else rl_default_stream_bytes()
+        self.lock_envs = 1
         self._pin = None
         if keepalive is not None:
             try:
@@ -379,7 +406,8 @@ cdef class BoardView:
         with nogil:
             if self.locked:
                 n = rl_lock_publish(self.base, self.ctrl_off, self.nkeys, self.key_off, self.stride,
-                                    self.row_bytes, src, sstride, env_lo, count, self.gen_word, my_gen)
+                                    self.row_bytes, src, sstride, env_lo, count, self.gen_word, my_gen,
+                                    stream, self.lock_envs)
             else:
                 n = rl_seqlock_publish(self.base, self.ctrl_off, self.nkeys, self.key_off, self.stride,
                                        self.row_bytes, src, sstride, env_lo, count, self.gen_word, my_gen,
@@ -401,7 +429,8 @@ cdef class BoardView:
         with nogil:
             if self.locked:
                 r = rl_lock_gather(self.base, self.ctrl_off, self.nkeys, self.key_off, self.stride,
-                                   self.row_bytes, dst, dstride, ids, env_lo, count)
+                                   self.row_bytes, dst, dstride, ids, env_lo, count, stream,
+                                   self.lock_envs)
             else:
                 r = rl_seqlock_gather(self.base, self.ctrl_off, self.nkeys, self.key_off, self.stride,
                                       self.row_bytes, dst, dstride, ids, env_lo, count,

@@ -530,7 +530,8 @@ class Driver:
         self._chart_mark = (c.env_steps, now)
         values = {"charts/sps": sps, "envs/active": self.active_envs(now),
                   "board/torn_retries": c.torn_retries, "charts/episodes": c.episodes,
-                  "learner/dropped_rollouts": c.dropped_rollouts}
+                  "learner/dropped_rollouts": c.dropped_rollouts,
+                  "learner/trained_samples": c.trained_samples}
         for name, rets in self.learner.recent_returns.items():
             if rets:
                 values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
