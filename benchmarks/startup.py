@@ -1,4 +1,5 @@
-"""Start-up of the full engine at 1,000 / 3,000 / 5,000 / 7,000 envs, cgroups on and off.
+"""Start-up of the full engine at 1,000 / 3,000 / 5,000 / 7,000 envs, cgroups on and off, beside
+one process building the same envs one after another.
 
     python benchmarks/startup.py [--counts 1000 3000 5000 7000] [--json] [overrides...]
 
@@ -6,6 +7,16 @@ Each run is `python -m rlpipe +stage=day4 env_count=N groups.cgroup=auto|none` (
 mix, day4's cold/hot ramp) for long enough that every group wakes; the figures are the run's
 own summary.json: startup_first_step_s (driver process start to the first env step) and
 all_envs_ready_s (to every env built and stepping), plus peak PSS.
+
+`serial_build_s`, measured in the same invocation (a fresh process, once per count, before
+the engine runs): the same config composed with the same overrides, the same env-id -> type
+plan, then one worker-style EnvTable over all N envs whose envs are built and reset one after
+another (`EnvTable.start`: the factory, reset, contract check and staging write a worker
+does). It counts planning the mix and the env modules' first import (`serial_import_s`: a
+lone process pays them too; planning describes one env per type) plus the build loop
+(`serial_loop_s`); not the interpreter's start or composing the config. Its memory column is
+that process's peak RSS (ru_maxrss), not PSS. The table prints
+`all_envs_ready_s / serial_build_s` for each engine run (2 cores: 0.5 is the ideal).
 """
 from __future__ import annotations
 
@@ -18,6 +29,46 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SECONDS = {1000: 40, 3000: 55, 5000: 70, 7000: 80}
+
+SERIAL = r"""
+import importlib, json, resource, sys, time
+import numpy as np
+from hydra import compose, initialize_config_dir
+from rlpipe.config import conf_dir, register_schema, to_plain
+from rlpipe.envs.registry import make_factory, plan_mix, preload_modules
+from rlpipe.worker.envtable import EnvTable
+
+register_schema()
+with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+    cfg = compose(config_name="config", overrides=json.loads(sys.argv[1]))
+spec = to_plain(cfg)
+t0 = time.perf_counter()
+plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)   # as the driver plans the run
+for m in preload_modules(spec.env_types):
+    importlib.import_module(m)
+t1 = time.perf_counter()
+n = spec.env_count
+staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in plan.obs_keys]
+table = EnvTable(0, plan.env_type, plan.names, plan.specs,
+                 [make_factory(t.node) for t in spec.env_types], plan.obs_keys, staging, spec.seed)
+for i in range(n):
+    table.start(i)
+t2 = time.perf_counter()
+faults = len(table.faults)
+table.close_all()
+print(json.dumps({"serial_import_s": round(t1 - t0, 3), "serial_loop_s": round(t2 - t1, 3),
+                  "serial_build_s": round(t2 - t0, 3), "serial_build_faults": faults,
+                  "serial_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+"""
+
+
+def serial_build(n: int, extra: list[str]) -> dict:
+    overrides = ["+stage=day4", f"env_count={n}", *extra]
+    out = subprocess.run([sys.executable, "-c", SERIAL, json.dumps(overrides)], cwd=REPO,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"serial build failed ({n} envs):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run(n: int, cgroup: str, extra: list[str]) -> dict:
@@ -37,19 +88,29 @@ def run(n: int, cgroup: str, extra: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", type=int, nargs="+", default=[1000, 3000, 5000, 7000])
+    ap.add_argument("--cgroups", nargs="+", default=["auto", "none"], choices=["auto", "none"])
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     results = {}
     print(f"{'envs':>6} {'cgroups':>8} {'first step s':>13} {'all ready s':>12} {'active':>7} "
-          f"{'peak PSS MB':>12}", flush=True)
+          f"{'peak PSS MB':>12} {'serial build s':>15} {'ready/serial':>13}", flush=True)
     for n in args.counts:
-        for cgroup in ("auto", "none"):
+        serial = serial_build(n, args.overrides)
+        results[f"{n}/serial"] = serial
+        print(f"{n:>6} {'serial':>8} {'':>13} {'':>12} {'':>7} {serial['serial_peak_rss_mb']:>12} "
+              f"{serial['serial_build_s']:>15} {'':>13}  (imports {serial['serial_import_s']} s + "
+              f"build loop {serial['serial_loop_s']} s, {serial['serial_build_faults']} build faults)",
+              flush=True)
+        for cgroup in args.cgroups:
             r = run(n, cgroup, args.overrides)
+            ready = r["all_envs_ready_s"]
+            r["ready_over_serial_build"] = (round(ready / serial["serial_build_s"], 3)
+                                            if ready and serial["serial_build_s"] else None)
             results[f"{n}/{cgroup}"] = r
             print(f"{n:>6} {r['cgroup_driver']:>8} {r['startup_first_step_s']:>13} "
-                  f"{r['all_envs_ready_s']!s:>12} {r['active_envs_end']:>7} {r['peak_rss_mb']:>12}",
-                  flush=True)
+                  f"{ready!s:>12} {r['active_envs_end']:>7} {r['peak_rss_mb']:>12} "
+                  f"{serial['serial_build_s']:>15} {r['ready_over_serial_build']!s:>13}", flush=True)
     if args.json:
         print(json.dumps(results))
 

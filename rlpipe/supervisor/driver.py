@@ -633,6 +633,8 @@ class Driver:
             "active_envs_end": self.active_envs_end,
             "env_steps": c.env_steps,
             "wall_s": round(end - self.t0, 3),
+            # t0 on the wall clock (TensorBoard's time base): the origin of every *_s figure here
+            "started_at_unix": round(time.time() - (time.monotonic() - self.t0), 3),
             "sps": round((c.env_steps - self.resumed_from_step) / stepping_s, 1) if stepping_s > 0 else 0.0,
             "startup_first_step_s": round(first - self.t0, 3) if first else None,
             "all_envs_ready_s": round(self.all_ready_at - self.t0, 3) if self.all_ready_at else None,
