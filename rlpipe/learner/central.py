@@ -246,14 +246,19 @@ class CentralLearner:
 
     @property
     def backlogged(self) -> bool:
-        """Rollouts for the next update are complete while the current one still trains.
-        learner.backlog=hold: hold the workers (backpressure: every sample is trained on, as
-        sample-efficiency needs). learner.backlog=drop: keep stepping and drop the oldest
-        waiting rollouts instead (throughput: the policy lag stays bounded either way)."""
-        if self._update_thread is None or self.ready_envs < self.update_envs:
+        """A full batch of rollouts waits to be trained on.
+        learner.backlog=hold: hold the workers until the waiting rollouts have gone into
+        updates (backpressure: every sample is trained on, and stepping runs at the pace of
+        training; with thousands of envs one inference round alone completes more rollouts
+        than an update takes, so holding only while an update runs would let them pile up).
+        learner.backlog=drop: keep stepping; while an update trains, drop the oldest waiting
+        rollouts beyond one batch (throughput: the policy lag stays bounded)."""
+        if self.ready_envs < self.update_envs:
             return False
         if self.cfg.backlog == "hold":
             return True
+        if self._update_thread is None:
+            return False
         while self.ready_envs > self.update_envs and len(self.ready_blocks) > 1:
             block = self.ready_blocks.pop(0)
             self.ready_types.pop(0)
