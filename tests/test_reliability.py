@@ -187,3 +187,48 @@ def test_every_worker_killed_at_once_twice(short_tmp):
     summary = read_summary(run_dir)
     assert summary["faults"]["worker_restarts"] >= 6
     assert summary["active_envs_end"] == 210
+
+
+def _event_rows(run_dir, kind):
+    """(ts, worker_id, generation, detail) of every row of one kind, oldest first."""
+    with contextlib.closing(sqlite3.connect(f"file:{run_dir}/lifecycle.sqlite?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT ts, worker_id, generation, detail FROM events WHERE kind = ? "
+                          "ORDER BY ts, id", (kind,)).fetchall()
+    return [(ts, w, g, json.loads(d) if d else None) for ts, w, g, d in rows]
+
+
+def test_worker_frozen_while_building_is_replaced(short_tmp):
+    """SIGSTOP one second into a slow build (unity_sim warm-up, 8 x 0.4 s): judged on
+    heartbeat.timeout_s, not on startup_timeout_s (300 s), and its envs all step by the end."""
+    run_dir = short_tmp / "run"
+    timeout_s, grace_s, scan_s = 4, 1, 0.5
+    proc = start(run_dir, "env_mix=cartpole", "+env@env_mix.types.unity_sim=unity_sim",
+                 "+env_mix.weights.unity_sim=1.0", "env_mix.types.unity_sim.warmup_ms=400",
+                 "env_count=16", "groups.size=16", "run.duration_s=28", "run.total_env_steps=null",
+                 *FAST_BEATS)
+    try:
+        pid = wait_for_workers(proc.pid, 1)[0]
+        time.sleep(1.0)                        # the injection's timing, not a synchronization
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.time()
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    built_gen1 = [r for r in _event_rows(run_dir, "env_create") if r[2] == 1]
+    assert len(built_gen1) < 16, "the worker was not frozen while building"
+    term = [r for r in _event_rows(run_dir, "worker_term") if r[1] == 0]
+    restart = [r for r in _event_rows(run_dir, "worker_restart") if r[1] == 0]
+    assert term and term[0][3]["reason"] == "heartbeat" and term[0][3]["limit_s"] == timeout_s
+    # silence past the timeout, seen at the next 1 s supervise turn (scan 0.5 s, beats 0.5 s)
+    assert term[0][0] - stopped_at <= timeout_s + 0.5 + scan_s + 1.0 + 0.5
+    assert restart and restart[0][0] - stopped_at <= timeout_s + grace_s + 0.5 + scan_s + 2.0 + 0.5
+    print(f"FROZEN-STARTUP term after {term[0][0] - stopped_at:.2f} s, replaced after "
+          f"{restart[0][0] - stopped_at:.2f} s")
+    assert any(g == 2 for _ts, _w, g, _d in _event_rows(run_dir, "worker_ready"))
+    assert read_summary(run_dir)["active_envs_end"] == 16
+    assert run_leftovers(proc.pid) == []

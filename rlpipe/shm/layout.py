@@ -29,8 +29,8 @@ HEADER_BYTES = 4096
 CTRL_BYTES = 64
 MAGIC = 0x726C70697065_0002  # "rlpipe" + layout version (2: final-obs rows)
 
-# header word offsets (uint64 each)
-H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE = (8 * i for i in range(7))
+# header word offsets (uint64 each); H_BUILT: envs built so far (the watchdog's start-up progress)
+H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE, H_BUILT = (8 * i for i in range(8))
 
 
 def align(n: int) -> int:

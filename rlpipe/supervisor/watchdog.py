@@ -2,10 +2,13 @@
 
 A worker is judged every `heartbeat.scan_interval_s` on two beats: the OS beat (a CLOCK_MONOTONIC
 stamp its SIGUSR1 handler writes into shared memory) and the Redis beat (`ts` in its hash).
-Silent on either past `heartbeat.timeout_s` (or `startup_timeout_s` while still building its
-envs) means dead. When Redis cannot be read, only the OS beat counts: Redis being down is not
-a dead worker. A dead worker gets SIGTERM, SIGKILL after `term_grace_s`, and once reaped a new
-worker with a bumped generation takes over its env ids. A worker that exits by itself (a crash,
+Silent on either past `heartbeat.timeout_s` means dead, whether the worker steps or is still
+starting (a starting worker beats from its first instant). Slow-but-alive building has its own,
+longer budget judged by progress: an awake worker whose envs-built counter (H_BUILT) has not
+moved for `heartbeat.startup_timeout_s` is stalled and replaced the same way. When Redis
+cannot be read, only the OS beat counts: Redis being down is not a dead worker. A dead worker
+gets SIGTERM, SIGKILL after `term_grace_s`, and once reaped a new worker with a bumped
+generation takes over its env ids. A worker that exits by itself (a crash,
 or an RSS recycle) is replaced at the next check, without a scan.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ import redis
 
 from rlpipe.config import HeartbeatSpec
 from rlpipe.protocol import worker_key
-from rlpipe.shm.layout import H_OS_BEAT_NS, H_READY
+from rlpipe.shm.layout import H_BUILT, H_OS_BEAT_NS, H_READY
 
 log = logging.getLogger("rlpipe.watchdog")
 
@@ -47,6 +50,8 @@ class Watchdog:
         # back after being unreachable) holds no beats until each worker's next one.
         self.redis_epoch = time.time()
         self._redis_was_down = False
+        # worker id -> (generation, envs built, monotonic time that count was first seen)
+        self.progress: dict[int, tuple[int, int, float]] = {}
 
     def redis_restarted(self) -> None:
         self.redis_epoch = time.time()
@@ -77,8 +82,9 @@ class Watchdog:
         beats = self._redis_beats(live)
         wall, mono_ns = time.time(), time.monotonic_ns()
         for h in live:
-            building = h.views.load(H_READY) == 0
-            limit = self.spec.startup_timeout_s if building else self.spec.timeout_s
+            if h.awake and h.views.load(H_READY) == 0 and self._stalled(h, now):
+                continue
+            limit = self.spec.timeout_s
             if now - h.spawned_at < limit:
                 continue                       # too young to be judged on silence
             os_age = (mono_ns - h.views.load(H_OS_BEAT_NS)) / 1e9
@@ -93,6 +99,21 @@ class Watchdog:
                     "stale": stale, "os_beat_age_s": round(os_age, 2),
                     "redis_beat_age_s": None if redis_age is None else round(redis_age, 2),
                     "redis_reachable": beats is not None, "limit_s": limit})
+
+    def _stalled(self, h, now: float) -> bool:
+        """Building but alive: replace it (True) when its envs-built count has not moved for
+        startup_timeout_s since it was first seen awake at that count."""
+        built = h.views.load(H_BUILT)
+        gen, seen, since = self.progress.get(h.worker_id, (None, None, now))
+        if gen != h.generation or seen != built:
+            self.progress[h.worker_id] = (h.generation, built, now)
+            return False
+        if now - since < self.spec.startup_timeout_s:
+            return False
+        self._terminate(h, "startup_stalled", {"envs_built": built, "envs": h.n,
+                                               "stalled_s": round(now - since, 2),
+                                               "limit_s": self.spec.startup_timeout_s})
+        return True
 
     def _terminate(self, h, reason: str, detail: dict) -> None:
         log.warning("worker %d (pid %d) silent (%s): SIGTERM", h.worker_id, h.proc.pid, reason)

@@ -10,6 +10,7 @@ import ctypes
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -26,8 +27,8 @@ from rlpipe.native.board import store_u64
 from rlpipe.procs import pid_alive
 from rlpipe.protocol import (ACT, RING, STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
                              worker_key)
-from rlpipe.shm.layout import (H_AWAKE, H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS, WorkerLayout,
-                                WorkerViews)
+from rlpipe.shm.layout import (H_AWAKE, H_BUILT, H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS,
+                                WorkerLayout, WorkerViews)
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment
 from rlpipe.lifecycle import LifecycleClient
@@ -126,20 +127,50 @@ class _Heartbeat:
         self.interval_s = interval_s
         self.next_at = 0.0
         self.failures = 0
+        self.lock = threading.Lock()    # the start-up beat thread and the main loop share it
 
     def maybe_beat(self, now: float, fields: Callable[[], dict]) -> None:
-        if now < self.next_at:
-            return
-        self.next_at = now + self.interval_s
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hset(self.key, mapping=fields())
-            pipe.execute()
-        except redis.RedisError:
-            self.failures += 1
+        with self.lock:
+            if now < self.next_at:
+                return
+            self.next_at = now + self.interval_s
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.hset(self.key, mapping=fields())
+                pipe.execute()
+            except redis.RedisError:
+                self.failures += 1
 
     def close(self) -> None:
         self.client.close()
+
+
+class _StartupBeat:
+    """Both beats while the main thread is busy starting (joining cgroups, waiting dormant,
+    building envs, one of which may take longer than a beat interval to build): a worker
+    beats from its first instant, so one frozen in its start-up (SIGSTOP, a simulator that
+    deadlocks holding the GIL) falls silent and is judged on `heartbeat.timeout_s` like any
+    other. A start-up that is alive but makes no progress is judged by the watchdog on the
+    envs-built counter (H_BUILT) instead. Stops once every env is built; the step loop beats
+    from then on."""
+
+    def __init__(self, beat_addr: int, beat: _Heartbeat, fields: Callable[[], dict], interval_s: float):
+        self.beat_addr, self.beat, self.fields = beat_addr, beat, fields
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="startup-beat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            store_u64(self.beat_addr, time.monotonic_ns())
+            self.beat.maybe_beat(time.monotonic(), self.fields)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class _EpsilonFeed:
@@ -187,6 +218,12 @@ def run_worker(args: WorkerArgs) -> None:
     n = len(args.type_index)
     layout = WorkerLayout.build(n, args.obs_keys, args.cont_dim)
     views = WorkerViews(layout, segment, locked=args.locked_board)
+    beat_addr = views.header_addr + H_OS_BEAT_NS
+    beat = _Heartbeat(args.redis_url, worker_key(args.run_id, args.worker_id),
+                      args.heartbeat_redis_interval_s)
+    startup_beat = _StartupBeat(beat_addr, beat, lambda: {
+        "pid": os.getpid(), "generation": args.generation, "steps": 0, "rss_mb": round(_rss_mb(), 1),
+        "ts": time.time()}, min(args.heartbeat_signal_interval_s, args.heartbeat_redis_interval_s))
     if args.cgroup_paths:
         # Join the dormant cgroup first thing; the driver may have woken the group meanwhile
         # (it raises H_AWAKE before moving us), so look again and follow it to `active`.
@@ -206,10 +243,9 @@ def run_worker(args: WorkerArgs) -> None:
     views.store(H_PID, os.getpid())
     errors = ErrorLog(views.error_log_buf, create=False)      # the driver initialized it
     # OS-level beat: the handler stamps CLOCK_MONOTONIC into shared memory. It runs only when
-    # this interpreter's main thread is alive and reaching bytecode boundaries.
-    beat_addr = views.header_addr + H_OS_BEAT_NS
+    # this interpreter's main thread is alive and reaching bytecode boundaries (until every
+    # env is built, the start-up beat thread stamps it too).
     signal.signal(signal.SIGUSR1, lambda *_: store_u64(beat_addr, time.monotonic_ns()))
-    store_u64(beat_addr, time.monotonic_ns())
     ctx = zmq.Context(io_threads=1)
     lifecycle = LifecycleClient(args.lifecycle_endpoint, ctx, worker_id=args.worker_id,
                                 generation=args.generation)
@@ -223,8 +259,6 @@ def run_worker(args: WorkerArgs) -> None:
     act.setsockopt(zmq.LINGER, 0)
     act.setsockopt(zmq.RCVHWM, 1000)
     act.connect(args.act_endpoint)
-    beat = _Heartbeat(args.redis_url, worker_key(args.run_id, args.worker_id),
-                      args.heartbeat_redis_interval_s)
     steps = 0
     next_signal = 0.0
 
@@ -310,6 +344,7 @@ def run_worker(args: WorkerArgs) -> None:
                 lifecycle.event("env_create", env_id=args.env_lo + built, env_type=args.type_names[t],
                                 env_version=args.type_versions[t])
                 built += 1
+                views.store(H_BUILT, built)
                 for s, (lo, hi) in enumerate(bounds):
                     if hi == built:                  # slice s is complete: publish and ring
                         report_faults()
@@ -319,6 +354,7 @@ def run_worker(args: WorkerArgs) -> None:
                         ready.send(RING.pack(args.worker_id, s, args.generation, 0))
                 if built == n:
                     views.store(H_READY, n)
+                    startup_beat.stop()
                 heartbeats()
                 continue
             if act.poll(timeout_ms):
@@ -375,6 +411,7 @@ def run_worker(args: WorkerArgs) -> None:
                     lifecycle.event("worker_exit", detail={"reason": "rss", "rss_mb": round(_rss_mb())})
                     break
     finally:
+        startup_beat.stop()
         if rnorm is not None:
             try:
                 beat.client.set(rnorm_key, rnorm.state())
