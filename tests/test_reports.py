@@ -50,7 +50,7 @@ Updated 2026-01-01 00:00:00 UTC. 4 error record(s), 1 distinct stack trace(s), 0
 
 def _write_lifecycle(db_path: Path) -> None:
     """Two workers of 4 envs; four injections, three healed (kill 2.0 s, stop 14.0 s, redis
-    1.0 s), the last worker kill never healed."""
+    1.5 s: every worker beat again 0.5 s after the restart), the last worker kill never healed."""
     w = LifecycleWriter(db_path, f"inproc://lc-{uuid.uuid4().hex}", run_id="test-run")
     w.start()
     rec = w.record
@@ -86,6 +86,7 @@ def _write_lifecycle(db_path: Path) -> None:
     # Redis killed, restarted 1 s later
     rec("chaos_inject", detail={"what": "kill_redis", "pid": 50, "t": 40.0}, ts=T0 + 40)
     rec("redis_restart", detail={"url_kind": "embedded"}, ts=T0 + 41)
+    rec("redis_recovered", detail={"since_restart_s": 0.5, "workers": 2}, ts=T0 + 41.5)
     # a second kill of worker 0 that the run never healed
     rec("chaos_inject", worker_id=0, generation=2, detail={"what": "kill_worker", "pid": 200, "t": 50.0},
         ts=T0 + 50)
@@ -138,12 +139,13 @@ def test_recovery_report_matches_injections(synthetic_run: Path):
     assert rep["by_kind"]["kill_worker"] == {"injected": 2, "recovered": 1, "p50_s": 2.0, "p99_s": 2.0}
     assert rep["by_kind"]["stop_worker"]["recovered"] == 1
     assert rep["by_kind"]["stop_worker"]["p50_s"] == pytest.approx(14.0)   # not the stale gen-1 ready
-    assert rep["by_kind"]["kill_redis"]["p50_s"] == pytest.approx(1.0)
-    assert rep["recover_s_p50"] == pytest.approx(2.0)            # of [1, 2, 14]
+    # healed when the workers beat again, not at the restart (a ping)
+    assert rep["by_kind"]["kill_redis"]["p50_s"] == pytest.approx(1.5)
+    assert rep["recover_s_p50"] == pytest.approx(2.0)            # of [1.5, 2, 14]
     assert rep["recover_s_p99"] == pytest.approx(13.76)          # linear interpolation
     # per-env rate 80,000 / 8 / 100 s = 100/s; (2 s + 14 s) x 4 envs x 100/s; Redis costs none
     assert rep["per_env_sps"] == pytest.approx(100.0)
-    assert rep["lost_env_steps"] == 6400
+    assert rep["lost_env_steps_est"] == 6400
     unhealed = [e for e in rep["events"] if e["recover_s"] is None]
     assert [(e["what"], e["worker_id"], e["generation"]) for e in unhealed] == [("kill_worker", 0, 2)]
     assert restart_reasons(db) == {"exited": 1, "heartbeat": 1}
@@ -156,7 +158,7 @@ def test_recovery_report_without_summary_has_no_loss_estimate(synthetic_run: Pat
     lone.mkdir()
     (lone / "lifecycle.sqlite").write_bytes((synthetic_run / "lifecycle.sqlite").read_bytes())
     rep = recovery_report(lone / "lifecycle.sqlite")
-    assert rep["recovered"] == 3 and rep["lost_env_steps"] is None and rep["per_env_sps"] is None
+    assert rep["recovered"] == 3 and rep["lost_env_steps_est"] is None and rep["per_env_sps"] is None
 
 
 def test_recovery_report_of_a_run_without_chaos(tmp_path: Path):
@@ -203,6 +205,16 @@ def test_health_report_of_synthetic_run(synthetic_run: Path):
     assert "peak memory under 12 GiB: **yes**" in md
     assert "checkpoint written: **yes**" in md
     assert sorted(p.name for p in synthetic_run.glob("lifecycle.sqlite*")) == ["lifecycle.sqlite"]
+
+
+def test_a_replacement_that_never_stepped_is_a_lost_worker(synthetic_run: Path):
+    """A restart followed by a spawn but no worker_ready of the new generation: lost."""
+    w = LifecycleWriter(synthetic_run / "lifecycle.sqlite", f"inproc://lc-{uuid.uuid4().hex}", run_id="test-run")
+    with w:
+        w.record("worker_restart", worker_id=1, generation=2, detail={"reason": "exited"}, ts=T0 + 60)
+        w.record("worker_spawn", worker_id=1, generation=3, detail={"pid": 301, "envs": 4}, ts=T0 + 60.2)
+    md = write_health_report(synthetic_run).read_text()
+    assert "no worker lost: **no**" in md and "without a replacement that stepped: 1" in md
 
 
 def test_health_report_with_missing_inputs(tmp_path: Path):

@@ -5,12 +5,13 @@ Every `chaos_inject` row is matched with the row that says the fault is healed:
 
 - kill_worker / stop_worker -> the first `worker_ready` of the same worker id with a higher
   generation, at or after the injection (the replacement has stepped its envs once);
-- kill_redis -> the first `redis_restart` at or after the injection (each restart heals one
-  injection).
+- kill_redis -> the first `redis_recovered` at or after the injection (each heals one
+  injection): the driver writes it once every live worker has beaten into the restarted
+  server, not when the server merely answers a ping.
 
 Time to recover is the difference of the two rows' timestamps (both wall clock, written by
-the driver). Lost env-steps estimate how much stepping a worker fault cost: for each healed
-worker fault, the seconds its envs did not step (injection -> ready) times the worker's env
+the driver). `lost_env_steps_est` estimates how much stepping a worker fault cost: for each
+healed worker fault, the seconds its envs did not step (injection -> ready) times the worker's env
 count (its `worker_spawn` detail "envs") times the run's per-env step rate
 (summary.json: env_steps / env_count / wall_s). Without a summary.json beside the db the
 estimate is None. A Redis kill costs no env steps (Redis down is not a dead worker).
@@ -117,7 +118,7 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
     `summary` defaults to the summary.json beside the db (None if there is none). Returns
     {"injected", "recovered", "unrecovered",
      "by_kind": {what: {"injected", "recovered", "p50_s", "p99_s"}},
-     "recover_s_p50", "recover_s_p99", "lost_env_steps", "per_env_sps",
+     "recover_s_p50", "recover_s_p99", "lost_env_steps_est", "per_env_sps",
      "events": [{"id", "what", "worker_id", "generation", "t", "recover_s", "recovered_by"}]}
     with times in seconds (None where nothing was recovered).
     """
@@ -128,7 +129,7 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
     with contextlib.closing(connect_ro(db_path)) as db:
         injects = _rows(db, ("chaos_inject",))
         readies = _rows(db, ("worker_ready",))
-        restarts = _rows(db, ("redis_restart",))
+        restarts = _rows(db, ("redis_recovered",))
         spawns = _rows(db, ("worker_spawn",))
         creates = db.execute("SELECT DISTINCT worker_id, env_id FROM events WHERE kind = 'env_create' "
                              "AND worker_id IS NOT NULL AND env_id IS NOT NULL").fetchall()
@@ -185,7 +186,7 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
         "by_kind": by_kind,
         "recover_s_p50": _pct(all_times, 50),
         "recover_s_p99": _pct(all_times, 99),
-        "lost_env_steps": round(lost) if rate is not None else None,
+        "lost_env_steps_est": round(lost) if rate is not None else None,
         "per_env_sps": round(rate, 3) if rate is not None else None,
         "events": events,
     }

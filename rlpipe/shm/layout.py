@@ -29,8 +29,10 @@ HEADER_BYTES = 4096
 CTRL_BYTES = 64
 MAGIC = 0x726C70697065_0002  # "rlpipe" + layout version (2: final-obs rows)
 
-# header word offsets (uint64 each); H_BUILT: envs built so far (the watchdog's start-up progress)
-H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE, H_BUILT = (8 * i for i in range(8))
+# header word offsets (uint64 each); H_BUILT: envs built so far (the watchdog's start-up
+# progress); H_LC_DROPPED: lifecycle events the worker dropped at its ZMQ high-water mark
+(H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE, H_BUILT,
+ H_LC_DROPPED) = (8 * i for i in range(9))
 
 
 def align(n: int) -> int:

@@ -31,7 +31,7 @@ from rlpipe.files import atomic_write
 from rlpipe.procs import pid_alive
 from rlpipe.protocol import RING, epsilon_channel, reward_stats_key, run_key, worker_key
 from rlpipe.redis_client import connect as redis_client
-from rlpipe.shm.layout import H_AWAKE
+from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
@@ -122,7 +122,7 @@ class Driver:
         self.plan: MixPlan | None = None
         self.redis: RedisService | None = None
         self.lifecycle: LifecycleWriter | None = None
-        self.memory = PeakMemory(os.getpid())
+        self.memory = PeakMemory(os.getpid(), interval_s=1.0)
         self.zctx = zmq.Context(io_threads=1)
         self.sock_dir: Path | None = None
         self.tb = None              # telemetry.tb.TbWriter, built with the learner
@@ -148,6 +148,10 @@ class Driver:
         self.unspawned: list[WorkerHandle] = []
         self.next_spawn = 0.0
         self.random_probe = None    # the child measuring each type's random-action return
+        self.lifecycle_dropped = 0      # workers' lifecycle events dropped at the ZMQ high-water mark
+        self.redis_down_since: float | None = None   # wall time of a Redis restart not yet healed
+        self.loop_end: float | None = None           # monotonic end of the stepping loop
+        self.loop_end_steps = 0
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -240,7 +244,7 @@ class Driver:
             h = WorkerHandle(k, lo, hi, spec, self.plan, self.run_id, self.zctx,
                              f"ipc://{self.sock_dir}/act_w{k}.ipc")
             h.awake = self.schedule.awake[k]
-            h.on_retire = lambda old: self.errors.remove_log(old.worker_id)
+            h.on_retire = self._retire
             self.handles.append(h)
         # Hot groups start now; dormant ones are started from the loop a few at a time, so
         # the first steps are not queued behind a hundred forks on a busy machine.
@@ -258,6 +262,11 @@ class Driver:
         self.memory.start()
         self.rcli.hset(run_key(self.run_id), "state", "running")
         self.started = True
+
+    def _retire(self, old: WorkerHandle) -> None:
+        """A generation's segment is about to go: keep what its worker counted there."""
+        self.errors.remove_log(old.worker_id)
+        self.lifecycle_dropped += old.views.load(H_LC_DROPPED)
 
     # -- checkpoints -------------------------------------------------------------------------
     @property
@@ -417,6 +426,25 @@ class Driver:
             if self.redis.restart_if_dead():
                 self.watchdog.redis_restarted()
                 self.lifecycle.record("redis_restart", detail={"url_kind": self.redis.mode})
+                self.redis_down_since = time.time()
+        if self.redis_down_since is not None:
+            self._redis_recovered()
+
+    def _redis_recovered(self) -> None:
+        """A restarted Redis counts as recovered once every live worker has beaten into it
+        again (a `redis_recovered` row), not when it merely answers a ping."""
+        live = [h for h in self.handles if h.alive() and h.worker_id not in self.watchdog.pending]
+        try:
+            pipe = self.rcli.pipeline(transaction=False)
+            for h in live:
+                pipe.hget(f"rlpipe:{self.run_id}:worker:{h.worker_id}", "ts")
+            beats = pipe.execute()
+        except redis.RedisError:
+            return
+        if all(v is not None and float(v) >= self.redis_down_since for v in beats):
+            self.lifecycle.record("redis_recovered", detail={
+                "since_restart_s": round(time.time() - self.redis_down_since, 3), "workers": len(live)})
+            self.redis_down_since = None
 
     def _wake_due(self, now: float) -> list[SliceRef]:
         """Wake the groups the schedule says are due; return their parked rings."""
@@ -493,7 +521,8 @@ class Driver:
                 if refs:
                     learner.serve(refs)
                     if self.all_ready_at is None and len(self.slice_first_step) == n_slices:
-                        self.all_ready_at = now
+                        # after the serve that counted them: never before the learner's first step
+                        self.all_ready_at = time.monotonic()
                 if learner.update_due:
                     learner.start_update()
                 self._log_update(learner.poll_update())
@@ -555,6 +584,7 @@ class Driver:
             lambda: random_return.stop(self.random_probe),
             lambda: stop_workers(self.handles),
             lambda: self._final_errors(),
+            lambda: self._count_lifecycle_drops(),
             lambda: self._checkpoint() if self.learner and not self.learner.random and self.started else None,
             lambda: self._export() if self.spec.learner.export and self.learner and self.started else None,
             lambda: self.memory.stop(),
@@ -599,6 +629,11 @@ class Driver:
                 self.tb.text("errors/top10", self.errors.text_for_tensorboard(),
                                 self.learner.counters.env_steps)
 
+    def _count_lifecycle_drops(self) -> None:
+        for h in self.handles:
+            if h.views is not None:
+                self.lifecycle_dropped += h.views.load(H_LC_DROPPED)
+
     def _continue_stopped(self) -> None:
         """Workers the chaos monkey SIGSTOPped and nobody replaced yet: let them hear STOP."""
         for pid in self.chaos.stopped if self.chaos else ():
@@ -618,24 +653,29 @@ class Driver:
             (self.sock_dir / "redis.sock").unlink(missing_ok=True)
 
     # -- summary -----------------------------------------------------------------------------
-    def summary(self, end: float) -> dict:
+    def summary(self, end: float, teardown_end: float) -> dict:
+        """`end`: when the stepping loop ended; every rate and the loss window stop there, and
+        `teardown_s` (worker stop, final checkpoint, export, services) is reported apart."""
         c = self.learner.counters
         first = c.first_step_at
         stepping_s = end - first if first else 0.0
         half = self.t0 + (end - self.t0) / 2
-        late_losses = [loss for t, loss in c.losses if t >= half]
+        late_losses = [loss for t, loss in c.losses if half <= t <= end]
         faults = fault_counts(self.run_dir / "lifecycle.sqlite")
         randoms = random_return.read_results(self.run_dir)
+        faults["lifecycle_dropped"] = self.lifecycle_dropped
+        steps = self.loop_end_steps
         return {
             "stage": self.spec.stage,
             "env_count": self.spec.env_count,
             "env_types": self.plan.counts(),
             "active_envs_end": self.active_envs_end,
-            "env_steps": c.env_steps,
+            "env_steps": steps,
             "wall_s": round(end - self.t0, 3),
             # t0 on the wall clock (TensorBoard's time base): the origin of every *_s figure here
             "started_at_unix": round(time.time() - (time.monotonic() - self.t0), 3),
-            "sps": round((c.env_steps - self.resumed_from_step) / stepping_s, 1) if stepping_s > 0 else 0.0,
+            "teardown_s": round(teardown_end - end, 3),
+            "sps": round((steps - self.resumed_from_step) / stepping_s, 1) if stepping_s > 0 else 0.0,
             "startup_first_step_s": round(first - self.t0, 3) if first else None,
             "all_envs_ready_s": round(self.all_ready_at - self.t0, 3) if self.all_ready_at else None,
             "updates": c.updates,
@@ -696,13 +736,13 @@ class Driver:
         try:
             self.setup()
             self.loop()
-            end = time.monotonic()
+            self.loop_end = end = time.monotonic()
+            self.loop_end_steps = self.learner.counters.env_steps
             self.active_envs_end = self.active_envs(end)
             self.memory.sample()
         finally:
             self.teardown()
-        end = time.monotonic()
-        result = self.summary(end)
+        result = self.summary(self.loop_end, time.monotonic())
         atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
         self._hparams(result)
         try:

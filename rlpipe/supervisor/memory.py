@@ -1,5 +1,7 @@
 """Memory of a run measured as PSS (shared pages counted once) over the driver and all its
-descendants (forkserver, workers, redis-server), plus the run's shared-memory segments."""
+descendants (forkserver, workers, redis-server). The driver maps every segment of the run, so
+each resident shared-memory page is in some process's PSS, split between its mappers: the sum
+counts it exactly once, and untouched segment pages cost (and count) nothing."""
 from __future__ import annotations
 
 import threading
@@ -16,8 +18,7 @@ def run_pss_bytes(root_pid: int) -> int:
     total = 0
     for p in procs:
         try:
-            # smaps_rollup's Pss includes this process's share of mapped /dev/shm pages;
-            # the segments' untouched-by-anyone bytes are added by the caller via shm_bytes.
+            # smaps_rollup's Pss includes this process's share of mapped /dev/shm pages
             total += p.memory_full_info().pss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -27,7 +28,7 @@ def run_pss_bytes(root_pid: int) -> int:
 class PeakMemory:
     """Samples the run's PSS every `interval_s` in a daemon thread and keeps the peak."""
 
-    def __init__(self, root_pid: int, interval_s: float = 5.0):
+    def __init__(self, root_pid: int, interval_s: float = 1.0):
         self.root_pid = root_pid
         self.interval_s = interval_s
         self.peak_bytes = 0

@@ -27,8 +27,8 @@ from rlpipe.native.board import store_u64
 from rlpipe.procs import pid_alive
 from rlpipe.protocol import (ACT, RING, STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
                              worker_key)
-from rlpipe.shm.layout import (H_AWAKE, H_BUILT, H_GENERATION, H_OS_BEAT_NS, H_PID, H_READY, H_STEPS,
-                                WorkerLayout, WorkerViews)
+from rlpipe.shm.layout import (H_AWAKE, H_BUILT, H_GENERATION, H_LC_DROPPED, H_OS_BEAT_NS, H_PID, H_READY,
+                                H_STEPS, WorkerLayout, WorkerViews)
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment
 from rlpipe.lifecycle import LifecycleClient
@@ -268,6 +268,7 @@ def run_worker(args: WorkerArgs) -> None:
         if now >= next_signal:
             next_signal = now + args.heartbeat_signal_interval_s
             os.killpg(0, signal.SIGUSR1)
+            views.store(H_LC_DROPPED, lifecycle.dropped)    # the driver sums them into faults
         beat.maybe_beat(now, lambda: {"pid": os.getpid(), "generation": args.generation,
                                       "steps": steps, "rss_mb": round(_rss_mb(), 1), "ts": time.time()})
 
@@ -422,6 +423,7 @@ def run_worker(args: WorkerArgs) -> None:
         stepper.close()
         table.close_all()
         lifecycle.event("worker_exit", detail={"steps": steps, "hung_steps": stepper.hung_total})
+        views.store(H_LC_DROPPED, lifecycle.dropped)
         lifecycle.close()
         beat.close()
         ready.close()

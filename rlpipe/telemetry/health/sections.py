@@ -183,6 +183,9 @@ class Report:
                          fmt(lc.get(kind, 0)) if lc is not None else MISSING])
         self.add(f"summary.json is {self.run.summary_note}; lifecycle.sqlite is {self.run.db_note}.", "")
         self.add(md_table(["fault", "summary.json", f"lifecycle rows ({'`kind`'})"], rows))
+        if sf and "lifecycle_dropped" in sf:
+            self.add("", f"Lifecycle events the workers dropped at the ZMQ high-water mark: "
+                         f"{fmt(sf['lifecycle_dropped'])} (summary.json `faults.lifecycle_dropped`).")
         if lc:
             self.add("", "All lifecycle events by kind:", "",
                      md_table(["kind", "rows"], [[f"`{k}`", n] for k, n in sorted(lc.items())]))
@@ -234,7 +237,7 @@ class Report:
         if rep["injected"] == 0:
             self.add("No faults were injected (no `chaos_inject` rows).")
             return
-        lost = rep["lost_env_steps"]
+        lost = rep["lost_env_steps_est"]
         self.add(f"- injected: {rep['injected']}, recovered: {rep['recovered']}, "
                  f"unrecovered: {rep['unrecovered']}",
                  f"- time to recover: p50 {fmt(rep['recover_s_p50'])} s, p99 {fmt(rep['recover_s_p99'])} s",

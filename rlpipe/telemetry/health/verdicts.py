@@ -40,8 +40,9 @@ def build_verdicts(report: Report) -> None:
         lost = lost_workers(report.run.db)
         n_restarts = (report.life_counts or {}).get("worker_restart", 0)
         v.append(("no worker lost", "yes" if not lost else "no",
-                  f"{n_restarts} restart(s), each followed by a new generation's spawn (lifecycle)" if not lost
-                  else "worker(s) restarted without a replacement: " + ", ".join(map(str, lost))))
+                  f"{n_restarts} restart(s), each followed by a new generation's worker_ready (lifecycle)"
+                  if not lost else "worker(s) restarted without a replacement that stepped: "
+                  + ", ".join(map(str, lost))))
 
     peak, src = None, None
     if s.get("peak_rss_mb") is not None:
@@ -88,13 +89,14 @@ def build_verdicts(report: Report) -> None:
 
 
 def lost_workers(db: Path) -> list[int]:
-    """Workers with a worker_restart row not followed by a spawn of a newer generation."""
+    """Workers with a worker_restart row not followed by the `worker_ready` of a newer
+    generation (a spawned replacement that never stepped its envs is still a lost worker)."""
     restarts = query(db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_restart' "
                          "AND worker_id IS NOT NULL")
-    spawns = query(db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_spawn' "
-                       "AND worker_id IS NOT NULL")
-    newest: dict[int, tuple[int, float]] = {}     # worker -> (newest generation, its spawn ts)
-    for w, gen, ts in spawns:
+    readies = query(db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_ready' "
+                        "AND worker_id IS NOT NULL")
+    newest: dict[int, tuple[int, float]] = {}     # worker -> (newest generation, its ready ts)
+    for w, gen, ts in readies:
         if w not in newest or (gen or 0) >= newest[w][0]:
             newest[w] = (gen or 0, ts)
     lost = set()
