@@ -15,14 +15,64 @@ def group_options():
             yield group, option.stem
 
 
+def _keys(spec):
+    return {k.name: tuple(k.shape) for k in spec.obs_keys}
+
+
+def _types(spec):
+    return {t.name: t.weight for t in spec.env_types}
+
+
+CLASSIC = {"cartpole": 1.0, "acrobot": 1.0, "pendulum": 1.0, "mountaincar_cont": 1.0}
+# What each group option must change in the plain spec: an option whose values never reach
+# the spec (or reach the wrong field) fails here, and a new option without a check fails too.
+OPTION_CHECKS = {
+    ("buffer", "lowdim"): lambda s: _keys(s) == {"state": (32,), "vector": (16,)} and s.board_sync == "seqlock",
+    ("buffer", "seed"): lambda s: _keys(s) == {"rgb": (224, 224, 3), "state": (128,), "vector": (64,)},
+    ("buffer", "small"): lambda s: _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)},
+    ("buffer", "state_only"): lambda s: _keys(s) == {"state": (32,)},
+    ("chaos", "off"): lambda s: not s.chaos.enabled,
+    ("chaos", "on"): lambda s: (s.chaos.kill_worker_every_s, s.chaos.stop_worker_every_s,
+                                s.chaos.kill_redis_at_s) == (30, 45, 20),
+    ("env_mix", "cartpole"): lambda s: _types(s) == {"cartpole": 1.0},
+    ("env_mix", "classic"): lambda s: _types(s) == CLASSIC,
+    ("env_mix", "gym"): lambda s: _types(s) == {"gym": 1.0} and s.env_types[0].node["id"] == "CartPole-v1",
+    ("env_mix", "images"): lambda s: _types(s) == {"atari": 1.0, "minigrid": 1.0, "unity_sim": 1.0},
+    ("env_mix", "mixed"): lambda s: _types(s) == {"cartpole": 0.5, "mountaincar_cont": 0.5},
+    ("env_mix", "pendulum"): lambda s: _types(s) == {"pendulum": 1.0},
+    ("env_mix", "reward_scales"): lambda s: _types(s) == {**CLASSIC, "physics_sim": 1.0},
+    ("env_mix", "seed12"): lambda s: len(s.env_types) == 12 and {"atari", "bullet_reacher", "minigrid",
+                                                                  "web_sim"} <= set(_types(s)),
+    ("groups", "default"): lambda s: (s.group_size, s.groups.hot, s.groups.wake_after_steps,
+                                      s.groups.cgroup) == (70, 2, 100, "auto"),
+    ("heartbeat", "default"): lambda s: (s.heartbeat.timeout_s, s.heartbeat.startup_timeout_s,
+                                         s.heartbeat.scan_interval_s) == (90, 300, 30),
+    ("learner", "ppo"): lambda s: (s.learner.mode, s.learner.rollout_len, s.learner.backlog,
+                                   s.learner.hidden) == ("ppo", 32, "hold", (64, 64)),
+    ("logging", "default"): lambda s: (s.progress_interval_s, s.aggregate_interval_s) == (10, 60),
+    ("redis", "embedded"): lambda s: s.redis_url is None,
+    ("reward_norm", "global"): lambda s: (s.reward_norm.mode, s.reward_norm.clip) == ("global", 10),
+    ("reward_norm", "off"): lambda s: s.reward_norm.mode == "off",
+    ("reward_norm", "per_env"): lambda s: (s.reward_norm.mode, s.reward_norm.sync_every) == ("per_env", 1000),
+    ("run", "default"): lambda s: (s.duration_s, s.total_env_steps, s.seed, s.resume) == (600, 500000, 1, False),
+    ("scaling", "off"): lambda s: not s.scaling.enabled,
+    ("scaling", "on"): lambda s: s.scaling.enabled and s.scaling.window == 100,
+    ("worker", "default"): lambda s: (s.start_method, s.step_timeout_s, s.doorbell_timeout_s,
+                                      s.worker_threads) == ("forkserver", 30, 1.0, 1),
+}
+
+
+def test_every_group_option_has_a_check():
+    assert set(group_options()) == set(OPTION_CHECKS)
+
+
 @pytest.mark.parametrize("group,option", list(group_options()))
 def test_every_group_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if group == "env_mix" and option == "gym":
         overrides.append("env_mix.id=CartPole-v1")
-    cfg = compose_cfg(overrides)
-    spec = to_plain(cfg)
-    assert spec.env_count == cfg.env_count
+    spec = to_plain(compose_cfg(overrides))
+    assert OPTION_CHECKS[(group, option)](spec), spec
 
 
 def test_defaults_are_plain_values():
@@ -100,8 +150,25 @@ STAGES = sorted(p.stem for p in (conf_dir() / "stage").glob("day*.yaml"))
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_stage_composes_and_validates(stage):
+    """Each stage's own numbers reach the spec (read from its yaml, against the defaults)."""
+    from omegaconf import OmegaConf
+    own = OmegaConf.load(conf_dir() / "stage" / f"{stage}.yaml")
+    default = to_plain(compose_cfg())
     spec = to_plain(compose_cfg([f"+stage={stage}"]))
     assert spec.stage == stage
+    assert spec.env_count == own.get("env_count", default.env_count)
+    run = own.get("run", {})
+    assert spec.mode == run.get("mode", "train")
+    assert spec.duration_s == run.get("duration_s", default.duration_s)
+    assert spec.total_env_steps == run.get("total_env_steps", default.total_env_steps)
+    for key, value in own.get("groups", {}).items():
+        assert getattr(spec.groups, key) == value, key
+    for key, value in own.get("heartbeat", {}).items():
+        assert getattr(spec.heartbeat, key) == value, key
+    for key, value in own.get("learner", {}).items():
+        got = getattr(spec.learner, key)
+        assert (tuple(got) if isinstance(got, (list, tuple)) else got) == \
+            (tuple(value) if OmegaConf.is_list(value) else value), key
 
 
 def test_stage_env_count_is_overridable_and_day4_is_the_seed12_mix():

@@ -11,9 +11,9 @@ import time
 import psutil
 import pytest
 
-from conftest import REPO, read_summary, rlpipe_cmd, run_cli, run_leftovers
+from conftest import REPO, compose_cfg, read_summary, rlpipe_cmd, run_cli, run_leftovers
 
-SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps", "wall_s", "sps",
+SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps", "wall_s", "teardown_s", "sps",
                 "startup_first_step_s", "all_envs_ready_s", "updates", "trained_samples", "episodes",
                 "mean_return_last100", "random_return", "learned", "peak_rss_mb", "shm_bytes", "faults", "board",
                 "cgroup_driver", "redis", "env_versions", "loss_std", "loss_std_checkpoints",
@@ -46,12 +46,56 @@ def assert_nothing_left(run_dir, driver_pid):
     assert not list(run_dir.glob("*.sqlite-*"))
 
 
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(sum of PSS, sum of RSS) in bytes over a process and all its descendants, measured
+    here, beside the driver's own sampler."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0, 0
+    pss = rss = 0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            m = p.memory_full_info()
+            pss, rss = pss + m.pss, rss + m.rss
+    return pss, rss
+
+
+def expected_shm_bytes(*overrides: str) -> int:
+    """The run's segments as the config lays them out: one WorkerLayout per group."""
+    from rlpipe.config import to_plain
+    from rlpipe.envs.registry import plan_mix
+    from rlpipe.shm.layout import WorkerLayout
+    from rlpipe.supervisor.workers import group_ranges
+    spec = to_plain(compose_cfg(list(overrides)))
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    return sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size
+               for lo, hi in group_ranges(spec.env_count, spec.group_size))
+
+
 def test_short_run_learns_and_cleans_up(short_tmp):
     run_dir = short_tmp / "run"
     # reward_norm=per_env scales by the std of the discounted return: CartPole's +1 keeps its
     # meaning (the mean-shifting form would turn it into 0 and nothing would be learned)
-    out = run_cli(run_dir, "env_mix=cartpole", "env_count=32", "run.total_env_steps=60000",
-                  "run.duration_s=240", "reward_norm=per_env")
+    overrides = ("env_mix=cartpole", "env_count=32", "run.total_env_steps=60000", "run.duration_s=240",
+                 "reward_norm=per_env")
+    t_start = time.monotonic()
+    proc = subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    samples = []                 # our own memory samples of the run's process tree
+    try:
+        while proc.poll() is None and time.monotonic() - t_start < 240:
+            samples.append(tree_memory(proc.pid))
+            time.sleep(0.5)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    elapsed = time.monotonic() - t_start
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    out.pid = proc.pid
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert SUMMARY_KEYS <= set(summary)
@@ -65,7 +109,19 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     assert summary["learned"] == {"cartpole": "learned"}
     assert summary["trained_samples"] >= summary["updates"] * 32 * 32   # update_envs x rollout_len
     assert summary["redis"] == "embedded"
-    assert summary["sps"] > 0 and summary["peak_rss_mb"] > 0 and summary["shm_bytes"] > 0
+    # Run figures: taken at the end of the stepping loop, teardown apart.
+    first, ready, wall = summary["startup_first_step_s"], summary["all_envs_ready_s"], summary["wall_s"]
+    assert 0 < first <= ready <= wall
+    assert 0 < summary["teardown_s"] and wall + summary["teardown_s"] <= elapsed
+    stepping_rate = summary["env_steps"] / (wall - first)
+    assert abs(summary["sps"] - stepping_rate) <= 0.2 * stepping_rate
+    # peak_rss_mb: PSS summed over the whole tree (not the driver alone, not RSS that counts
+    # shared pages once per mapper), so between our PSS and RSS samples.
+    peak = summary["peak_rss_mb"] * 2**20
+    assert 0.85 * max(p for p, _r in samples) <= peak <= 1.1 * max(r for _p, r in samples), \
+        (summary["peak_rss_mb"], max(samples))
+    assert summary["shm_bytes"] == expected_shm_bytes(*overrides)
+    assert summary["faults"]["lifecycle_dropped"] == 0
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert "rlpipe done" in out.stdout
     assert_nothing_left(run_dir, out.pid)

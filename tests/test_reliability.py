@@ -71,6 +71,26 @@ def wait_for(pred, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def ready_workers(run_dir) -> dict[int, int]:
+    """worker id -> newest generation that has stepped its envs (a worker_ready row)."""
+    if not (run_dir / "lifecycle.sqlite").exists():
+        return {}
+    try:
+        rows = events(run_dir, "worker_ready")
+    except sqlite3.OperationalError:       # the writer is creating the file
+        return {}
+    out: dict[int, int] = {}
+    for _k, w, g, _d in rows:
+        out[w] = max(out.get(w, 0), g)
+    return out
+
+
+def wait_stepping(run_dir, generations: dict[int, int], timeout=60):
+    """Until each worker id has stepped at (at least) the given generation."""
+    wait_for(lambda: all(ready_workers(run_dir).get(w, 0) >= g for w, g in generations.items()),
+             timeout, f"workers stepping at generations {generations}")
+
+
 def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
     run_dir = short_tmp / "run"
     proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=35",
@@ -78,7 +98,7 @@ def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
     try:
         pids = wait_for_workers(proc.pid, 3)
         wait_for(lambda: (run_dir / "tb").exists() and redis_of(run_dir), 30, "the run to start")
-        time.sleep(3)
+        wait_stepping(run_dir, {0: 1, 1: 1, 2: 1})
         os.kill(redis_of(run_dir)[0], signal.SIGKILL)     # Redis down: nobody may look dead for it
         os.kill(pids[0], signal.SIGKILL)
         os.kill(pids[1], signal.SIGSTOP)
@@ -94,9 +114,17 @@ def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
     assert set(restarts) == {0, 1}               # worker 2 was healthy all along
     assert restarts[0]["reason"] == "exited" and restarts[0]["exitcode"] == -signal.SIGKILL
     assert restarts[1]["reason"] == "heartbeat" and restarts[1]["stale"]
-    # No worker was judged by Redis while Redis was unreachable.
-    assert all(d["redis_reachable"] or d["stale"] == ["os"] for _k, _w, _g, d in events(run_dir, "worker_term"))
+    # Only the stopped worker was judged, on its OS beat (Redis down is not a dead worker:
+    # worker 2's Redis beats were several seconds old while the server was gone).
+    terms = events(run_dir, "worker_term")
+    assert [w for _k, w, _g, _d in terms] == [1]
+    term = terms[0][3]
+    assert "os" in term["stale"] and term["os_beat_age_s"] > term["limit_s"]
+    assert term["redis_reachable"] or term["stale"] == ["os"]
     assert events(run_dir, "redis_restart")
+    # Redis counts as recovered once every live worker has beaten into the new server.
+    recovered = events(run_dir, "redis_recovered")
+    assert len(recovered) == 1 and recovered[0][3]["workers"] in (2, 3)   # 3, or 2 with worker 1 being replaced
     assert run_leftovers(proc.pid) == []
 
 
@@ -115,7 +143,7 @@ def test_driver_kill9_leaves_nothing_and_next_run_sweeps(short_tmp):
                  "run.total_env_steps=null", *FAST_BEATS)
     wait_for(lambda: len(workers_of(proc.pid)) == 2, 60, "two workers")
     wait_for(lambda: redis_of(run_dir), 30, "redis")
-    time.sleep(2)
+    wait_stepping(run_dir, {0: 1, 1: 1})
     proc.kill()
     proc.wait()
     # Workers die with their forkserver (PR_SET_PDEATHSIG), Redis with the driver.
@@ -174,11 +202,15 @@ def test_every_worker_killed_at_once_twice(short_tmp):
     proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=30",
                  "run.total_env_steps=null", *FAST_BEATS)
     try:
-        for _round in range(2):
-            pids = wait_for_workers(proc.pid, 3)
-            time.sleep(3)
+        killed: set[int] = set()
+        for gen in (1, 2):
+            # every worker of this generation is up (none of the killed pids) and stepping
+            pids = wait_for(lambda: (lambda w: w if len(w) == 3 and not set(w.values()) & killed else None)(
+                workers_of(proc.pid)), 60, "3 fresh workers")
+            wait_stepping(run_dir, {0: gen, 1: gen, 2: gen})
             for pid in pids.values():
                 os.kill(pid, signal.SIGKILL)
+            killed |= set(pids.values())
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
