@@ -7,7 +7,9 @@ injection is a lifecycle row (`chaos_inject`) so recovery can be checked against
 - kill_redis_at_s: SIGKILL the embedded redis-server once, this many seconds into the run.
 
 Injections stop when less of the run is left than the watchdog needs to notice and heal a
-fault (timeout + grace + two scans), so every injection of a finished run has its recovery.
+fault (timeout + grace + two scans) plus the longest a worker of this run has taken from its
+spawn to its first stepped slice (`heal_s`, which the driver raises as workers get ready), so
+every injection of a finished run has its recovery.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class Chaos:
         self.stopped: set[int] = set()     # pids we SIGSTOPped (continued or killed at teardown)
         # No injections once too little run is left for the watchdog to see the fault healed.
         self.quiet_from = quiet_from
+        self.heal_s = 0.0                  # longest spawn -> worker_ready seen in this run
         self.injected = 0
 
     def _target(self, handles):
@@ -50,7 +53,7 @@ class Chaos:
         log.warning("chaos: %s %s", what, detail)
 
     def tick(self, handles, now: float) -> None:
-        if self.quiet_from is not None and now >= self.quiet_from:
+        if self.quiet_from is not None and now >= self.quiet_from - self.heal_s:
             return
         if self.next_kill is not None and now >= self.next_kill:
             self.next_kill = now + self.spec.kill_worker_every_s

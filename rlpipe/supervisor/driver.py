@@ -508,6 +508,8 @@ class Driver:
                         if seq == 1 and s == 0:
                             self.lifecycle.record("worker_ready", worker_id=w, generation=gen,
                                                   detail={"since_spawn_s": round(now - h.spawned_at, 3)})
+                            if self.chaos is not None and h.spawned_awake:
+                                self.chaos.heal_s = max(self.chaos.heal_s, now - h.spawned_at)
                         if seq > 0 and (w, s) not in self.slice_first_step:
                             self.slice_first_step[(w, s)] = now
                 self._spawn_some(now)

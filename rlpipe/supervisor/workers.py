@@ -96,6 +96,7 @@ class WorkerHandle:
         self.proc = ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
                                 daemon=False)
         self.proc.start()
+        self.spawned_awake = self.awake        # its spawn -> ready time is a build time, not a wait
         self.spawned_at = time.monotonic()
         self.spawned_wall = time.time()
 

@@ -184,6 +184,7 @@ class _EpsilonFeed:
         self.explore = explore
         self.subscribed = False
         self.next_poll = 0.0
+        self.messages = 0          # rate messages applied (reported in worker_exit)
 
     def poll(self, now: float) -> None:
         if now < self.next_poll:
@@ -197,6 +198,7 @@ class _EpsilonFeed:
                 if msg.get("type") == "message":
                     lo, eps = unpack_epsilons(msg["data"])
                     self.explore.set_epsilon(eps, lo=lo - self.env_lo)
+                    self.messages += 1
         except (redis.RedisError, OSError):
             pass           # retried at the next poll; rates stay as they were meanwhile
 
@@ -284,6 +286,7 @@ def run_worker(args: WorkerArgs) -> None:
     exit_code = 0
     rnorm_key = reward_stats_key(args.run_id, args.worker_id)
     rnorm = None
+    spawn_detail = {"pid": os.getpid(), "envs": n}
     if args.reward_norm_mode != "off":
         rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip,
                                  args.reward_norm_gamma, args.type_index)
@@ -291,6 +294,7 @@ def run_worker(args: WorkerArgs) -> None:
             saved = beat.client.get(rnorm_key)
             if saved:
                 rnorm.load(saved)
+            spawn_detail["reward_count_restored"] = int(rnorm.count.sum())
         except (redis.RedisError, ValueError) as exc:
             lifecycle.event("worker_spawn", detail={"warning": f"reward statistics not restored: {exc}"})
     tracker = explore = feed = None
@@ -302,6 +306,7 @@ def run_worker(args: WorkerArgs) -> None:
         feed = _EpsilonFeed(beat.client, epsilon_channel(args.run_id, args.worker_id), args.env_lo,
                             explore)
     next_rnorm_sync = args.reward_norm_sync_every * n
+    explored_steps = 0
 
     def report_faults() -> None:
         """Each env fault: a lifecycle row and an ERROR record in the shared-memory error log."""
@@ -321,7 +326,7 @@ def run_worker(args: WorkerArgs) -> None:
         return views.board.publish(rows, row_strides, lo, hi - lo, args.generation) >= 0
 
     try:
-        lifecycle.event("worker_spawn", detail={"pid": os.getpid(), "envs": n})
+        lifecycle.event("worker_spawn", detail=spawn_detail)
         # A dormant group idles (in its throttled cgroup) until the driver wakes it: its envs
         # are built only then, so a hundred dormant groups cost next to nothing.
         while not views.load(H_AWAKE) and not stopping:
@@ -364,10 +369,11 @@ def run_worker(args: WorkerArgs) -> None:
                     break
                 lo, hi = bounds[s]
                 if explore is not None:
-                    ed, ec, blogp, _ = explore.apply(
+                    ed, ec, blogp, explored = explore.apply(
                         lo, hi, disc[lo:hi], cont[lo:hi], acts["logp"][lo:hi], acts["alt_discrete"][lo:hi],
                         acts["alt_continuous"][lo:hi], acts["alt_logp"][lo:hi])
                     exec_disc[lo:hi], exec_cont[lo:hi], results["behaviour_logp"][lo:hi] = ed, ec, blogp
+                    explored_steps += int(explored.sum())
                     actions = table.actions(lo, hi, exec_disc, exec_cont)
                 else:
                     actions = table.actions(lo, hi, disc, cont)
@@ -422,7 +428,10 @@ def run_worker(args: WorkerArgs) -> None:
             feed.close()
         stepper.close()
         table.close_all()
-        lifecycle.event("worker_exit", detail={"steps": steps, "hung_steps": stepper.hung_total})
+        exit_detail = {"steps": steps, "hung_steps": stepper.hung_total}
+        if feed is not None:        # exploration rates received over pub/sub, and actions they changed
+            exit_detail.update(eps_messages=feed.messages, explored_steps=explored_steps)
+        lifecycle.event("worker_exit", detail=exit_detail)
         views.store(H_LC_DROPPED, lifecycle.dropped)
         lifecycle.close()
         beat.close()
