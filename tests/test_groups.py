@@ -4,10 +4,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import read_summary, run_cli
@@ -116,3 +119,89 @@ def test_engine_wakes_groups_in_order(short_tmp):
                                             uri=True)) as db:
         wakes = db.execute("SELECT worker_id FROM events WHERE kind = 'group_wake' ORDER BY ts").fetchall()
     assert [w for (w,) in wakes] == [1, 2]
+
+
+def _die_with_us() -> None:
+    import ctypes
+    import signal
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG: gone with pytest
+
+
+def _drop_interface_files(top: Path) -> None:
+    """On cgroupfs a dir's interface files vanish with its rmdir; in a plain directory that
+    stands in for a cgroup root they are ordinary files, removed here first."""
+    for p in top.rglob("*"):
+        if p.is_file():
+            p.unlink()
+
+
+def test_v2_driver_against_a_temporary_root(tmp_path):
+    """The v2 driver on a root we control (this machine's v2 hierarchy delegates no cpu or
+    memory controller): what `auto` picks, the files it writes, placement, wake, cleanup."""
+    root = tmp_path / "v2"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("cpu memory\n")
+    roots = CgroupRoots(v2=root, v1=tmp_path / "v1")
+    run_id = f"{os.getpid()}-7e58"
+    driver = make_driver("auto", run_id, cpu_pct=2.5, mem_mb=256, roots=roots, n_groups=3)
+    try:
+        assert driver.name == "v2"
+        top = root / f"rlpipe_{run_id}"
+        assert (top / "cgroup.subtree_control").read_text() == "+cpu +memory"
+        assert (top / "cpu.weight").read_text() == (top / "active" / "cpu.weight").read_text() == "300"
+        assert driver.dormant_paths(1) == [str(top / "g1" / "cgroup.procs")]
+        assert (top / "g1" / "cpu.max").read_text() == "2500 100000"
+        assert (top / "g1" / "memory.max").read_text() == str(256 * 2**20)
+        assert driver.active_paths() == [str(top / "active" / "cgroup.procs")]
+        driver.wake(1, 4242)
+        assert (top / "active" / "cgroup.procs").read_text() == "4242"
+        driver.hibernate(1, 4243)
+        assert (top / "g1" / "cgroup.procs").read_text() == "4243"
+        _drop_interface_files(top)
+        driver.cleanup()
+        assert not top.exists() and root.exists()
+        # without cpu+memory in subtree_control, v2 is refused and auto falls back
+        (root / "cgroup.subtree_control").write_text("cpu\n")
+        assert make_driver("v2", run_id, 1.0, 512, roots=roots).name == "none"
+    finally:
+        if (root / f"rlpipe_{run_id}").exists():
+            _drop_interface_files(root / f"rlpipe_{run_id}")
+            driver.cleanup()
+
+
+@pytest.mark.skipif(not _v1_writable(), reason="cgroup v1 cpu+memory not writable on this machine")
+def test_a_dormant_group_is_really_cpu_limited():
+    """A busy process in a dormant group's cgroup (1% of a core) gets about 1% of a core:
+    its CPU time while dormant, the group's throttling count, then the same process woken."""
+    import sys
+    run_id = f"{os.getpid()}-d0a1"
+    driver = make_driver("v1", run_id, cpu_pct=1.0, mem_mb=512, n_groups=2)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_die_with_us)
+    try:
+        for path in driver.dormant_paths(0):
+            Path(path).write_text(str(busy.pid))
+        proc = psutil.Process(busy.pid)
+
+        def cpu_s() -> float:
+            t = proc.cpu_times()
+            return t.user + t.system
+
+        time.sleep(0.3)
+        c0, t0 = cpu_s(), time.monotonic()
+        time.sleep(2.0)
+        dormant, span = cpu_s() - c0, time.monotonic() - t0
+        stat = Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}/g0/cpu.stat").read_text()
+        throttled = int(re.search(r"nr_throttled (\d+)", stat).group(1))
+        driver.wake(0, busy.pid)
+        c1 = cpu_s()
+        time.sleep(2.0)
+        awake = cpu_s() - c1
+    finally:
+        busy.kill()
+        busy.wait()
+        driver.cleanup()
+    assert dormant <= 0.03 * span, dormant          # 1% quota (+ a period's slack)
+    assert throttled > 0
+    assert awake > 3 * dormant, (awake, dormant)     # the same process, unlimited
+    assert not Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}").exists()
