@@ -194,3 +194,80 @@ def test_export_loads_weights_only_and_acts_on_the_declared_spec(chaos_run):
     assert ((a_disc >= 0) & (a_disc < n_actions)).all()      # every type: a valid action
     assert torch.isfinite(logp).all() and torch.isfinite(value).all()
     assert payload["env_steps"] > 0
+
+
+# -- an external Redis, and the locked board -----------------------------------------------------
+
+def _die_with_us() -> None:
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG: gone with pytest
+
+
+@pytest.fixture
+def external_redis(short_tmp):
+    """A real redis-server of the test's own (the binary the engine would embed), on a unix
+    socket; killed at the end, and by the kernel if pytest itself dies."""
+    import redis
+
+    from rlpipe.supervisor.redis_service import redis_server_binary
+    sock = short_tmp / "ext.sock"
+    proc = subprocess.Popen([redis_server_binary(), "--port", "0", "--unixsocket", str(sock),
+                             "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
+                             "--dir", str(short_tmp)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, preexec_fn=_die_with_us)
+    url = f"unix://{sock}"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if redis.Redis.from_url(url).ping():
+                    break
+            except (redis.ConnectionError, FileNotFoundError):
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_external_redis_url_and_locked_board_run(short_tmp, external_redis):
+    """redis.url points at a server the run did not start: beats, reward statistics and
+    exploration rates all go through it; buffer.sync=lock runs the whole engine too."""
+    import redis
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, f"redis.url={external_redis}", "buffer.sync=lock", "env_count=16",
+                  "groups.size=8", "scaling=on", "scaling.publish_interval_s=1", "reward_norm=per_env",
+                  "reward_norm.sync_every=20", "run.total_env_steps=15000", "run.duration_s=90", timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["redis"] == "external" and not (run_dir / "redis.log").exists()
+    assert summary["env_steps"] >= 15000 and summary["active_envs_end"] == 16
+    assert summary["board"]["torn_retries"] == 0          # a locked board never tears
+    client = redis.Redis.from_url(external_redis, decode_responses=True)
+    (run_key,) = client.keys("rlpipe:*:run")
+    run_id = run_key.split(":")[1]
+    assert client.hget(run_key, "run_dir") == str(run_dir)
+    for w in (0, 1):
+        beat = client.hgetall(f"rlpipe:{run_id}:worker:{w}")
+        assert int(beat["generation"]) == 1 and int(beat["steps"]) > 0
+        assert client.exists(f"rlpipe:{run_id}:rnorm:{w}")
+    exits = {w: d for _ts, w, _g, _e, _t, d in rows(run_dir, "worker_exit")}
+    assert all(exits[w]["eps_messages"] > 0 for w in (0, 1)), exits
+    assert run_leftovers(out.pid) == []
+
+
+def test_day0_through_the_cli_exits_1_naming_the_failing_type(short_tmp):
+    """+stage=day0 validates every type of the mix; one that cannot even reset fails the run
+    (exit 1), named on stderr and in env_validation.json, while the healthy type passes."""
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "+stage=day0", "env_mix=cartpole", "buffer=lowdim",
+                  "+env@env_mix.types.faulty=faulty", "+env_mix.weights.faulty=1.0",
+                  "env_mix.types.faulty.reset_error_rate=1.0", timeout=120)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert re.search(r"FAILED types: faulty \(", out.stderr), out.stderr[-2000:]
+    report = json.loads((run_dir / "env_validation.json").read_text())
+    assert report["failed"] == ["faulty"] and report["types"]["cartpole"]["ok"]
+    assert "reset" in report["types"]["faulty"]["error"]
+    assert not (run_dir / "summary.json").exists()
