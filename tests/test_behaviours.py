@@ -7,7 +7,6 @@ import contextlib
 import ctypes
 import json
 import math
-import os
 import re
 import signal
 import sqlite3
@@ -15,8 +14,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
-import psutil
 import pytest
 
 from conftest import read_summary, run_cli, run_leftovers
@@ -64,7 +61,7 @@ CHAOS_LITE = [
 
 
 @pytest.fixture(scope="module")
-def chaos_run(tmp_path_factory):
+def chaos_run():
     import shutil
     import tempfile
     base = Path(tempfile.mkdtemp(prefix="rlb", dir="/tmp"))    # short: unix socket paths
@@ -271,3 +268,32 @@ def test_day0_through_the_cli_exits_1_naming_the_failing_type(short_tmp):
     assert report["failed"] == ["faulty"] and report["types"]["cartpole"]["ok"]
     assert "reset" in report["types"]["faulty"]["error"]
     assert not (run_dir / "summary.json").exists()
+
+
+def test_seed12_at_700_envs_with_rgb_rows(short_tmp):
+    """The whole seed12 mix at 700 envs with rgb rows on the board: ALE, PyBullet, MiniGrid
+    and the rest built and stepped inside the workers, every slice stepping, the CNN path
+    of the policy trained (small widths keep it short)."""
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "env_mix=seed12", "buffer=small", "env_count=700", "groups.hot=10",
+                  "env_mix.types.unity_sim.warmup_ms=10", "learner.cnn_channels=[8,16,16]",
+                  "learner.cnn_out=64", "learner.rollout_len=8", "learner.update_envs=140",
+                  "learner.minibatch_size=560", "run.duration_s=35", "run.total_env_steps=null",
+                  timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = read_summary(run_dir)
+    assert len(summary["env_types"]) == 12 and sum(summary["env_types"].values()) == 700
+    assert summary["all_envs_ready_s"] is not None          # every slice of every worker stepped
+    assert summary["active_envs_end"] == 700
+    assert summary["updates"] >= 1
+    assert summary["loss_std"] is None or math.isfinite(summary["loss_std"])
+    assert summary["shm_bytes"] > 700 * 64 * 64 * 3         # rgb rows on the board
+    built = {}
+    for _ts, w, _g, _e, env_type, _d in rows(run_dir, "env_create"):
+        assert w is not None                                  # built by a worker process
+        built[env_type] = built.get(env_type, 0) + 1
+    assert {"atari", "bullet_reacher", "minigrid", "unity_sim"} <= set(built)
+    assert all(built[t] >= n for t, n in summary["env_types"].items())
+    tb = tb_scalars(run_dir)
+    assert tb["losses/total"] and all(math.isfinite(v) for v in tb["losses/total"])
+    assert run_leftovers(out.pid) == []
