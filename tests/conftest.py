@@ -25,11 +25,19 @@ def rlpipe_cmd(run_dir: Path, *overrides: str) -> list[str]:
             *overrides]
 
 
+def driver_dies_with_pytest() -> None:
+    """preexec_fn for a driver the tests start: SIGTERM it (a clean teardown: workers, Redis,
+    segments, cgroups) if pytest itself is killed, so no signal to pytest leaves a run behind."""
+    import ctypes
+    import signal
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
+
+
 def run_cli(run_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python -m rlpipe` to the end; the result carries the driver's pid (`.pid`), which
     names the run's shared-memory segments and cgroups."""
     proc = subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=driver_dies_with_pytest)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import REPO, compose_cfg, read_summary, rlpipe_cmd, run_cli, run_leftovers
+from conftest import REPO, compose_cfg, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_cli, run_leftovers
 
 SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps", "wall_s", "teardown_s", "sps",
                 "startup_first_step_s", "all_envs_ready_s", "updates", "trained_samples", "episodes",
@@ -82,7 +82,7 @@ def test_short_run_learns_and_cleans_up(short_tmp):
                  "reward_norm=per_env")
     t_start = time.monotonic()
     proc = subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=driver_dies_with_pytest)
     samples = []                 # our own memory samples of the run's process tree
     try:
         while proc.poll() is None and time.monotonic() - t_start < 240:

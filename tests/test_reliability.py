@@ -13,7 +13,7 @@ import psutil
 import pytest
 import redis
 
-from conftest import REPO, read_summary, rlpipe_cmd, run_cli, run_leftovers
+from conftest import REPO, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_cli, run_leftovers
 from rlpipe.redis_client import connect, keepalive_options
 
 FAST_BEATS = ["heartbeat.timeout_s=4", "heartbeat.scan_interval_s=0.5",
@@ -58,7 +58,7 @@ def redis_of(run_dir):
 
 def start(run_dir, *overrides):
     return subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=driver_dies_with_pytest)
 
 
 def wait_for(pred, timeout, what):
@@ -264,3 +264,74 @@ def test_worker_frozen_while_building_is_replaced(short_tmp):
     assert any(g == 2 for _ts, _w, g, _d in _event_rows(run_dir, "worker_ready"))
     assert read_summary(run_dir)["active_envs_end"] == 16
     assert run_leftovers(proc.pid) == []
+
+
+class _Proc:
+    """What the watchdog needs of a worker's process, over a real child process."""
+
+    def __init__(self, popen):
+        self.popen, self.pid = popen, popen.pid
+
+    def is_alive(self):
+        return self.popen.poll() is None
+
+    def kill(self):
+        self.popen.kill()
+
+    def join(self, timeout=None):
+        self.popen.wait(timeout)
+
+
+def test_watchdog_judges_a_slow_build_by_its_progress(short_tmp):
+    """Alive and beating but building: replaced (`startup_stalled`) only once its envs-built
+    count stops moving for startup_timeout_s; a build that keeps moving is left alone."""
+    from types import SimpleNamespace
+
+    from rlpipe.config import HeartbeatSpec, ObsKey
+    from rlpipe.shm.layout import H_BUILT, H_OS_BEAT_NS, WorkerLayout, WorkerViews
+    from rlpipe.shm.segment import Segment, new_run_id, segment_name
+    from rlpipe.supervisor.lifecycle import LifecycleWriter
+    from rlpipe.supervisor.watchdog import Watchdog
+
+    spec = HeartbeatSpec(signal_interval_s=0.1, redis_interval_s=0.1, scan_interval_s=0.05,
+                         timeout_s=30.0, term_grace_s=0.5, startup_timeout_s=0.6)
+    run_id = new_run_id()
+    layout = WorkerLayout.build(20, (ObsKey("state", (4,), "float32"),), 0)
+    segment = Segment.create(segment_name(run_id, "w0g1"), layout.size)
+    views = WorkerViews(layout, segment, locked=False)
+    child = subprocess.Popen(["sleep", "60"])
+    writer = LifecycleWriter(short_tmp / "lc.sqlite", f"ipc://{short_tmp}/lc.ipc", run_id)
+    writer.start()
+    try:
+        h = SimpleNamespace(worker_id=0, generation=1, views=views, awake=True, n=20, proc=_Proc(child),
+                            spawned_at=time.monotonic(), spawned_wall=time.time())
+        h.alive = h.proc.is_alive
+        dog = Watchdog(spec, run_id, connect("unix:///nonexistent/redis.sock"), writer)  # Redis down: OS beats only
+        t0 = time.monotonic()
+        built = 0
+        while time.monotonic() - t0 < 2.0:                 # moving: built +1 every 0.2 s
+            views.store(H_OS_BEAT_NS, time.monotonic_ns())
+            if int((time.monotonic() - t0) / 0.2) > built:
+                built += 1
+                views.store(H_BUILT, built)
+            dog.scan([h], time.monotonic())
+            time.sleep(0.02)
+        assert not dog.pending, "a build that keeps moving was judged"
+        stalled_at = time.monotonic()                    # from here the count stays at 3 of 20
+        views.store(H_BUILT, 3)
+        while not dog.pending and time.monotonic() - stalled_at < 5:
+            views.store(H_OS_BEAT_NS, time.monotonic_ns())   # still beating: alive
+            dog.scan([h], time.monotonic())
+            time.sleep(0.02)
+        waited = time.monotonic() - stalled_at
+        assert dog.pending and spec.startup_timeout_s <= waited < spec.startup_timeout_s + 0.5, waited
+        assert dog.pending[0].reason == "startup_stalled" and dog.pending[0].detail["envs_built"] == 3
+        wait_for(lambda: dog.reap(time.monotonic()), 5, "the stalled worker's end")
+    finally:
+        child.kill()
+        child.wait()
+        writer.stop()
+        views.release()
+        segment.unlink()
+        segment.close()
+    assert not [p for p in run_leftovers(os.getpid()) if run_id in p]
