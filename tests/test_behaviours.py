@@ -235,7 +235,8 @@ def test_external_redis_url_and_locked_board_run(short_tmp, external_redis):
     run_dir = short_tmp / "run"
     out = run_cli(run_dir, f"redis.url={external_redis}", "buffer.sync=lock", "env_count=16",
                   "groups.size=8", "scaling=on", "scaling.publish_interval_s=1", "reward_norm=per_env",
-                  "reward_norm.sync_every=20", "run.total_env_steps=15000", "run.duration_s=90", timeout=180)
+                  "reward_norm.sync_every=20", "heartbeat.redis_interval_s=0.5", "run.total_env_steps=15000",
+                  "run.duration_s=90", timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["redis"] == "external" and not (run_dir / "redis.log").exists()
