@@ -8,6 +8,7 @@ import signal
 import sqlite3
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -48,6 +49,35 @@ def wait_for_workers(driver_pid, n, timeout=60):
     """{worker id: pid} once the run has exactly n workers up."""
     return wait_for(lambda: (lambda w: w if len(w) == n else None)(workers_of(driver_pid)), timeout,
                     f"{n} workers")
+
+
+def segment_workers(driver_pid) -> dict[int, tuple[int, int]]:
+    """{worker id: (newest generation, its pid)} read from the run's segments (the pid word a
+    worker writes first thing): cheaper than scanning every process's maps on a busy machine."""
+    import struct
+
+    from rlpipe.shm.layout import H_PID
+    found: dict[int, tuple[int, int]] = {}
+    for path in Path("/dev/shm").glob(f"rlpipe_{driver_pid}-*_w*g*"):
+        w, g = map(int, path.name.rsplit("_w", 1)[1].split("g"))
+        try:
+            with open(path, "rb") as f:
+                f.seek(H_PID)
+                (pid,) = struct.unpack("<Q", f.read(8))
+        except (OSError, struct.error):
+            continue
+        if pid and g >= found.get(w, (0, 0))[0]:
+            found[w] = (g, pid)
+    return found
+
+
+def wait_for_generation(driver_pid, n: int, gen: int, timeout=90) -> dict[int, int]:
+    """{worker id: pid} once each of the n workers runs (at least) generation `gen`."""
+    def ready():
+        seg = segment_workers(driver_pid)
+        return {w: p for w, (g, p) in seg.items()} if len(seg) == n and all(
+            g >= gen for g, _p in seg.values()) else None
+    return wait_for(ready, timeout, f"{n} workers at generation {gen}")
 
 
 def redis_of(run_dir):
@@ -93,20 +123,26 @@ def wait_stepping(run_dir, generations: dict[int, int], timeout=60):
 
 def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
     run_dir = short_tmp / "run"
-    proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=35",
+    proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=150",
                  "run.total_env_steps=null", *FAST_BEATS)
     try:
-        pids = wait_for_workers(proc.pid, 3)
+        pids = wait_for_generation(proc.pid, 3, 1)
         wait_for(lambda: (run_dir / "tb").exists() and redis_of(run_dir), 30, "the run to start")
         wait_stepping(run_dir, {0: 1, 1: 1, 2: 1})
         os.kill(redis_of(run_dir)[0], signal.SIGKILL)     # Redis down: nobody may look dead for it
         os.kill(pids[0], signal.SIGKILL)
         os.kill(pids[1], signal.SIGSTOP)
+        # healed: both replacements stepping, Redis recovered; then end the run (SIGTERM)
+        wait_stepping(run_dir, {0: 2, 1: 2, 2: 1}, timeout=90)
+        wait_for(lambda: events(run_dir, "redis_recovered"), 60, "Redis recovered")
+        time.sleep(1.5)               # a beat of the active window for every slice
+        proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     summary = read_summary(run_dir)
     assert summary["faults"]["worker_restarts"] >= 2
     assert summary["active_envs_end"] == 210
@@ -130,9 +166,19 @@ def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
 
 def test_rss_recycle(short_tmp):
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "env_count=16", "run.duration_s=12", "run.total_env_steps=null",
-                  "worker.max_rss_mb=1", *FAST_BEATS)
-    assert out.returncode == 0, out.stderr[-3000:]
+    proc = start(run_dir, "env_count=16", "run.duration_s=120", "run.total_env_steps=null",
+                 "worker.max_rss_mb=1", *FAST_BEATS)
+    try:
+        wait_for(lambda: (run_dir / "lifecycle.sqlite").exists() and any(
+            d.get("reason") == "rss" for _k, _w, _g, d in events(run_dir, "worker_restart")), 90,
+            "an RSS recycle")
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     reasons = [d["reason"] for _k, _w, _g, d in events(run_dir, "worker_restart")]
     assert "rss" in reasons and set(reasons) == {"rss"}
 
@@ -199,23 +245,27 @@ def test_soak_chaos_1000_envs(short_tmp):
 def test_every_worker_killed_at_once_twice(short_tmp):
     """Mass replacement: rings of replaced generations (held or parked) must never be served."""
     run_dir = short_tmp / "run"
-    proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=30",
+    proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=150",
                  "run.total_env_steps=null", *FAST_BEATS)
     try:
         killed: set[int] = set()
         for gen in (1, 2):
             # every worker of this generation is up (none of the killed pids) and stepping
-            pids = wait_for(lambda: (lambda w: w if len(w) == 3 and not set(w.values()) & killed else None)(
-                workers_of(proc.pid)), 60, "3 fresh workers")
+            pids = wait_for_generation(proc.pid, 3, gen)
+            assert not set(pids.values()) & killed
             wait_stepping(run_dir, {0: gen, 1: gen, 2: gen})
             for pid in pids.values():
                 os.kill(pid, signal.SIGKILL)
             killed |= set(pids.values())
+        wait_stepping(run_dir, {0: 3, 1: 3, 2: 3}, timeout=90)
+        time.sleep(1.5)
+        proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     summary = read_summary(run_dir)
     assert summary["faults"]["worker_restarts"] >= 6
     assert summary["active_envs_end"] == 210
@@ -229,36 +279,47 @@ def _event_rows(run_dir, kind):
     return [(ts, w, g, json.loads(d) if d else None) for ts, w, g, d in rows]
 
 
+LOADED_SLACK_S = 10.0     # the driver's 1 s supervise turns stretch when 2 cores run 20+ processes
+
+
 def test_worker_frozen_while_building_is_replaced(short_tmp):
-    """SIGSTOP one second into a slow build (unity_sim warm-up, 8 x 0.4 s): judged on
+    """SIGSTOP one second into a slow build (unity_sim warm-up, 8 x 0.6 s): judged on
     heartbeat.timeout_s, not on startup_timeout_s (300 s), and its envs all step by the end."""
     run_dir = short_tmp / "run"
     timeout_s, grace_s, scan_s = 4, 1, 0.5
     proc = start(run_dir, "env_mix=cartpole", "+env@env_mix.types.unity_sim=unity_sim",
-                 "+env_mix.weights.unity_sim=1.0", "env_mix.types.unity_sim.warmup_ms=400",
-                 "env_count=16", "groups.size=16", "run.duration_s=28", "run.total_env_steps=null",
-                 *FAST_BEATS)
+                 "+env_mix.weights.unity_sim=1.0", "env_mix.types.unity_sim.warmup_ms=600",
+                 "env_count=16", "groups.size=16", "run.duration_s=150", "run.total_env_steps=null",
+                 "learner.mode=random", *FAST_BEATS)     # no PPO thread competing with the watchdog
+    pid = None
     try:
-        pid = wait_for_workers(proc.pid, 1)[0]
+        pid = wait_for_generation(proc.pid, 1, 1, timeout=60)[0]
         time.sleep(1.0)                        # the injection's timing, not a synchronization
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.time()
+        wait_stepping(run_dir, {0: 2}, timeout=90)      # the replacement steps ...
+        wait_for(lambda: len([r for r in _event_rows(run_dir, "env_create") if r[2] == 2]) == 16, 60,
+                 "the replacement to build all 16 envs")  # ... and has built all its envs
+        time.sleep(2.0)                                 # its last slice rings within the window
+        proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 0, err[-3000:]
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     built_gen1 = [r for r in _event_rows(run_dir, "env_create") if r[2] == 1]
     assert len(built_gen1) < 16, "the worker was not frozen while building"
     term = [r for r in _event_rows(run_dir, "worker_term") if r[1] == 0]
     restart = [r for r in _event_rows(run_dir, "worker_restart") if r[1] == 0]
     assert term and term[0][3]["reason"] == "heartbeat" and term[0][3]["limit_s"] == timeout_s
-    # silence past the timeout, seen at the next 1 s supervise turn (scan 0.5 s, beats 0.5 s)
-    assert term[0][0] - stopped_at <= timeout_s + 0.5 + scan_s + 1.0 + 0.5
-    assert restart and restart[0][0] - stopped_at <= timeout_s + grace_s + 0.5 + scan_s + 2.0 + 0.5
+    # silence past the timeout, seen at a supervise turn (1 s apart, later on a loaded machine:
+    # LOADED_SLACK_S); the old code waited startup_timeout_s (300 s) here
+    assert term[0][0] - stopped_at <= timeout_s + scan_s + LOADED_SLACK_S
+    assert restart and restart[0][0] - stopped_at <= timeout_s + grace_s + scan_s + LOADED_SLACK_S
     print(f"FROZEN-STARTUP term after {term[0][0] - stopped_at:.2f} s, replaced after "
           f"{restart[0][0] - stopped_at:.2f} s")
     assert any(g == 2 for _ts, _w, g, _d in _event_rows(run_dir, "worker_ready"))
