@@ -76,7 +76,7 @@ def chaos_run():
 
 def test_chaos_lite_every_injection_recovered(chaos_run):
     """Item: kill and stop workers, kill Redis; every injection is healed, nothing left over."""
-    from rlpipe.supervisor.recovery import recovery_report
+    from rlpipe.lifecycle.recovery import recovery_report
     run_dir, out = chaos_run
     rep = recovery_report(run_dir / "lifecycle.sqlite")
     kinds = {k: v["injected"] for k, v in rep["by_kind"].items()}

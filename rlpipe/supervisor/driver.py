@@ -437,7 +437,7 @@ class Driver:
         try:
             pipe = self.rcli.pipeline(transaction=False)
             for h in live:
-                pipe.hget(f"rlpipe:{self.run_id}:worker:{h.worker_id}", "ts")
+                pipe.hget(worker_key(self.run_id, h.worker_id), "ts")
             beats = pipe.execute()
         except redis.RedisError:
             return
