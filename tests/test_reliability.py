@@ -169,9 +169,12 @@ def test_rss_recycle(short_tmp):
     proc = start(run_dir, "env_count=16", "run.duration_s=120", "run.total_env_steps=null",
                  "worker.max_rss_mb=1", *FAST_BEATS)
     try:
-        wait_for(lambda: (run_dir / "lifecycle.sqlite").exists() and any(
-            d.get("reason") == "rss" for _k, _w, _g, d in events(run_dir, "worker_restart")), 90,
-            "an RSS recycle")
+        def recycled():
+            try:
+                return any(d.get("reason") == "rss" for _k, _w, _g, d in events(run_dir, "worker_restart"))
+            except sqlite3.OperationalError:          # the writer has not created the db yet
+                return False
+        wait_for(recycled, 90, "an RSS recycle")
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=120)
     finally:
