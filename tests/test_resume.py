@@ -1,7 +1,9 @@
 """Checkpoints across a kill -9: a run resumed in its directory reaches its step target."""
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import subprocess
 import time
 
@@ -30,6 +32,16 @@ def test_kill9_after_first_checkpoint_then_resume(short_tmp):
     assert summary["resumed_from_step"] >= saved > 0
     assert summary["env_steps"] >= 120000
     assert summary["updates"] > 0
+    # The killed run's embedded Redis died with it: the resumed workers' reward statistics can
+    # only have come from the checkpoint.
+    with contextlib.closing(sqlite3.connect(run_dir / "lifecycle.sqlite")) as db:
+        runs = [r for (r,) in db.execute("SELECT run_id FROM events WHERE kind = 'worker_spawn' "
+                                         "GROUP BY run_id ORDER BY MIN(ts)")]
+        assert len(runs) == 2
+        spawned = [json.loads(d) for (d,) in db.execute(
+            "SELECT detail FROM events WHERE kind = 'worker_spawn' AND run_id = ?", (runs[1],))]
+    restored = [d["reward_count_restored"] for d in spawned if "reward_count_restored" in d]
+    assert restored and all(n > 0 for n in restored)
 
 
 def test_corrupt_checkpoints_are_a_clear_error(short_tmp):
