@@ -310,3 +310,14 @@ def test_hold_backlog_never_lets_a_full_batch_wait_while_workers_step():
     drop = _learner("learner.backlog=drop", "learner.update_envs=4")
     drop.ready_envs = 12
     assert not drop.backlogged                       # no update running: the loop starts one
+
+
+def test_learned_verdict_needs_random_the_start_and_enough_episodes():
+    from rlpipe.envs.random_return import verdict
+    rng = np.random.default_rng(6)
+    rand = {"mean": 20.0, "std": 10.0, "episodes": 50}
+    start = rng.normal(30, 10, 100)                  # the untrained policy: already above random
+    assert verdict(rng.normal(30, 10, 100), start, 5000, rand) == "did not learn"
+    assert verdict(rng.normal(200, 30, 100), start, 5000, rand) == "learned"
+    assert verdict(rng.normal(200, 30, 100), start, 150, rand) == "unknown"     # windows overlap
+    assert verdict(rng.normal(200, 30, 100), start, 5000, None) == "unknown"

@@ -1,5 +1,5 @@
 """Each env type's return under uniformly random actions: the floor a learning claim is measured
-against ("learned" means clearly above it).
+against ("learned" means clearly above it, and above the type's own first episodes).
 
 One env per type plays whole episodes with the actions the learner's `mode=random` draws
 (uniform over the type's valid discrete actions, uniform in [-1, 1] on its continuous dims),
@@ -112,33 +112,24 @@ def read_results(run_dir: Path) -> dict[str, dict]:
         return {}
 
 
-def verdict(last_returns, random: dict | None) -> str:
-    """"learned" when the mean of the last returns is above the random mean by more than three
-    standard errors of the difference and by 5 % of the random mean's size; "did not learn"
-    otherwise; "unknown" without a random figure or returns."""
-    if not last_returns or not random or random.get("mean") is None or len(last_returns) < 2:
+def _clearly_above(x: np.ndarray, mean: float, std: float | None, n: int) -> bool:
+    """x's mean is above `mean` by more than three standard errors of the difference and by
+    5 % of `mean`'s size."""
+    se = math.sqrt(x.var(ddof=1) / len(x) + (std or 0.0) ** 2 / max(n, 1))
+    gain = float(x.mean()) - mean
+    return gain > 3 * se and gain > 0.05 * abs(mean)
+
+
+def verdict(last_returns, first_returns, episodes: int, random: dict | None, window: int = 100) -> str:
+    """"learned" when the last `window` returns of a type are clearly above both its
+    random-action return and its own first `window` returns of the run (the untrained
+    policy is not uniform random: beating only random could be the initial policy's luck);
+    "did not learn" otherwise; "unknown" without a random figure, or before the type has
+    finished 2 x window episodes (the two windows would overlap, and in a short run the
+    finished episodes are the short ones)."""
+    if not random or random.get("mean") is None or episodes < 2 * window:
         return "unknown"
-    x = np.asarray(last_returns, dtype=np.float64)
-    se = math.sqrt(x.var(ddof=1) / len(x) + (random.get("std") or 0.0) ** 2 / max(random["episodes"], 1))
-    gain = float(x.mean()) - random["mean"]
-    return "learned" if gain > 3 * se and gain > 0.05 * abs(random["mean"]) else "did not learn"
-
-
-def start(ctx, nodes: dict[str, dict], run_dir: Path, episodes: int, budget_s: float, seed: int):
-    """The measuring child process (a daemon: it never outlives the driver), or None when
-    `episodes` is 0."""
-    if episodes <= 0:
-        return None
-    proc = ctx.Process(target=measure_all, args=(nodes, str(run_dir), episodes, budget_s, seed),
-                       name="rlpipe-random-returns", daemon=True)
-    proc.start()
-    return proc
-
-
-def stop(proc) -> None:
-    if proc is not None and proc.is_alive():
-        proc.terminate()
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    last, first = np.asarray(last_returns, dtype=np.float64), np.asarray(first_returns, dtype=np.float64)
+    above_random = _clearly_above(last, random["mean"], random.get("std"), random["episodes"])
+    above_start = _clearly_above(last, float(first.mean()), float(first.std(ddof=1)), len(first))
+    return "learned" if above_random and above_start else "did not learn"

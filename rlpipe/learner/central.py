@@ -28,6 +28,9 @@ from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
 POLICY_LAYOUT = "typed-towers-popart-1"
 
+# Episodes per type behind the "first 100" window the learned verdicts compare with.
+FIRST_EPISODES = 100
+
 # What the learner reads of a slice's last step (copied before the slice is rung again).
 OUTCOME_FIELDS = ("reward", "terminated", "truncated", "ep_return", "ep_len")
 SCALING_FIELDS = ("score", "exec_discrete", "exec_continuous", "behaviour_logp")
@@ -43,6 +46,8 @@ class Counters:
     trained_samples: int = 0         # transitions that went into PPO updates (each once)
     first_step_at: float | None = None
     returns: dict = field(default_factory=dict)     # type name -> deque of last 100 returns
+    first_returns: dict = field(default_factory=dict)   # type name -> its first 100 returns of this run
+    episodes_by_type: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)      # (time, total loss) per update
 
 
@@ -78,7 +83,9 @@ class CentralLearner:
         self.ready_types: list[np.ndarray] = []
         self.ready_envs = 0
         self.update_envs = min(self.cfg.update_envs, spec.env_count)
-        self.counters = Counters(returns={n: collections.deque(maxlen=100) for n in plan.names})
+        self.counters = Counters(returns={n: collections.deque(maxlen=100) for n in plan.names},
+                                 first_returns={n: [] for n in plan.names},
+                                 episodes_by_type={n: 0 for n in plan.names})
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
         self.random = self.cfg.mode == "random"
@@ -227,6 +234,9 @@ class CentralLearner:
         for r, t in zip(rets.tolist(), types.tolist()):
             name = self.plan.names[t]
             self.counters.returns[name].append(r)
+            self.counters.episodes_by_type[name] += 1
+            if len(self.counters.first_returns[name]) < FIRST_EPISODES:
+                self.counters.first_returns[name].append(r)
             self.recent_returns[name].append(r)
         self.counters.episodes += len(done)
 

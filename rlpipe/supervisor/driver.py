@@ -686,7 +686,10 @@ class Driver:
             "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None)
                                     for k, v in c.returns.items()},
             "random_return": {k: round(v["mean"], 3) for k, v in randoms.items() if v.get("mean") is not None},
-            "learned": {k: random_return.verdict(list(v), randoms.get(k)) for k, v in c.returns.items()},
+            "mean_return_first100": {k: (round(float(np.mean(v)), 3) if v else None)
+                                     for k, v in c.first_returns.items()},
+            "learned": {k: random_return.verdict(list(v), c.first_returns[k], c.episodes_by_type[k],
+                                                 randoms.get(k)) for k, v in c.returns.items()},
             "peak_rss_mb": round(self.memory.peak_bytes / 2**20, 1),
             "shm_bytes": sum(h.layout.size for h in self.handles if h.generation > 0),
             "faults": faults,

@@ -150,7 +150,8 @@ class Report:
             trend = "flat" if math.isclose(delta, 0.0, abs_tol=1e-9) else ("up" if delta > 0 else "down")
             rows.append(mine + [s.first, s.last, f"{trend} ({delta:+.3g})", len(s.steps)])
         self.add("Last-100 mean, the type's random-action return (measured beside the run) and the "
-                 "verdict (`learned`: above random by three standard errors and 5 %) from "
+                 "verdict (`learned`: above random and above the type's first 100 episodes, each by "
+                 "three standard errors and 5 %; `unknown` before 200 episodes) from "
                  "summary.json; first and last value of `charts/episodic_return/<type>` from "
                  "TensorBoard (`missing`: not logged, e.g. no episode finished).", "")
         self.add(md_table(["env type", "envs", "last-100 mean", "random", "verdict", "TB first", "TB last",
