@@ -133,3 +133,23 @@ def verdict(last_returns, first_returns, episodes: int, random: dict | None, win
     above_random = _clearly_above(last, random["mean"], random.get("std"), random["episodes"])
     above_start = _clearly_above(last, float(first.mean()), float(first.std(ddof=1)), len(first))
     return "learned" if above_random and above_start else "did not learn"
+
+
+def start(ctx, nodes: dict[str, dict], run_dir: Path, episodes: int, budget_s: float, seed: int):
+    """The measuring child process (a daemon: it never outlives the driver), or None when
+    `episodes` is 0."""
+    if episodes <= 0:
+        return None
+    proc = ctx.Process(target=measure_all, args=(nodes, str(run_dir), episodes, budget_s, seed),
+                       name="rlpipe-random-returns", daemon=True)
+    proc.start()
+    return proc
+
+
+def stop(proc) -> None:
+    if proc is not None and proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
