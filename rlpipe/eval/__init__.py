@@ -1,0 +1,7 @@
+"""Evaluation of a trained run: `python -m rlpipe.eval <run_dir>` (see __main__).
+
+- loader: the run's config, env plan and policy, rebuilt from its own files;
+- play: whole episodes under the policy, obs laid out as on the board;
+- video: frames, the MP4 and the TensorBoard GIF;
+- results: eval/returns.json and eval/returns.md.
+"""

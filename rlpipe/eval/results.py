@@ -1,0 +1,45 @@
+"""`eval/returns.json` and `eval/returns.md`: each type's returns under the trained policy
+(deterministic and stochastic) beside its random-action return."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def _num(v, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def _cell(s: dict) -> str:
+    if not s or s.get("mean") is None:
+        return f"no episode finished ({s.get('cut', 0)} cut)" if s else "-"
+    text = f"{_num(s['mean'])} ± {_num(s['std'])} [{_num(s['min'])}, {_num(s['max'])}]"
+    return text + (f", {s['cut']} cut" if s.get("cut") else "")
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Evaluation of {result['run_dir']}", "",
+             f"Weights: `{result['weights']}` ({result['env_steps']:,} env steps). "
+             f"{result['episodes']} episodes per type and mode; returns are the env's own "
+             "(no reward normalization). Cells: mean ± std [min, max]; a cut episode (the env "
+             "raised, broke the contract, or ran past --max-steps) is counted, not averaged.", "",
+             "| type | deterministic | stochastic | random | det. over random | video |",
+             "|---|---|---|---|---|---|"]
+    for name, t in result["types"].items():
+        det, rnd = t["deterministic"], t.get("random") or {}
+        over = (det["mean"] - rnd["mean"]) if det.get("mean") is not None and rnd.get("mean") is not None else None
+        video = f"[{Path(t['video']).name}]({Path(t['video']).name})" if t.get("video") else (t.get("video_note") or "-")
+        lines.append(f"| {name} | {_cell(det)} | {_cell(t['stochastic'])} | "
+                     f"{_num(rnd.get('mean'))} ({rnd.get('source', 'none')}) | {_num(over)} | {video} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out_dir: Path, result: dict) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = out_dir / "returns.json", out_dir / "returns.md"
+    for path, text in zip(paths, (json.dumps(result, indent=2) + "\n", markdown(result))):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return paths

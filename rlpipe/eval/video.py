@@ -1,0 +1,128 @@
+"""One episode per env type as a video: where its frames come from, the MP4, the TensorBoard GIF.
+
+Frames:
+- a Gymnasium type (`GymnasiumEnv`) is built once more with `render_mode="rgb_array"` in its
+  make_kwargs and each frame is `env.render()`: the env's own picture (CartPole's cart and
+  pole), not the downscaled obs the policy sees;
+- any other type that produces an `rgb` obs (the emulators draw one: unity_sim, faulty with
+  an rgb board, bullet_reacher with render_rgb) is filmed through that obs;
+- a type with neither cannot be filmed and is said so.
+
+The MP4 (H.264 through imageio's ffmpeg) is what a person opens. Small frames (the emulators'
+64x64) are enlarged by an integer factor so a player does not blur them, and padded to even
+sizes (yuv420p needs them). TensorBoard gets an animated GIF as an image summary (what
+SummaryWriter.add_video writes, without its moviepy dependency), shrunk to stay light.
+"""
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from rlpipe.envs.classic import GymnasiumEnv
+from rlpipe.envs.contract import EnvSpec
+from rlpipe.envs.registry import make_factory
+
+MIN_SIDE = 256            # smaller frames are enlarged to at least this (integer factor)
+DEFAULT_FPS = 30
+TB_MAX_FRAMES = 150
+TB_MAX_WIDTH = 320
+
+
+class Recorder:
+    """Collects the frames of one episode; `observe(env, obs)` is play()'s hook."""
+
+    def __init__(self, grab: Callable[[object, dict], np.ndarray]):
+        self.grab = grab
+        self.frames: list[np.ndarray] = []
+        self.fps = DEFAULT_FPS
+        self.error: str | None = None
+
+    def observe(self, env, obs: dict) -> None:
+        if self.error is not None:
+            return
+        try:
+            frame = self.grab(env, obs)
+        except Exception as exc:       # a render that fails ends the film, not the evaluation
+            self.error = f"render failed: {type(exc).__name__}: {exc}"
+            return
+        if frame is None:
+            self.error = "render returned no frame"
+            return
+        if not self.frames:
+            meta = getattr(getattr(env, "env", None), "metadata", None) or {}
+            self.fps = int(meta.get("render_fps") or DEFAULT_FPS)
+        self.frames.append(as_rgb(frame))
+
+
+def render_source(node: dict, spec: EnvSpec):
+    """(factory, grab) to film one type, or (None, why not)."""
+    factory = make_factory(node)
+    if isinstance(factory.func, type) and issubclass(factory.func, GymnasiumEnv):
+        # rgb_array never opens a window; without a display SDL (pygame) would print an
+        # XDG_RUNTIME_DIR error while probing for one.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        kwargs = {**(node.get("make_kwargs") or {}), "render_mode": "rgb_array"}
+        return make_factory({**node, "make_kwargs": kwargs}), lambda env, _obs: env.env.render()
+    if "rgb" in spec.obs:
+        return factory, lambda _env, obs: obs["rgb"]
+    return None, "no rgb obs and not a Gymnasium env: nothing to film"
+
+
+def as_rgb(frame: np.ndarray) -> np.ndarray:
+    """Any HxW, HxWx1, HxWx3 or HxWx4 frame as uint8 HxWx3."""
+    f = np.asarray(frame)
+    if f.dtype != np.uint8:
+        f = np.clip(f, 0, 255).astype(np.uint8)
+    if f.ndim == 2:
+        f = f[:, :, None]
+    if f.shape[2] == 1:
+        f = np.repeat(f, 3, axis=2)
+    return np.ascontiguousarray(f[:, :, :3])
+
+
+def for_player(frame: np.ndarray) -> np.ndarray:
+    """Enlarged (nearest, integer factor) up to MIN_SIDE, then padded to even sides."""
+    h, w, _ = frame.shape
+    k = max(1, MIN_SIDE // max(h, w))
+    if k > 1:
+        frame = frame.repeat(k, axis=0).repeat(k, axis=1)
+    h, w, _ = frame.shape
+    if h % 2 or w % 2:
+        frame = np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+    return frame
+
+
+def write_mp4(path: Path, frames: list[np.ndarray], fps: int) -> Path:
+    import imageio.v2 as imageio
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with imageio.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264",
+                            macro_block_size=2, ffmpeg_log_level="error") as writer:
+        for f in frames:
+            writer.append_data(for_player(f))
+    return path
+
+
+def gif_bytes(frames: list[np.ndarray], fps: int) -> tuple[bytes, int, int]:
+    """(GIF, height, width) of at most TB_MAX_FRAMES frames, at most TB_MAX_WIDTH wide."""
+    from PIL import Image
+    stride = max(1, -(-len(frames) // TB_MAX_FRAMES))
+    shrink = max(1, -(-frames[0].shape[1] // TB_MAX_WIDTH))
+    small = [f[::shrink, ::shrink] for f in frames[::stride]]
+    images = [Image.fromarray(f) for f in small]
+    buf = io.BytesIO()
+    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:],
+                   duration=max(20, int(1000 * stride / fps)), loop=0)
+    h, w, _ = small[0].shape
+    return buf.getvalue(), h, w
+
+
+def log_gif(writer, tag: str, frames: list[np.ndarray], fps: int, step: int) -> None:
+    """An animated GIF image summary (TensorBoard's images tab plays it)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    data, h, w = gif_bytes(frames, fps)
+    image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=data)
+    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)

@@ -1,0 +1,118 @@
+"""`python -m rlpipe.eval`: a short real run, then the CLI on it (returns, video, TensorBoard);
+the errors a user meets (no checkpoint, no config, an unknown type); the board layout of obs."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_cli
+
+
+def eval_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlpipe.eval", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained_run():
+    """16 CartPoles for 20k env steps: enough for checkpoints, not for a good policy."""
+    base = Path(tempfile.mkdtemp(prefix="rle", dir="/tmp"))
+    run_dir = base / "run"
+    res = run_cli(run_dir, "env_mix=cartpole", "env_count=16", "run.total_env_steps=20000",
+                  "learner.checkpoint_interval_s=2", "logging.random_return_episodes=5", timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    yield run_dir
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_eval_writes_returns_video_and_tensorboard(trained_run):
+    res = eval_cli(trained_run, "--episodes", "3", "--video")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = trained_run / "eval"
+    result = json.loads((out / "returns.json").read_text())
+    cart = result["types"]["cartpole"]
+    assert result["weights"].startswith("checkpoints/ckpt_")
+    assert result["env_steps"] >= 20000
+    for mode in ("deterministic", "stochastic"):
+        s = cart[mode]
+        assert s["episodes"] + s["cut"] == 3 and s["episodes"] == 3
+        assert 8 <= s["min"] <= s["mean"] <= s["max"] <= 500    # CartPole returns: 1 per step
+    assert cart["random"]["source"] == "run" and cart["random"]["mean"] > 0
+    md = (out / "returns.md").read_text()
+    assert "| cartpole |" in md and "cartpole.mp4" in md
+
+    import imageio.v2 as imageio
+    reader = imageio.get_reader(out / "cartpole.mp4")
+    frames = sum(1 for _ in reader)
+    assert reader.get_meta_data()["codec"] == "h264"
+    assert frames == cart["video_frames"] >= 9       # the reset frame plus one per step
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(trained_run / "tb"), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    assert "eval/return_deterministic/cartpole" in acc.Tags()["scalars"]
+    gif = acc.Images("eval/video/cartpole")[0].encoded_image_string
+    assert gif[:6] in (b"GIF87a", b"GIF89a")
+
+
+def eval_main(capsys, *args) -> tuple[int, str]:
+    """The CLI's main in this process (the subprocess above already covers the entry point)."""
+    from rlpipe.eval.__main__ import main
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+def test_eval_without_checkpoint_is_one_clear_error(trained_run, short_tmp, capsys):
+    shutil.copytree(trained_run / ".hydra", short_tmp / ".hydra")
+    code, err = eval_main(capsys, short_tmp)
+    assert code == 2
+    assert "has no checkpoint to evaluate" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (short_tmp / "eval").exists()
+
+    code, err = eval_main(capsys, short_tmp / "nope")
+    assert code == 2 and "does not exist" in err
+
+    (short_tmp / ".hydra" / "config.yaml").unlink()
+    code, err = eval_main(capsys, short_tmp)
+    assert code == 2 and ".hydra/config.yaml" in err and "Traceback" not in err
+
+
+def test_eval_unknown_type_names_the_run_types(trained_run, capsys):
+    code, err = eval_main(capsys, trained_run, "--types", "cartpole,pong")
+    assert code == 2
+    assert "--types" in err and "pong" in err and "cartpole" in err
+
+
+def test_board_layout_matches_the_worker_rows():
+    """An env's obs lands in the first prod(shape) entries of its key's row, as EnvTable
+    writes it; the rest of that row and keys the type lacks stay zero."""
+    from rlpipe.config import ObsKey
+    from rlpipe.envs.contract import EnvSpec
+    from rlpipe.envs.registry import ActionSpace, MixPlan
+    from rlpipe.eval.play import BoardLayout, env_action
+    keys = (ObsKey("rgb", (8, 8, 3), "uint8"), ObsKey("state", (32,), "float32"),
+            ObsKey("vector", (16,), "float32"))
+    plan = MixPlan(("images", "cartpole"),
+                   (EnvSpec({"rgb": ((8, 8, 3), "uint8"), "vector": ((3,), "float32")}, "continuous", 2),
+                    EnvSpec({"state": ((4,), "float32")}, "discrete", 2)),
+                   np.array([0, 1], dtype=np.int16), ActionSpace(2, 2), keys)
+    t = 1
+    layout = BoardLayout(plan, t)
+    obs = {"state": np.arange(1, 5, dtype=np.float32)}
+    batch, types = layout.batch([obs, obs])
+    state = batch["state"].numpy()
+    assert state.shape == (2, 32)
+    assert (state[:, :4] == obs["state"]).all() and not state[:, 4:].any()
+    assert all(not v.numpy().any() for k, v in batch.items() if k != "state")
+    assert types.tolist() == [t, t]
+    assert env_action("discrete", 2, np.int64(1), np.zeros(3, np.float32)) == 1
+    cont = env_action("continuous", 1, np.int64(0), np.array([0.5, 9.0], np.float32))
+    assert cont.dtype == np.float32 and cont.tolist() == [0.5]
