@@ -71,3 +71,21 @@ def short_tmp():
     path = Path(tempfile.mkdtemp(prefix="rlt", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cartpole_multirun():
+    """A real two-job multirun (16 CartPoles, 15k env steps, seeds 1 and 2, a checkpoint every
+    2 s), made once for the tests that read runs back: rlpipe.report compares its jobs,
+    rlpipe.eval plays job 0's policy."""
+    import shutil
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="rlm", dir="/tmp"))
+    sweep = base / "mr"
+    res = subprocess.run([sys.executable, "-m", "rlpipe", "-m", "env_mix=cartpole", "env_count=16",
+                          "run.total_env_steps=15000", "run.seed=1,2", "learner.checkpoint_interval_s=2",
+                          "logging.random_return_episodes=3", f"hydra.sweep.dir={sweep}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    yield sweep
+    shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""Reports rebuilt from run directories: `python -m rlpipe.report` (see __main__)."""

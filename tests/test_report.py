@@ -1,0 +1,72 @@
+"""`python -m rlpipe.report`: a two-job multirun compared side by side, a killed run's health
+report rebuilt from its files, and the error for a directory that is neither."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def report_cli(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlpipe.report", str(path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def report_main(path: Path, capsys) -> tuple[int, str]:
+    """The CLI's main in this process (report_cli covers the entry point once)."""
+    from rlpipe.report.__main__ import main
+    code = main([str(path)])
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def multirun(cartpole_multirun):
+    return cartpole_multirun
+
+
+def test_multirun_comparison_has_a_row_per_job_and_overlay_plots(multirun):
+    res = report_cli(multirun)
+    assert res.returncode == 0, res.stderr[-3000:]
+    md = (multirun / "comparison.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| [")]
+    assert len(rows) == 2
+    assert "run.seed=1" in rows[0] and "run.seed=2" in rows[1] and "finished" in rows[0]
+    assert "`env_count=16`" in md                        # the overrides both jobs share
+    assert "| 0 | " in md and "cartpole" in md           # the per-type return table
+    pngs = sorted(multirun.glob("comparison_*.png"))
+    assert len(pngs) >= 3
+    assert {"comparison_returns.png", "comparison_sps.png", "comparison_loss.png"} <= {p.name for p in pngs}
+    for p in pngs:
+        assert p.read_bytes()[:8] == PNG_MAGIC and f"]({p.name})" in md
+
+
+def test_killed_job_and_killed_run_reports(multirun, tmp_path, capsys):
+    """A job without summary.json (killed with -9) still gets a row from its TensorBoard
+    scalars, and its own health report is rebuilt from what it left."""
+    copy = tmp_path / "mr"
+    shutil.copytree(multirun, copy, ignore=shutil.ignore_patterns("comparison*", "eval", "checkpoints"))
+    (copy / "1" / "summary.json").unlink()
+    (copy / "1" / "health_report.md").unlink()
+    code, err = report_main(copy, capsys)
+    assert code == 0, err
+    md = (copy / "comparison.md").read_text()
+    killed = next(line for line in md.splitlines() if line.startswith("| [1]"))
+    assert "no summary" in killed and "15,0" in killed          # env steps from TensorBoard
+    assert "job 1: no summary.json" in md
+
+    code, err = report_main(copy / "1", capsys)
+    assert code == 0, err
+    assert "summary.json" in (copy / "1" / "health_report.md").read_text()
+
+
+def test_neither_run_nor_multirun_is_one_clear_error(tmp_path, capsys):
+    code, err = report_main(tmp_path, capsys)
+    assert code == 2
+    assert "neither a run directory" in err and "Traceback" not in err
