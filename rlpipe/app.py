@@ -21,6 +21,8 @@ EXIT_CONFIG = 2
 def run_job(cfg: DictConfig) -> int:
     """One job: validate, then drive the engine; a config error is one paragraph, no traceback."""
     faulthandler.enable()           # a crash in native code still says where it happened
+    from rlpipe.telemetry.progress import quiet_console_logs
+    quiet_console_logs()            # other libraries' INFO lines go to the run's log file only
     from rlpipe.supervisor.driver import Driver   # torch is imported only past validation
 
     try:

@@ -42,7 +42,7 @@ from rlpipe.supervisor.memory import PeakMemory
 from rlpipe.supervisor.redis_service import RedisService
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import WorkerHandle, group_ranges, stop_workers, worker_context
-from rlpipe.telemetry.progress import Progress
+from rlpipe.telemetry.progress import Progress, Status
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
 from rlpipe.worker.rewardnorm import RewardNormalizer
@@ -480,7 +480,8 @@ class Driver:
         n_slices = sum(len(h.bounds) for h in self.handles)
         next_tb = next_check = time.monotonic()
         held: list[SliceRef] = []      # rings waiting while the learner is backlogged
-        with Progress(spec.progress_interval_s) as progress:
+        with Progress(spec.progress_interval_s, spec.total_env_steps, spec.duration_s,
+                      self.run_dir / "lifecycle.sqlite") as progress:
             while self.stop_signal is None:
                 now = time.monotonic()
                 c = learner.counters
@@ -570,12 +571,13 @@ class Driver:
         self.tb.scalars(c.env_steps, values)
         return sps
 
-    def _status_line(self, now: float, sps: float) -> str:
+    def _status_line(self, now: float, sps: float) -> Status:
         c = self.learner.counters
-        rets = " ".join(f"{k}={np.mean(v):.1f}" for k, v in c.returns.items() if v)
-        return (f"rlpipe {self.spec.stage or 'run'} | {now - self.t0:6.0f}s | envs "
-                f"{self.active_envs(now)}/{self.spec.env_count} | steps {c.env_steps:,} | "
-                f"sps {sps:,.0f} | updates {c.updates} | return {rets or '-'}")
+        return Status(stage=self.spec.stage, elapsed_s=now - self.t0, env_steps=c.env_steps, sps=sps,
+                      updates=c.updates, env_count=self.spec.env_count, active=self.active_envs(now),
+                      dormant=sum(h.n for h in self.handles if not h.awake),
+                      memory_mb=self.memory.last_bytes / 2**20 if self.memory.last_bytes else None,
+                      returns={k: float(np.mean(v)) if v else None for k, v in c.returns.items()})
 
     # -- teardown ----------------------------------------------------------------------------
     def teardown(self) -> None:
