@@ -47,6 +47,12 @@ def test_multirun_comparison_has_a_row_per_job_and_overlay_plots(multirun):
         assert p.read_bytes()[:8] == PNG_MAGIC and f"]({p.name})" in md
 
 
+def test_runs_log_watchdog_health_to_tensorboard(multirun):
+    from rlpipe.report.jobs import load_job
+    tags = set(load_job(multirun / "0").scalars)
+    assert {"health/worker_restarts", "health/workers_being_replaced"} <= tags
+
+
 def test_killed_job_and_killed_run_reports(multirun, tmp_path, capsys):
     """A job without summary.json (killed with -9) still gets a row from its TensorBoard
     scalars, and its own health report is rebuilt from what it left."""

@@ -52,6 +52,9 @@ class Watchdog:
         self._redis_was_down = False
         # worker id -> (generation, envs built, monotonic time that count was first seen)
         self.progress: dict[int, tuple[int, int, float]] = {}
+        # Oldest beats of the last scan over the workers it judged (TensorBoard health/).
+        self.max_os_age_s: float | None = None
+        self.max_redis_age_s: float | None = None
 
     def redis_restarted(self) -> None:
         self.redis_epoch = time.time()
@@ -81,6 +84,7 @@ class Watchdog:
         live = [h for h in handles if h.alive() and h.worker_id not in self.pending]
         beats = self._redis_beats(live)
         wall, mono_ns = time.time(), time.monotonic_ns()
+        os_ages, redis_ages = [], []
         for h in live:
             if h.awake and h.views.load(H_READY) == 0 and self._stalled(h, now):
                 continue
@@ -92,6 +96,9 @@ class Watchdog:
             # that never beat at all from its spawn.
             redis_age = None if beats is None else \
                 wall - max(beats.get(h.worker_id, 0.0), h.spawned_wall, self.redis_epoch)
+            os_ages.append(os_age)
+            if redis_age is not None:
+                redis_ages.append(redis_age)
             stale = [name for name, age in (("os", os_age), ("redis", redis_age))
                      if age is not None and age > limit]
             if stale:
@@ -99,6 +106,24 @@ class Watchdog:
                     "stale": stale, "os_beat_age_s": round(os_age, 2),
                     "redis_beat_age_s": None if redis_age is None else round(redis_age, 2),
                     "redis_reachable": beats is not None, "limit_s": limit})
+        self.max_os_age_s = max(os_ages, default=None)
+        self.max_redis_age_s = max(redis_ages, default=None)
+
+    def health_scalars(self) -> dict[str, float]:
+        """TensorBoard health/ figures: the oldest OS and Redis beats of the last scan (seconds;
+        a worker is replaced past heartbeat.timeout_s), workers being replaced now, and worker
+        restarts so far (lifecycle rows, every reason)."""
+        from rlpipe.supervisor.lifecycle import fault_counts
+        out = {"health/workers_being_replaced": float(len(self.pending))}
+        if self.max_os_age_s is not None:
+            out["health/os_beat_age_max_s"] = self.max_os_age_s
+        if self.max_redis_age_s is not None:
+            out["health/redis_beat_age_max_s"] = self.max_redis_age_s
+        try:
+            out["health/worker_restarts"] = float(fault_counts(self.lifecycle.db_path)["worker_restarts"])
+        except Exception:              # the log not readable this time: the next call has it
+            pass
+        return out
 
     def _stalled(self, h, now: float) -> bool:
         """Building but alive: replace it (True) when its envs-built count has not moved for
