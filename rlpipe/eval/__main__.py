@@ -32,8 +32,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--episodes", type=int, default=10, help="episodes per type and mode (default 10)")
     p.add_argument("--types", default=None, help="comma-separated env types (default: every type of the run)")
     p.add_argument("--video", action="store_true", help="film one deterministic episode per type")
-    p.add_argument("--max-steps", type=int, default=10_000,
-                   help="an episode still running after this many steps is cut (default 10000)")
+    p.add_argument("--max-steps", type=int, default=5_000,
+                   help="an episode still running after this many steps is cut (default 5000; an "
+                        "untrained Atari policy that never serves would play 27,000)")
     p.add_argument("--seed", type=int, default=10_000,
                    help="env seeds are seed, seed+1, ...: apart from the training seeds by default")
     args = p.parse_args(argv)
