@@ -113,14 +113,16 @@ def _film(run, t: int, node: dict, args, out_dir: Path, films: dict) -> dict:
     factory, grab = video.render_source(node, run.plan.specs[t])
     if factory is None:
         return {"video": None, "video_note": grab}
-    rec = video.Recorder(grab)
-    eps = play.play(run.policy, run.plan, t, factory, 1, True, args.seed, args.max_steps,
-                    run.spec.step_timeout_s, observe=rec.observe)
-    if not rec.frames:
+    rec = video.Recorder(grab, out_dir / f"{name}.mp4")
+    try:
+        eps = play.play(run.policy, run.plan, t, factory, 1, True, args.seed, args.max_steps,
+                        run.spec.step_timeout_s, observe=rec.observe)
+    finally:
+        path = rec.close()
+    if path is None:
         return {"video": None, "video_note": rec.error or "the filmed episode was cut before its first frame"}
-    path = video.write_mp4(out_dir / f"{name}.mp4", rec.frames, rec.fps)
     films[name] = rec
-    note = {"video_frames": len(rec.frames), "video_return": eps.returns[0] if eps.returns else None}
+    note = {"video_frames": rec.frames, "video_return": eps.returns[0] if eps.returns else None}
     if rec.error:
         note["video_note"] = rec.error
     return {"video": str(path.relative_to(run.run_dir)), **note}
@@ -138,7 +140,8 @@ def _tensorboard(run, result: dict, films: dict) -> None:
                 if entry[mode]["mean"] is not None:
                     writer.add_scalar(f"eval/return_{mode}/{name}", entry[mode]["mean"], run.env_steps)
             if name in films:
-                log_gif(writer, f"eval/video/{name}", films[name].frames, films[name].fps, run.env_steps)
+                rec = films[name]
+                log_gif(writer, f"eval/video/{name}", rec.kept, rec.fps / rec.stride, run.env_steps)
     finally:
         writer.close()
 

@@ -33,13 +33,19 @@ TB_MAX_WIDTH = 320
 
 
 class Recorder:
-    """Collects the frames of one episode; `observe(env, obs)` is play()'s hook."""
+    """Films one episode: `observe(env, obs)` is play()'s hook. Frames go to the MP4 as they
+    come (an Atari episode is thousands of frames: none is held), and every `stride`-th is
+    kept for the TensorBoard GIF, the stride doubling whenever more than TB_MAX_FRAMES are kept."""
 
-    def __init__(self, grab: Callable[[object, dict], np.ndarray]):
+    def __init__(self, grab: Callable[[object, dict], np.ndarray], path: Path):
         self.grab = grab
-        self.frames: list[np.ndarray] = []
+        self.path = path
+        self.frames = 0
+        self.kept: list[np.ndarray] = []
+        self.stride = 1
         self.fps = DEFAULT_FPS
         self.error: str | None = None
+        self._writer = None
 
     def observe(self, env, obs: dict) -> None:
         if self.error is not None:
@@ -52,10 +58,26 @@ class Recorder:
         if frame is None:
             self.error = "render returned no frame"
             return
-        if not self.frames:
+        frame = as_rgb(frame)
+        if self._writer is None:
             meta = getattr(getattr(env, "env", None), "metadata", None) or {}
             self.fps = int(meta.get("render_fps") or DEFAULT_FPS)
-        self.frames.append(as_rgb(frame))
+            self._writer = mp4_writer(self.path, self.fps)
+        self._writer.append_data(for_player(frame))
+        if self.frames % self.stride == 0:
+            self.kept.append(frame)
+            if len(self.kept) > TB_MAX_FRAMES:
+                self.kept = self.kept[::2]
+                self.stride *= 2
+        self.frames += 1
+
+    def close(self) -> Path | None:
+        """Finish the MP4; its path, or None when no frame was filmed."""
+        if self._writer is None:
+            return None
+        self._writer.close()
+        self._writer = None
+        return self.path
 
 
 def render_source(node: dict, spec: EnvSpec):
@@ -96,31 +118,27 @@ def for_player(frame: np.ndarray) -> np.ndarray:
     return frame
 
 
-def write_mp4(path: Path, frames: list[np.ndarray], fps: int) -> Path:
+def mp4_writer(path: Path, fps: int):
+    """An H.264 MP4 writer (imageio's ffmpeg); append frames that went through for_player."""
     import imageio.v2 as imageio
     path.parent.mkdir(parents=True, exist_ok=True)
-    with imageio.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264",
-                            macro_block_size=2, ffmpeg_log_level="error") as writer:
-        for f in frames:
-            writer.append_data(for_player(f))
-    return path
+    return imageio.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264",
+                              macro_block_size=2, ffmpeg_log_level="error")
 
 
-def gif_bytes(frames: list[np.ndarray], fps: int) -> tuple[bytes, int, int]:
-    """(GIF, height, width) of at most TB_MAX_FRAMES frames, at most TB_MAX_WIDTH wide."""
+def gif_bytes(frames: list[np.ndarray], fps: float) -> tuple[bytes, int, int]:
+    """(GIF, height, width) of the frames, at most TB_MAX_WIDTH wide, played at `fps`."""
     from PIL import Image
-    stride = max(1, -(-len(frames) // TB_MAX_FRAMES))
     shrink = max(1, -(-frames[0].shape[1] // TB_MAX_WIDTH))
-    small = [f[::shrink, ::shrink] for f in frames[::stride]]
-    images = [Image.fromarray(f) for f in small]
+    images = [Image.fromarray(np.ascontiguousarray(f[::shrink, ::shrink])) for f in frames]
     buf = io.BytesIO()
     images[0].save(buf, format="GIF", save_all=True, append_images=images[1:],
-                   duration=max(20, int(1000 * stride / fps)), loop=0)
-    h, w, _ = small[0].shape
+                   duration=max(20, int(1000 / fps)), loop=0)
+    h, w = images[0].height, images[0].width
     return buf.getvalue(), h, w
 
 
-def log_gif(writer, tag: str, frames: list[np.ndarray], fps: int, step: int) -> None:
+def log_gif(writer, tag: str, frames: list[np.ndarray], fps: float, step: int) -> None:
     """An animated GIF image summary (TensorBoard's images tab plays it)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     data, h, w = gif_bytes(frames, fps)
