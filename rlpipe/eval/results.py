@@ -8,7 +8,9 @@ from pathlib import Path
 
 
 def _num(v, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"   # -0.0418, not -0.0
 
 
 def _cell(s: dict) -> str:
