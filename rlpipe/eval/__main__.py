@@ -13,7 +13,6 @@ Exit codes: 0 done, 2 when the run cannot be evaluated (one paragraph says why).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from pathlib import Path
@@ -65,10 +64,24 @@ def random_baseline(run_dir: Path, name: str, node: dict, episodes: int, seed: i
 
 
 def evaluate(args: argparse.Namespace, console: Console) -> dict:
-    from rlpipe.envs.registry import make_factory
-    from rlpipe.eval import loader, play, video
+    import torch
+
+    from rlpipe.eval import loader
     t_start = time.monotonic()
     run = loader.load_run(args.run_dir)
+    # Batches of a few rows: more intra-op threads only spin against each other (and against
+    # whatever else the machine runs), as in the learner (learner.torch_threads).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(run.spec.learner.torch_threads)
+    try:
+        return _evaluate(run, args, console, t_start)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -> dict:
+    from rlpipe.envs.registry import make_factory
+    from rlpipe.eval import play, video
     plan, spec = run.plan, run.spec
     chosen = pick_types(plan.names, args.types)
     out_dir = run.run_dir / "eval"
@@ -148,8 +161,6 @@ def _tensorboard(run, result: dict, films: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
-    # Library chatter (TensorBoard's directory watcher, Gymnasium warnings) stays out of the way.
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
         args = parse_args(argv)
         result = evaluate(args, console)

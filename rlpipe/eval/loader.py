@@ -126,8 +126,4 @@ def load_run(run_dir: str | Path) -> LoadedRun:
         raise EvalError(f"{source} cannot be loaded into the run's policy: "
                         f"{str(exc).splitlines()[0]}") from exc
     policy.eval()
-    torch.set_grad_enabled(False)
-    # Batches of a few rows: more intra-op threads only spin against each other (and against
-    # whatever else the machine runs); the learner runs with learner.torch_threads for the same reason.
-    torch.set_num_threads(lc.torch_threads)
     return LoadedRun(run_dir, spec, plan, policy, source, int(payload.get("env_steps", 0)))

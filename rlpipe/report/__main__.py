@@ -12,7 +12,6 @@ Exit codes: 0 done, 2 when the directory is neither (one paragraph says so).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -23,8 +22,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlpipe.report", description=__doc__.split("\n\n")[0])
     p.add_argument("path", type=Path, help="a run directory or a multirun directory")
     args = p.parse_args(argv)
-    # TensorBoard's event reader logs each file it opens at INFO: not for the user's terminal.
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     path = args.path
     from rlpipe.report.jobs import is_run_dir, job_dirs
     if is_run_dir(path):
