@@ -169,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     from rlpipe.eval import results
     _json, md = results.write(Path(result["run_dir"]) / "eval", result)
-    print(md.read_text(), end="")
+    out = Console()
+    if out.is_terminal:                    # a table a person can read at any width
+        from rich.markdown import Markdown
+        out.print(Markdown(md.read_text()))
+    else:
+        print(md.read_text(), end="")
     print(f"rlpipe.eval: wrote {md} and returns.json in {result['wall_s']:.1f} s", flush=True)
     return 0
 
