@@ -6,7 +6,7 @@ import time
 
 from rlpipe.config import HeartbeatSpec
 from rlpipe.shm.layout import H_OS_BEAT_NS, H_READY
-from rlpipe.supervisor.lifecycle import LifecycleWriter
+from rlpipe.lifecycle import LifecycleWriter
 from rlpipe.supervisor.watchdog import Watchdog
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rlpipe.telemetry.health import Series, read_scalars
+from rlpipe.telemetry.tb_events import Series, read_scalars
 
 RETURN_PREFIX = "charts/episodic_return/"
 CURVE_TAGS = ("charts/sps", "losses/total", "memory/pss_mb")

@@ -419,7 +419,7 @@ class Driver:
         if now >= self.next_memory_tb:
             self.next_memory_tb = now + 10.0
             self._memory_curves()
-            self.board.scalars(self.learner.counters.env_steps, self.watchdog.health_scalars())
+            self.tb.scalars(self.learner.counters.env_steps, self.watchdog.health_scalars())
         if self.errors.maybe_run(now):
             self.tb.text("errors/top10", self.errors.text_for_tensorboard(), self.learner.counters.env_steps)
         if now >= self.next_redis_check:

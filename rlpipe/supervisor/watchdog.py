@@ -113,7 +113,7 @@ class Watchdog:
         """TensorBoard health/ figures: the oldest OS and Redis beats of the last scan (seconds;
         a worker is replaced past heartbeat.timeout_s), workers being replaced now, and worker
         restarts so far (lifecycle rows, every reason)."""
-        from rlpipe.supervisor.lifecycle import fault_counts
+        from rlpipe.lifecycle import fault_counts
         out = {"health/workers_being_replaced": float(len(self.pending))}
         if self.max_os_age_s is not None:
             out["health/os_beat_age_max_s"] = self.max_os_age_s
