@@ -217,6 +217,16 @@ def test_a_replacement_that_never_stepped_is_a_lost_worker(synthetic_run: Path):
     assert "no worker lost: **no**" in md and "without a replacement that stepped: 1" in md
 
 
+def test_health_report_links_the_evaluation(synthetic_run: Path):
+    md = write_health_report(synthetic_run).read_text()
+    assert "Evaluation: none yet" in md
+    (synthetic_run / "eval").mkdir()
+    (synthetic_run / "eval" / "returns.md").write_text("# Evaluation\n")
+    (synthetic_run / "eval" / "cartpole.mp4").write_bytes(b"\0" * 64)
+    md = write_health_report(synthetic_run).read_text()
+    assert "[eval/returns.md](eval/returns.md)" in md and "[cartpole](eval/cartpole.mp4)" in md
+
+
 def test_health_report_with_missing_inputs(tmp_path: Path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -1,5 +1,9 @@
 """The health report's plots (matplotlib, Agg, object API: no pyplot global state, no display).
-Each returns the path it drew, or None when its inputs are missing."""
+Each returns the path it drew, or None when its inputs are missing.
+
+Every curve is drawn over env steps on the same x range (0 to the run's last logged step), so
+the plots line up when read side by side; every axis label carries its unit; figures are at
+least MIN_WIDTH inches wide, so a run with one env type still has room for its title."""
 from __future__ import annotations
 
 import math
@@ -15,6 +19,8 @@ PLOT_RETURNS = "health_returns.png"
 PLOT_MEMORY = "health_memory.png"
 PLOT_GROUPS = "health_rewards_by_group.png"
 _PANEL_COLS = 4
+MIN_WIDTH = 8.0
+RETURN_LABEL = "episodic return (mean per 2 s window)"
 
 
 def _figure(**kw):
@@ -32,26 +38,40 @@ def _grid(n: int) -> tuple[int, int]:
     return math.ceil(n / cols), cols
 
 
+def _last_step(scalars: dict[str, Series]) -> int:
+    """The run's last logged env step: the right end of every env-steps axis."""
+    return max((int(s.steps.max()) for s in scalars.values() if len(s.steps)), default=0)
+
+
+def _steps_axis(ax, last_step: int, label: bool = True) -> None:
+    from matplotlib.ticker import EngFormatter
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))       # 250k, 1.5M
+    if last_step > 0:
+        ax.set_xlim(0, last_step * 1.02)
+    if label:
+        ax.set_xlabel("env steps")
+    ax.grid(alpha=0.3)
+
+
 def plot_sps(scalars: dict[str, Series], path: Path) -> Path | None:
     sps = scalars.get("charts/sps")
     if sps is None:
         return None
-    fig = _figure(figsize=(9, 4), layout="constrained")
+    fig = _figure(figsize=(MIN_WIDTH + 1, 4), layout="constrained")
     ax = fig.subplots()
     ax.plot(sps.steps, sps.values, color="tab:blue", label="charts/sps")
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("env steps / s")
-    ax.grid(alpha=0.3)
+    _steps_axis(ax, _last_step(scalars))
+    ax.set_ylabel("throughput (env steps / s)")
     active = scalars.get("envs/active")
     if active is not None:
         ax2 = ax.twinx()
         ax2.plot(active.steps, active.values, color="tab:green", alpha=0.7, label="envs/active")
-        ax2.set_ylabel("active envs")
+        ax2.set_ylabel("active envs (count)")
         ax2.set_ylim(bottom=0)
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = ax2.get_legend_handles_labels()
         ax.legend(h1 + h2, l1 + l2, loc="lower right")
-    ax.set_title("Throughput (TensorBoard charts/sps)")
+    ax.set_title("Throughput and active envs (TensorBoard charts/sps, envs/active)", fontsize=11)
     return _save(fig, path)
 
 
@@ -60,17 +80,20 @@ def plot_returns(scalars: dict[str, Series], path: Path) -> Path | None:
     if not rets:
         return None
     rows, cols = _grid(len(rets))
-    fig = _figure(figsize=(3.2 * cols, 2.5 * rows + 0.6), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
-    for ax, (name, s) in zip(axes, rets.items()):
+    last = _last_step(scalars)
+    fig = _figure(figsize=(max(MIN_WIDTH, 3.2 * cols), 2.5 * rows + 0.9), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False, sharex=True)).ravel()
+    for i, (ax, (name, s)) in enumerate(zip(axes, rets.items())):
         ax.plot(s.steps, s.values, marker="." if len(s.steps) < 30 else None)
         ax.set_title(name, fontsize=10)
         ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
+        # x labels under the lowest panel of each column only (the axis is shared)
+        _steps_axis(ax, last, label=i + cols >= len(rets))
+        ax.tick_params(axis="x", labelbottom=True)
     for ax in axes[len(rets):]:
         ax.set_visible(False)
-    fig.supxlabel("env steps", fontsize=9)
-    fig.suptitle("Episodic return per env type (TensorBoard charts/episodic_return/<type>)")
+    fig.supylabel(RETURN_LABEL, fontsize=9)
+    fig.suptitle("Episodic return per env type (TensorBoard charts/episodic_return/<type>)", fontsize=11)
     return _save(fig, path)
 
 
@@ -78,17 +101,17 @@ def plot_memory(scalars: dict[str, Series], path: Path) -> Path | None:
     present = [t for t in MEMORY_TAGS if t in scalars]
     if not present:
         return None
-    fig = _figure(figsize=(9, 4), layout="constrained")
+    fig = _figure(figsize=(MIN_WIDTH + 1, 4), layout="constrained")
     ax = fig.subplots()
     for tag in present:
         s = scalars[tag]
-        ax.plot(s.steps, s.values, marker="." if len(s.steps) < 30 else None, label=tag)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("MiB")
+        sampled = s.values > 0          # a point logged before the first memory sample reads 0
+        ax.plot(s.steps[sampled], s.values[sampled], marker="." if len(s.steps) < 30 else None, label=tag)
+    _steps_axis(ax, _last_step(scalars))
+    ax.set_ylabel("memory (MiB)")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title("Memory (TensorBoard memory/ and workers/ tags)")
+    ax.set_title("Memory: PSS of the run, RSS per worker (TensorBoard memory/, workers/)", fontsize=11)
     return _save(fig, path)
 
 
@@ -100,7 +123,8 @@ def plot_groups(scalars: dict[str, Series], group_faults: dict[int, dict[str, in
         return None
     rows, cols = _grid(len(rets)) if rets else (0, _PANEL_COLS)
     total_rows = rows + (1 if has_faults else 0)
-    fig = _figure(figsize=(3.2 * cols, 2.6 * rows + (3.2 if has_faults else 0) + 0.8), layout="constrained")
+    fig = _figure(figsize=(max(MIN_WIDTH, 3.2 * cols), 2.6 * rows + (3.2 if has_faults else 0) + 0.9),
+                  layout="constrained")
     gs = fig.add_gridspec(total_rows, cols, height_ratios=[1.0] * rows + ([1.2] if has_faults else []))
     for i, (name, s) in enumerate(rets.items()):
         ax = fig.add_subplot(gs[i // cols, i % cols])
@@ -109,6 +133,8 @@ def plot_groups(scalars: dict[str, Series], group_faults: dict[int, dict[str, in
         ax.scatter(1 + jitter, s.values, s=6, alpha=0.5, color="tab:blue")
         ax.set_xticks([1], [f"{name}\n(n={len(s.values)})"], fontsize=8)
         ax.tick_params(axis="y", labelsize=7)
+        if i % cols == 0:
+            ax.set_ylabel("episodic return", fontsize=8)
         ax.grid(alpha=0.3, axis="y")
     if has_faults:
         ax = fig.add_subplot(gs[rows, :])
@@ -123,13 +149,12 @@ def plot_groups(scalars: dict[str, Series], group_faults: dict[int, dict[str, in
         if len(groups) <= 40:
             ax.set_xticks(x, [str(g) for g in groups], fontsize=7)
         ax.set_xlabel("worker group (worker id)")
-        ax.set_ylabel("env fault rows")
+        ax.set_ylabel("env faults (lifecycle rows)")
         if bottom.any():
             ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, "no env faults in any group", transform=ax.transAxes, ha="center")
         ax.set_title("Env faults per worker group (lifecycle.sqlite)", fontsize=10)
-    fig.suptitle("Return distribution per env type: the TensorBoard points (logged means, not single\n"
-                 "episodes; per-episode returns per group are not recorded), and env faults per worker group",
-                 fontsize=10)
+    fig.suptitle("Logged return windows per env type (2 s means, not single episodes)\n"
+                 "and env faults per worker group", fontsize=10)
     return _save(fig, path)

@@ -157,6 +157,23 @@ class Report:
         self.add(md_table(["env type", "envs", "last-100 mean", "random", "verdict", "TB first", "TB last",
                            "trend", "TB points"], rows))
         self._image(PLOT_RETURNS, "returns per env type")
+        self._evaluation()
+
+    def _evaluation(self) -> None:
+        """Links to what `python -m rlpipe.eval` left in eval/, when it was run."""
+        ev = self.run.run_dir / "eval"
+        films = sorted(ev.glob("*.mp4")) if ev.is_dir() else []
+        if not (ev / "returns.md").is_file() and not films:
+            self.add("", "Evaluation: none yet (`python -m rlpipe.eval <run_dir> --video` plays the trained "
+                         "policy per type and films it).")
+            return
+        parts = []
+        if (ev / "returns.md").is_file():
+            parts.append("returns of the trained policy per type, deterministic and stochastic, beside "
+                         "random: [eval/returns.md](eval/returns.md)")
+        if films:
+            parts.append("videos: " + ", ".join(f"[{p.stem}](eval/{p.name})" for p in films))
+        self.add("", "Evaluation (`python -m rlpipe.eval`): " + "; ".join(parts) + ".")
 
     def throughput_memory(self) -> None:
         sc = self.run.scalars
