@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import redis
 
 from rlpipe.config import HeartbeatSpec
+from rlpipe.lifecycle import fault_counts
 from rlpipe.protocol import worker_key
 from rlpipe.shm.layout import H_BUILT, H_OS_BEAT_NS, H_READY
 
@@ -113,7 +114,6 @@ class Watchdog:
         """TensorBoard health/ figures: the oldest OS and Redis beats of the last scan (seconds;
         a worker is replaced past heartbeat.timeout_s), workers being replaced now, and worker
         restarts so far (lifecycle rows, every reason)."""
-        from rlpipe.lifecycle import fault_counts
         out = {"health/workers_being_replaced": float(len(self.pending))}
         if self.max_os_age_s is not None:
             out["health/os_beat_age_max_s"] = self.max_os_age_s
