@@ -21,6 +21,8 @@ class _Views:
 class _Handle:
     def __init__(self, worker_id: int, os_age_s: float):
         self.worker_id = worker_id
+        self.generation = 1
+        self.awake = True
         self.views = _Views(time.monotonic_ns() - int(os_age_s * 1e9))
         self.spawned_at = time.monotonic() - 100.0
         self.spawned_wall = time.time() - 100.0
