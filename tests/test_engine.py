@@ -158,7 +158,11 @@ def test_tensorboard_tags(short_tmp):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"charts/sps", "losses/policy", "losses/value", "losses/entropy", "envs/active",
-            "charts/episodic_return/cartpole"} <= tags
+            "charts/episodic_return/cartpole", "latency/step_ms/cartpole/p50",
+            "latency/step_ms/cartpole/p99"} <= tags
+    p50 = [e.value for e in acc.Scalars("latency/step_ms/cartpole/p50")]
+    p99 = [e.value for e in acc.Scalars("latency/step_ms/cartpole/p99")]
+    assert all(0 < a <= b < 1000 for a, b in zip(p50, p99))     # CartPole's step: microseconds
 
 
 def _start_and_wait_for_steps(run_dir):

@@ -32,7 +32,7 @@ POLICY_LAYOUT = "typed-towers-popart-1"
 FIRST_EPISODES = 100
 
 # What the learner reads of a slice's last step (copied before the slice is rung again).
-OUTCOME_FIELDS = ("reward", "terminated", "truncated", "ep_return", "ep_len")
+OUTCOME_FIELDS = ("reward", "terminated", "truncated", "ep_return", "ep_len", "step_ms")
 SCALING_FIELDS = ("score", "exec_discrete", "exec_continuous", "behaviour_logp")
 
 
@@ -88,6 +88,8 @@ class CentralLearner:
                                  episodes_by_type={n: 0 for n in plan.names})
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
+        # env step() latencies since the last chart, per type (ms; the workers time each call)
+        self.recent_step_ms: dict[str, list[np.ndarray]] = {n: [] for n in plan.names}
         self.random = self.cfg.mode == "random"
         self.scaling = spec.scaling
         # Exploration alternatives get their own stream: the policy's samples stay reproducible.
@@ -157,6 +159,7 @@ class CentralLearner:
         for (ref, lo, hi, _row), res in zip(rows, outcomes):
             if res is not None:
                 self._episodes(ref, lo, hi, res)
+                self._latencies(ref, res["step_ms"])
                 self.counters.env_steps += hi - lo
                 if self.counters.first_step_at is None:
                     self.counters.first_step_at = now
@@ -224,6 +227,25 @@ class CentralLearner:
         if not cont_dim:                # no continuous type: the head is never written
             return a_disc, np.zeros((len(types), 1), dtype=np.float32)
         return a_disc, self.rng.uniform(-1.0, 1.0, (len(types), cont_dim)).astype(np.float32)
+
+    def _latencies(self, ref: SliceRef, step_ms: np.ndarray) -> None:
+        types = ref.handle.slice_types[ref.slice_index]
+        first = types[0]
+        if (types == first).all():                  # the common case: a slice of one type
+            self.recent_step_ms[self.plan.names[first]].append(step_ms)
+            return
+        for t in np.unique(types):
+            self.recent_step_ms[self.plan.names[t]].append(step_ms[types == t])
+
+    def latency_percentiles(self) -> dict[str, tuple[float, float]]:
+        """(p50, p99) of each type's step latency since the last call, in ms."""
+        out = {}
+        for name, parts in self.recent_step_ms.items():
+            if parts:
+                p50, p99 = np.percentile(np.concatenate(parts), (50, 99))
+                out[name] = (float(p50), float(p99))
+                parts.clear()
+        return out
 
     def _episodes(self, ref: SliceRef, lo: int, hi: int, res: dict) -> None:
         done = np.nonzero(res["ep_len"] > 0)[0]

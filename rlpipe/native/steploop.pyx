@@ -10,6 +10,10 @@ reward or flag outside the contract (the message comes from contract.check_obs),
 past its deadline (StepTimeout). The table records the fault and rebuilds the env by id, and
 the loop writes the step as a cut episode (truncated, no finished stats), as step_one does.
 
+With a `step_ms` result array, the wall time of each env's step() call (the env's own latency,
+reset and bookkeeping excluded) is written there for the per-type latency charts; a cut step
+keeps the last figure.
+
 A time-limit truncation (truncated, not terminated) also copies the episode's end obs into
 the env's final-obs rows and sets `final`: the learner bootstraps from V(final obs), which
 the autoreset has replaced on the board. A cut episode has no end obs (`final` stays 0).
@@ -24,6 +28,7 @@ from cython cimport floating
 from libc.math cimport isfinite
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 cnp.import_array()
 
@@ -104,6 +109,8 @@ cdef class StepLoop:
     cdef uint8_t[::1] r_trunc
     cdef uint8_t[::1] r_final
     cdef bint has_final
+    cdef float[::1] r_step_ms
+    cdef bint has_step_ms
     cdef float[::1] r_ep_return
     cdef int32_t[::1] r_ep_len
     cdef int64_t[::1] armed
@@ -125,6 +132,9 @@ cdef class StepLoop:
         self.r_trunc = results["truncated"]
         self.final_writes = final_writes
         self.has_final = final_writes is not None
+        self.has_step_ms = "step_ms" in results
+        if self.has_step_ms:
+            self.r_step_ms = results["step_ms"]
         if self.has_final:
             self.r_final = results["final"]
         self.r_ep_return = results["ep_return"]
@@ -195,6 +205,7 @@ cdef class StepLoop:
         cdef object env, result, obs
         cdef double r
         cdef bint term, trunc, final
+        cdef timespec t0, t1
         cdef Py_ssize_t env_id
         for j in range(hi - lo):
             i = lo + j
@@ -203,7 +214,11 @@ cdef class StepLoop:
             try:
                 self.armed[0] = serial
                 env = self.envs[i]
+                clock_gettime(CLOCK_MONOTONIC, &t0)
                 result = env.step(env_id, actions[j])
+                if self.has_step_ms:
+                    clock_gettime(CLOCK_MONOTONIC, &t1)
+                    self.r_step_ms[i] = <float>((t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6)
                 if type(result) is not tuple or len(<tuple>result) != 5:
                     raise self.violation("step must return (obs, reward, terminated, truncated, info)")
                 obs = (<tuple>result)[0]

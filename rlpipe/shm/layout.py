@@ -80,7 +80,7 @@ class WorkerLayout:
         # (the board already shows the autoreset's obs): the learner bootstraps from it.
         results = fields([("reward", "float32", ()), ("reward_raw", "float32", ()),
                           ("terminated", "uint8", ()), ("truncated", "uint8", ()),
-                          ("final", "uint8", ()),
+                          ("final", "uint8", ()), ("step_ms", "float32", ()),
                           ("ep_return", "float32", ()), ("ep_len", "int32", ()),
                           ("score", "float32", ()), ("exec_discrete", "int32", ()),
                           ("exec_continuous", "float32", cd), ("behaviour_logp", "float32", ())]

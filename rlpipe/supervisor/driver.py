@@ -569,6 +569,9 @@ class Driver:
             if rets:
                 values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
                 rets.clear()
+        for name, (p50, p99) in self.learner.latency_percentiles().items():
+            values[f"latency/step_ms/{name}/p50"] = p50
+            values[f"latency/step_ms/{name}/p99"] = p99
         self.tb.scalars(c.env_steps, values)
         return sps
 

@@ -7,6 +7,7 @@ that ended the episode, and the episode's return and length are reported with it
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,7 @@ class EnvTable:
         # Running episode return and length per env (written by step_one and the C StepLoop).
         self.ep_return = np.zeros(self.n, dtype=np.float64)
         self.ep_len = np.zeros(self.n, dtype=np.int64)
+        self.step_ms = np.zeros(self.n, dtype=np.float32)   # step_one's latest env step() time
         self.faults: list[EnvFault] = []
         self.hangs = 0                       # steps cut at the deadline, over this table's life
 
@@ -140,7 +142,9 @@ class EnvTable:
         t = self.type_index[i]
         env_id = self.env_lo + i
         try:
+            t0 = time.perf_counter()
             obs, reward, terminated, truncated, _info = self.envs[i].step(env_id, action)
+            self.step_ms[i] = (time.perf_counter() - t0) * 1e3
             self._check_fast(t, obs)
             if type(reward) is not float:
                 if not isinstance(reward, (float, np.floating)):
@@ -234,6 +238,8 @@ class EnvTable:
         out["ep_len"][lo:hi] = ep_len
         if self._final_rows is not None:
             out["final"][lo:hi] = final
+        if "step_ms" in out:
+            out["step_ms"][lo:hi] = self.step_ms[lo:hi]
         # NaN/inf check over the whole staged block at once; offenders are quarantined.
         for block in self._float_staging:
             rows = block[lo:hi].reshape(hi - lo, -1)
