@@ -12,30 +12,53 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlpipe.config import ConfigError, conf_dir, register_schema, to_plain
+from rlpipe.dist import hydra_run_dir
 
 register_schema()
+# hydra.run.dir in conf/config.yaml: the same directory for every torchrun rank (rlpipe.dist)
+OmegaConf.register_new_resolver("rlpipe_run_dir", hydra_run_dir, replace=True)
 log = logging.getLogger("rlpipe")
 EXIT_CONFIG = 2
+EXIT_RANK_LOST = 3          # under torchrun: a peer rank (or the agent) went away mid-run
 
 
 def run_job(cfg: DictConfig) -> int:
-    """One job: validate, then drive the engine; a config error is one paragraph, no traceback."""
+    """One job: validate, then drive the engine; a config error is one paragraph, no traceback.
+    Under torchrun (WORLD_SIZE and RANK set) the job is this rank's part (rlpipe.dist)."""
     faulthandler.enable()           # a crash in native code still says where it happened
     from rlpipe.telemetry.progress import quiet_console_logs
     quiet_console_logs()            # other libraries' INFO lines go to the run's log file only
     from rlpipe.supervisor.driver import Driver   # torch is imported only past validation
 
+    ranks = None
     try:
         spec = to_plain(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if spec.mode == "validate":
             from rlpipe.envs.validate import validate_types
             return validate_types(spec, run_dir)
-        driver = Driver(spec, run_dir, OmegaConf.to_yaml(cfg))
+        from rlpipe.dist import rank_from_env
+        info = rank_from_env()
+        if info is not None:
+            from rlpipe.dist.run import DistRun
+            ranks = DistRun(info, spec)       # the rank's share of the job (ConfigError first)
+            ranks.start()
+            run_dir = ranks.agree_run_dir(run_dir)
+            spec = ranks.spec
+        driver = Driver(spec, run_dir, OmegaConf.to_yaml(cfg), dist=ranks)
         return driver.run()
     except (ConfigError, OmegaConfBaseException) as exc:
         print(f"rlpipe: {getattr(exc, 'what', 'config error')}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except Exception as exc:
+        from rlpipe.dist.sync import RankLost
+        if not isinstance(exc, RankLost):
+            raise
+        print(f"rlpipe: {exc}", file=sys.stderr, flush=True)
+        return EXIT_RANK_LOST
+    finally:
+        if ranks is not None:
+            ranks.close()
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")

@@ -159,6 +159,13 @@ class RunSchema:
 
 
 @dataclass
+class DistSchema:
+    sync_frac: float = 0.6
+    backend: str = "auto"
+    timeout_s: float = 300.0
+
+
+@dataclass
 class LoggingSchema:
     progress_interval_s: float = 10.0
     aggregate_interval_s: float = 60.0
@@ -180,6 +187,7 @@ class RlpipeSchema:
     chaos: ChaosSchema = MISSING
     run: RunSchema = MISSING
     logging: LoggingSchema = MISSING
+    dist: DistSchema = MISSING
     env_count: int = 64
     stage: Optional[str] = None
 
@@ -275,6 +283,14 @@ class ChaosSpec:
 
 
 @dataclass(frozen=True)
+class DistSpec:
+    """Multi-rank training under torchrun (rlpipe.dist); ignored in a single process."""
+    sync_frac: float = 0.6      # an update round starts once this fraction of ranks has its rollout
+    backend: str = "auto"       # auto (nccl on cuda, else gloo) | gloo | nccl
+    timeout_s: float = 300.0    # a collective waiting longer fails the job (a peer rank is gone)
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """Everything a run needs, as plain Python values."""
     env_count: int
@@ -307,6 +323,8 @@ class RunSpec:
     aggregate_interval_s: float
     random_return_episodes: int     # random-action episodes per type behind the "learned" verdicts (0: none)
     random_return_budget_s: float   # ... and the most seconds spent on one type
+    dist: DistSpec = DistSpec()     # torchrun ranks: preemption, backend, collective timeout
+    env_id_offset: int = 0          # first global env id of this rank (rlpipe.dist.rank_spec)
 
 
 def _fail(key: str, value: Any, allowed: str) -> None:
@@ -481,6 +499,15 @@ def _fifo(value: Any) -> Optional[int]:
     return value
 
 
+def _dist(d: DictConfig) -> DistSpec:
+    frac = d.sync_frac
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac <= 1.0:
+        _fail("dist.sync_frac", frac, "allowed is a number in (0, 1]: the fraction of ranks whose "
+              "rollouts start an update round (1: every rank waits for the slowest)")
+    return DistSpec(sync_frac=float(frac), backend=_choice("dist.backend", d.backend, ("auto", "gloo", "nccl")),
+                    timeout_s=_positive_number("dist.timeout_s", d.timeout_s))
+
+
 def to_plain(cfg: DictConfig) -> RunSpec:
     """Validate the composed config and copy it into plain values (raises ConfigError)."""
     env_count = _positive_int("env_count", cfg.env_count)
@@ -576,4 +603,5 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         random_return_episodes=_count("logging.random_return_episodes", cfg.logging.random_return_episodes),
         random_return_budget_s=_positive_number("logging.random_return_budget_s",
                                                 cfg.logging.random_return_budget_s),
+        dist=_dist(cfg.dist),
     )

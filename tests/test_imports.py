@@ -28,9 +28,11 @@ ALLOWED = {
     "telemetry": {"base"},                       # reads run files and public APIs only
     "learner": {"config", "worker", "envs", "shm", "native", "base"},
     "supervisor": {"telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
-    "app": {"supervisor", "telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
+    "dist": {"telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},   # torchrun
+                                                 # ranks; the driver holds its DistRun without importing it
+    "app": {"supervisor", "dist", "telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
 }
-SUBPACKAGES = ("native", "shm", "envs", "worker", "learner", "supervisor", "telemetry")
+SUBPACKAGES = ("native", "shm", "envs", "worker", "learner", "supervisor", "dist", "telemetry")
 
 
 def layer_of(module: str) -> str:

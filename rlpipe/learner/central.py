@@ -299,14 +299,21 @@ class CentralLearner:
             self.counters.dropped_rollouts += envs
         return False
 
-    def lr_now(self) -> float:
+    @property
+    def global_env_steps(self) -> int:
+        """Env steps of the whole run (across torchrun ranks in rlpipe.dist's learner)."""
+        return self.counters.env_steps
+
+    def lr_now(self, steps: int | None = None) -> float:
         """learner.anneal_lr: linear in env steps toward run.total_env_steps (down to 2 % of the
         base rate), so the schedule is the same on a fast and a slow machine. A run bounded
-        only by its duration has no step budget to anneal toward: the rate stays constant."""
+        only by its duration has no step budget to anneal toward: the rate stays constant.
+        `steps`: the run's env steps (default: this learner's count)."""
         total = self.spec.total_env_steps
         if not self.cfg.anneal_lr or not total:
             return self.cfg.learning_rate
-        return self.cfg.learning_rate * max(1.0 - self.counters.env_steps / total, 0.02)
+        steps = self.counters.env_steps if steps is None else steps
+        return self.cfg.learning_rate * max(1.0 - steps / total, 0.02)
 
     def start_update(self) -> None:
         """Start a PPO update on the ready rollouts in the background; rollouts arriving

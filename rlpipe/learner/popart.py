@@ -56,6 +56,22 @@ class PopArt(nn.Module):
             return
         mean = torch.zeros(n_types, dtype=torch.float64).index_add_(0, t, g) / count.clamp_min(1)
         sq = torch.zeros(n_types, dtype=torch.float64).index_add_(0, t, g * g) / count.clamp_min(1)
+        self._move(count, mean, sq, beta, out_layer)
+
+    @torch.no_grad()
+    def update_sums(self, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor, beta: float,
+                    out_layer) -> None:
+        """`update` from per-type sample counts, sums and sums of squares of the returns
+        (float64, [n_types]): what ranks all-reduce so every rank moves the same statistics
+        by the same batch (rlpipe.dist)."""
+        count, total, total_sq = (x.detach().to(torch.float64).cpu() for x in (count, total, total_sq))
+        if not bool((count > 0).any()):
+            return
+        self._move(count, total / count.clamp_min(1), total_sq / count.clamp_min(1), beta, out_layer)
+
+    @torch.no_grad()
+    def _move(self, count: torch.Tensor, mean: torch.Tensor, sq: torch.Tensor, beta: float, out_layer) -> None:
+        seen = count > 0
         keep = torch.where(seen, (1.0 - beta) ** count, torch.ones_like(count))
         self.m1.mul_(keep).add_((1 - keep) * mean)
         self.m2.mul_(keep).add_((1 - keep) * sq)

@@ -9,7 +9,12 @@ for one policy over many env types:
   batch (adv_norm=per_type), or per minibatch over all rows (batch, CleanRL's way);
 - every sample is trained on each epoch: the batch is cut into ceil(n / minibatch_size)
   near-equal minibatches, none dropped;
-- each sample's loss terms weighted by its env's stability weight when scaling is on.
+- each sample's loss terms weighted by its env's stability weight when scaling is on;
+- across torchrun ranks (`sync`, rlpipe.dist.RankSync): PopArt and per-type advantage
+  statistics come from all ranks' batches, every rank cuts its batch into the same number of
+  minibatches (ceil(global batch / minibatch_size)), and after each backward pass the
+  gradients are averaged over the ranks' samples before clipping and the optimizer step
+  (DD-PPO), so every rank takes the same step.
 """
 from __future__ import annotations
 
@@ -64,22 +69,49 @@ def minibatches(n: int, size: int, generator: torch.Generator) -> tuple[torch.Te
     return torch.tensor_split(torch.randperm(n, generator=generator), max(math.ceil(n / size), 1))
 
 
+def normalize_per_type_sums(adv: torch.Tensor, types: torch.Tensor, count: torch.Tensor,
+                            total: torch.Tensor, total_sq: torch.Tensor) -> torch.Tensor:
+    """`normalize_per_type` with each type's count, sum and sum of squares given (float64,
+    summed over ranks): every rank normalizes by the statistics of the global batch."""
+    mean = total / count.clamp_min(1)
+    var = ((total_sq - count * mean ** 2) / (count - 1).clamp_min(1)).clamp_min(0.0)
+    m, s = mean.to(adv.device)[types], var.sqrt().to(adv.device)[types]
+    return ((adv.to(torch.float64) - m) / (s + 1e-8)).to(adv.dtype)
+
+
 def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
-               cfg: LearnerSpec, generator: torch.Generator) -> UpdateStats:
+               cfg: LearnerSpec, generator: torch.Generator, sync=None) -> UpdateStats:
     types = batch["types"]
     n_types = len(policy.popart.mu)
-    if cfg.value_norm == "popart":
-        policy.popart.update(batch["ret"], types, cfg.popart_beta, policy.critic.out)
+    adv_all = batch["adv"]
+    n = len(adv_all)
+    if sync is None:
+        if cfg.value_norm == "popart":
+            policy.popart.update(batch["ret"], types, cfg.popart_beta, policy.critic.out)
+        if cfg.adv_norm == "per_type":
+            adv_all = normalize_per_type(adv_all, types, n_types)
+        n_minibatches = max(math.ceil(n / cfg.minibatch_size), 1)
+    else:
+        m = sync.type_sums(batch["ret"], adv_all, types, n_types)     # one all-reduce
+        if cfg.value_norm == "popart":
+            policy.popart.update_sums(m.count, m.ret_sum, m.ret_sq, cfg.popart_beta, policy.critic.out)
+        if cfg.adv_norm == "per_type":
+            adv_all = normalize_per_type_sums(adv_all, types, m.count, m.adv_sum, m.adv_sq)
+        n_minibatches = max(math.ceil(m.samples / cfg.minibatch_size), 1)
     ret = policy.popart.normalize(batch["ret"], types).float()
     old_value = policy.popart.normalize(batch["value"], types).float()
-    adv_all = batch["adv"]
-    if cfg.adv_norm == "per_type":
-        adv_all = normalize_per_type(adv_all, types, n_types)
-    n = len(adv_all)
+    params = [p for p in policy.parameters()]
     sums = np.zeros(6)
     count = 0
     for _epoch in range(cfg.epochs):
-        for idx in minibatches(n, cfg.minibatch_size, generator):
+        for idx in torch.tensor_split(torch.randperm(n, generator=generator), n_minibatches):
+            if sync is not None and len(idx) == 0:
+                # this rank has no sample in this minibatch; it still joins the all-reduce
+                optimizer.zero_grad(set_to_none=True)
+                if sync.average_gradients(params, 0):
+                    nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                    optimizer.step()
+                continue
             obs = {k: v[idx] for k, v in batch["obs"].items()}
             logp, entropy, value = policy.evaluate(obs, types[idx], batch["a_disc"][idx],
                                                    batch["a_cont"][idx])
@@ -92,8 +124,9 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
             loss = terms.pg_loss - cfg.ent_coef * terms.entropy + cfg.vf_coef * terms.v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+            if sync is None or sync.average_gradients(params, len(idx)):
+                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                optimizer.step()
             sums += [terms.pg_loss.item(), terms.v_loss.item(), terms.entropy.item(),
                      terms.approx_kl.item(), terms.clipfrac.item(), loss.item()]
             count += 1

@@ -5,8 +5,9 @@ multiprocessing.shared_memory: Python 3.11's SharedMemory registers every attach
 resource tracker, which then unlinks (and warns about) segments it does not own. Here the
 driver alone creates and unlinks; workers only map.
 
-Names are `rlpipe_<run_id>_<part>` with run_id = `<driver pid>-<random hex>`, so a sweep can
-tell a dead run's leftovers (owner pid gone) from a live run's segments.
+Names are `rlpipe_<run_id>_<part>` with run_id = `<driver pid>-<random hex>` (a torchrun rank's
+driver appends `r<rank>`), so a sweep can tell a dead run's leftovers (owner pid gone) from a
+live run's segments.
 """
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ from rlpipe.procs import pid_alive
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "rlpipe_"
-_NAME_RE = re.compile(r"^rlpipe_(\d+)-[0-9a-f]+_")
+_NAME_RE = re.compile(r"^rlpipe_(\d+)-[0-9a-f]+(?:r\d+)?_")
 log = logging.getLogger(__name__)
 
 
-def new_run_id() -> str:
-    return f"{os.getpid()}-{secrets.token_hex(3)}"
+def new_run_id(rank: int | None = None) -> str:
+    """`<pid>-<hex>`, with `r<rank>` under torchrun: segment names, Redis keys (shared by all
+    ranks with an external redis.url) and socket dirs are then namespaced per rank."""
+    return f"{os.getpid()}-{secrets.token_hex(3)}" + (f"r{rank}" if rank is not None else "")
 
 
 def segment_name(run_id: str, part: str) -> str:

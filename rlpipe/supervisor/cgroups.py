@@ -25,7 +25,7 @@ log = logging.getLogger("rlpipe.cgroups")
 CPU_PERIOD_US = 100_000
 SHARES_DEFAULT, SHARES_MAX = 1024, 262_144        # cgroup v1 cpu.shares
 WEIGHT_DEFAULT, WEIGHT_MAX = 100, 10_000          # cgroup v2 cpu.weight
-_RUN_DIR_RE = re.compile(r"^rlpipe_(\d+)-[0-9a-f]+$")
+_RUN_DIR_RE = re.compile(r"^rlpipe_(\d+)-[0-9a-f]+(?:r\d+)?$")
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,9 @@ def sweep_dead_socket_dirs() -> None:
 
 
 class Driver:
-    def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str):
+    def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str, dist=None):
         self.spec = spec
+        self.dist = dist            # rlpipe.dist.run.DistRun under torchrun, else None
         self.run_dir = run_dir
         self.config_yaml = config_yaml
         # The run's clock starts when the driver process started (interpreter, imports and config
@@ -116,7 +117,7 @@ class Driver:
         since_start = max(0.0, time.time() - psutil.Process().create_time())
         self.t0 = time.monotonic() - (since_start if _first_job_in_process else 0.0)
         _first_job_in_process = False
-        self.run_id = new_run_id()
+        self.run_id = new_run_id(dist.rank if dist is not None else None)
         self.stop_signal: int | None = None
         self.handles: list[WorkerHandle] = []
         self.plan: MixPlan | None = None
@@ -170,11 +171,18 @@ class Driver:
         from rlpipe.learner.central import CentralLearner
         from rlpipe.telemetry.tb import TbWriter
         torch.set_num_threads(self.spec.learner.torch_threads)
-        self.learner = CentralLearner(self.spec, self.plan)
+        if self.dist is not None:
+            self.learner = self.dist.make_learner(self.spec, self.plan)
+        else:
+            self.learner = CentralLearner(self.spec, self.plan)
         if self.spec.resume:
             self._resume()
             self._chart_mark = (self.learner.counters.env_steps, time.monotonic())
-        self.tb = TbWriter(self.run_dir, self.config_yaml)
+        if self.dist is not None:
+            self.learner.start_in_sync(resumed=self.resumed_from_step > 0)
+            self.tb = self.dist.make_tb(self.run_dir, self.config_yaml)
+        else:
+            self.tb = TbWriter(self.run_dir, self.config_yaml)
         self.tb.text("env_versions", "\n".join(f"{k}: {v}" for k, v in self.versions.items()))
         self._phase("learner built")
 
@@ -197,7 +205,9 @@ class Driver:
         self.rcli = redis_client(self.redis.url)
         self.rcli.hset(run_key(self.run_id), mapping={
             "state": "starting", "pid": os.getpid(), "env_count": spec.env_count,
-            "run_dir": str(self.run_dir)})
+            "run_dir": str(self.run_dir),
+            **({"job": self.dist.info.job_id, "rank": self.dist.rank, "world_size": self.dist.world,
+                "env_id_offset": spec.env_id_offset} if self.dist is not None else {})})
         lifecycle_ep = f"ipc://{self.sock_dir}/lifecycle.ipc"
         self.lifecycle = LifecycleWriter(self.run_dir / "lifecycle.sqlite", lifecycle_ep, self.run_id,
                                          self.zctx)
@@ -226,7 +236,8 @@ class Driver:
             scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
             reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
             reward_norm_sync_every=spec.reward_norm.sync_every, reward_norm_gamma=spec.reward_norm.gamma,
-            doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid())
+            doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid(),
+            env_id_offset=spec.env_id_offset)
         self.ctx = ctx
         g = spec.groups
         ranges = group_ranges(spec.env_count, spec.group_size)
@@ -255,7 +266,7 @@ class Driver:
         self._phase(f"{len(self.handles) - len(self.unspawned)} hot workers started")
         if self.learner is None:
             self._build_learner()   # while the hot workers build their envs
-        if not self.learner.random:
+        if not self.learner.random and (self.dist is None or self.dist.rank == 0):
             self.random_probe = random_return.start(
                 ctx, {t.name: t.node for t in spec.env_types}, self.run_dir, spec.random_return_episodes,
                 spec.random_return_budget_s, spec.seed + 99)
@@ -372,7 +383,7 @@ class Driver:
         spec, c = self.spec, self.learner.counters
         fractions = []
         if spec.total_env_steps:
-            fractions.append(c.env_steps / spec.total_env_steps)
+            fractions.append(self.learner.global_env_steps / spec.total_env_steps)
         if spec.duration_s:
             fractions.append((time.monotonic() - self.t0) / spec.duration_s)
         return min(1.0, max(fractions))
@@ -486,9 +497,15 @@ class Driver:
             while self.stop_signal is None:
                 now = time.monotonic()
                 c = learner.counters
-                if spec.total_env_steps and c.env_steps >= spec.total_env_steps:
+                if self.dist is not None:
+                    # ranks stop together, after an update round that says so (rlpipe.dist)
+                    if spec.duration_s and now - self.t0 >= spec.duration_s:
+                        learner.want_stop = True
+                    if learner.finished:
+                        break
+                elif spec.total_env_steps and c.env_steps >= spec.total_env_steps:
                     break
-                if spec.duration_s and now - self.t0 >= spec.duration_s:
+                elif spec.duration_s and now - self.t0 >= spec.duration_s:
                     break
                 refs = []
                 if self.ready.poll(10):
@@ -530,6 +547,9 @@ class Driver:
                 if learner.update_due:
                     learner.start_update()
                 self._log_update(learner.poll_update())
+                if self.dist is not None and learner.take_checkpoint():
+                    self.next_checkpoint = now + spec.learner.checkpoint_interval_s
+                    self._checkpoint()          # every rank, right after the same round
                 if now >= next_check:
                     next_check = now + 1.0
                     self._supervise(now)
@@ -537,7 +557,9 @@ class Driver:
                         self._publish_scaling(now)
                     if spec.reward_norm.mode != "off":
                         self._reward_stats(now)
-                    if now >= self.next_checkpoint and not learner.random and learner.counters.updates:
+                    if self.dist is not None:
+                        learner.checkpoint_wanted = now >= self.next_checkpoint
+                    elif now >= self.next_checkpoint and not learner.random and learner.counters.updates:
                         self.next_checkpoint = now + spec.learner.checkpoint_interval_s
                         self._checkpoint()
                 if now >= next_tb:
@@ -589,12 +611,14 @@ class Driver:
         failure cannot leave the rest behind."""
         steps = [
             lambda: self._continue_stopped(),
+            lambda: self.learner.join_for_teardown() if self.dist is not None and self.learner else None,
             lambda: random_return.stop(self.random_probe),
             lambda: stop_workers(self.handles),
             lambda: self._final_errors(),
             lambda: self._count_lifecycle_drops(),
             lambda: self._checkpoint() if self.learner and not self.learner.random and self.started else None,
-            lambda: self._export() if self.spec.learner.export and self.learner and self.started else None,
+            lambda: self._export() if (self.spec.learner.export and self.learner and self.started
+                                       and (self.dist is None or self.dist.rank == 0)) else None,
             lambda: self.memory.stop(),
             lambda: self.cgroups.cleanup() if self.cgroups else None,
             lambda: [h.close() for h in self.handles],
@@ -613,6 +637,9 @@ class Driver:
                 log.exception("teardown step failed")
         for name in run_segments(self.run_id):      # belt and braces: nothing of ours stays
             Path("/dev/shm", name).unlink(missing_ok=True)
+        if self.dist is not None:        # a rank killed beside us left its segments and socket dirs
+            sweep_dead_segments()
+            sweep_dead_socket_dirs()
 
     def _memory_curves(self) -> None:
         """Memory of the whole run (PSS, sampled by PeakMemory) and each worker's RSS from its
@@ -754,8 +781,12 @@ class Driver:
         finally:
             self.teardown()
         result = self.summary(self.loop_end, time.monotonic())
+        if self.dist is not None:
+            ranks = self.dist.final_exchange(result, self.stop_signal)
+            result = self.dist.merge_summary(result, ranks, random_return.read_results(self.run_dir))
         atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
-        self._hparams(result)
+        if self.dist is None or self.dist.rank == 0:
+            self._hparams(result)
         try:
             from rlpipe.telemetry.health import write_health_report
             write_health_report(self.run_dir)
@@ -763,6 +794,11 @@ class Driver:
             log.exception("health report failed")
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(self.stop_signal).name}" if self.stop_signal else "done"
+        if self.dist is not None:
+            how = f"rank {self.dist.rank}/{self.dist.world} {how}"
+            if self.stop_signal and os.environ.get("TORCHELASTIC_RUN_ID"):
+                how += (" (torchrun stops every rank when one fails: its report names the rank; "
+                        "run.resume=true continues from the checkpoints)")
         print(f"rlpipe {how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
               f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "
               f"{self.run_dir / 'summary.json'}", flush=True)

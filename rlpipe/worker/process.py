@@ -85,6 +85,7 @@ class WorkerArgs:
     heartbeat_signal_interval_s: float
     doorbell_timeout_s: float
     driver_pid: int
+    env_id_offset: int = 0          # global id of local env 0 (a torchrun rank's offset; rlpipe.dist)
 
 
 def _die_with_parent() -> None:
@@ -278,7 +279,8 @@ def run_worker(args: WorkerArgs) -> None:
     ptrs = [s.ctypes.data for s in staging]
     row_strides = [s.strides[0] for s in staging]
     factories = [make_factory(node) for node in args.type_nodes]
-    table = EnvTable(args.env_lo, args.type_index, args.type_names, args.type_specs, factories,
+    id_lo = args.env_id_offset + args.env_lo     # global id of this worker's first env
+    table = EnvTable(id_lo, args.type_index, args.type_names, args.type_specs, factories,
                      args.obs_keys, staging, args.seed,
                      final_staging=[views.results[f"final_{k.name}"] for k in args.obs_keys])
     stepper = Stepper(table, args.threads, args.step_timeout_s, views.results, tick=heartbeats)
@@ -302,7 +304,9 @@ def run_worker(args: WorkerArgs) -> None:
         tracker = StabilityTracker(n, window=args.scaling_window)
         specs = [args.type_specs[t] for t in args.type_index]
         explore = EpsilonGreedy(np.array([s.action_kind == CONTINUOUS for s in specs]),
-                                np.array([s.action_n for s in specs]), seed=args.seed + 7919 * args.worker_id)
+                                np.array([s.action_n for s in specs]),
+                                seed=(args.seed + 7919 * args.worker_id if not args.env_id_offset
+                                      else (args.seed, args.worker_id, args.env_id_offset)))
         feed = _EpsilonFeed(beat.client, epsilon_channel(args.run_id, args.worker_id), args.env_lo,
                             explore)
     next_rnorm_sync = args.reward_norm_sync_every * n
@@ -311,7 +315,7 @@ def run_worker(args: WorkerArgs) -> None:
     def report_faults() -> None:
         """Each env fault: a lifecycle row and an ERROR record in the shared-memory error log."""
         for fault in table.faults:
-            t = args.type_index[fault.env_id - args.env_lo]
+            t = args.type_index[fault.env_id - id_lo]
             fields = dict(env_id=fault.env_id, env_type=args.type_names[t],
                           env_version=args.type_versions[t])
             rec = fault.record
@@ -347,7 +351,7 @@ def run_worker(args: WorkerArgs) -> None:
             if built < n and not act.poll(0):
                 table.start(built)
                 t = args.type_index[built]
-                lifecycle.event("env_create", env_id=args.env_lo + built, env_type=args.type_names[t],
+                lifecycle.event("env_create", env_id=id_lo + built, env_type=args.type_names[t],
                                 env_version=args.type_versions[t])
                 built += 1
                 views.store(H_BUILT, built)

@@ -1,0 +1,193 @@
+"""The central learner of one rank: updates are rounds taken by every rank together.
+
+CentralLearner starts an update whenever `update_envs` env-rollouts are ready. Here the same
+readiness is announced to the other ranks (`Rounds`), and the update starts when the round
+does. In the update thread, before any training, the round's header is all-reduced:
+
+    [env steps this rank made since its last round, samples in its batch, wants to stop,
+     wants a checkpoint]
+
+so every rank learns the same global env-step count (the learning-rate schedule and
+run.total_env_steps use it), the global batch size (the minibatch count), and whether the
+run ends or checkpoints after this round. Then `ppo_update` runs with `RankSync`: PopArt and
+advantage statistics from all ranks' batches, gradients averaged after every backward pass.
+A round where no rank has a sample skips training on every rank.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from rlpipe.config import RunSpec
+from rlpipe.envs.registry import MixPlan
+from rlpipe.learner.central import CentralLearner
+from rlpipe.learner.ppo import concat_blocks, ppo_update
+from rlpipe.dist.sync import RankLost, RankSync, Rounds
+
+TEARDOWN_JOIN_S = 20.0     # at most this long for an update in flight when the run is stopped
+
+
+def empty_batch(plan: MixPlan, device, weighted: bool) -> dict:
+    """A batch of no samples with every key `ppo_update` reads: a preempted rank with no
+    complete rollout still takes part in every collective of the round."""
+    f32 = dict(dtype=torch.float32, device=device)
+    batch = {"obs": {k.name: torch.zeros((0,) + k.shape, dtype=getattr(torch, k.dtype), device=device)
+                     for k in plan.obs_keys},
+             "types": torch.zeros(0, dtype=torch.int64, device=device),
+             "a_disc": torch.zeros(0, dtype=torch.int64, device=device),
+             "a_cont": torch.zeros((0, max(plan.actions.cont_dim, 1)), **f32),
+             **{k: torch.zeros(0, **f32) for k in ("logp", "value", "adv", "ret")}}
+    if weighted:
+        batch["weight"] = torch.zeros(0, **f32)
+    return batch
+
+
+class DistLearner(CentralLearner):
+    def __init__(self, spec: RunSpec, plan: MixPlan, rank: int, world: int, store, sync_device):
+        super().__init__(spec, plan)
+        self.rank, self.world = rank, world
+        self.rounds = Rounds(store, rank, world, spec.dist.sync_frac)
+        self.sync = RankSync(rank, world, sync_device)
+        self.round_steps = 0          # env steps of all ranks up to the start of the last round
+        self.local_at_round = 0       # this rank's count when the last round started
+        self.want_stop = False        # set by the driver (run.duration_s passed)
+        self.checkpoint_wanted = False   # set by the driver's checkpoint clock
+        self.finished = False         # the last round ended the run: leave the loop
+        self._checkpoint_flag = False
+        self.preempted_rounds = 0     # rounds this rank joined without its full share
+        self._round = None            # (local count at start, header sums) of the round in flight
+
+    # -- the schedule ------------------------------------------------------------------------
+    @property
+    def global_env_steps(self) -> int:
+        """All ranks' env steps at the last round plus this rank's since (a lower bound of the
+        job's count between rounds, exact at each round)."""
+        return self.round_steps + self.counters.env_steps - self.local_at_round
+
+    # -- rounds ------------------------------------------------------------------------------
+    @property
+    def update_due(self) -> bool:
+        if self._update_thread is not None or self.finished:
+            return False
+        return self.rounds.due(self.ready_envs >= self.update_envs, self.want_stop)
+
+    def start_update(self) -> None:
+        if not self.rounds.begin():
+            self.preempted_rounds += 1
+        take, envs = 0, 0
+        while take < len(self.ready_blocks) and envs < self.update_envs:
+            envs += len(self.ready_blocks[take]["adv"]) // self.cfg.rollout_len
+            take += 1
+        if take:
+            batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
+        else:
+            batch = empty_batch(self.plan, self.device, self.scaling.enabled)
+        del self.ready_blocks[:take], self.ready_types[:take]
+        self.ready_envs -= envs
+        local = self.counters.env_steps
+        header = [float(local - self.local_at_round), float(len(batch["adv"])), float(self.want_stop),
+                  float(self.checkpoint_wanted)]
+        self._round = [local, None]
+        self._update_thread = threading.Thread(target=self._train_round, args=(batch, header),
+                                               name="ppo-round", daemon=True)
+        self._update_thread.start()
+
+    def _train_round(self, batch: dict, header: list[float]) -> None:
+        try:
+            sums = self.sync.header(header)
+            self._round[1] = sums
+            if sums[1] <= 0:               # no rank holds a sample: nobody trains this round
+                self._update_result = None
+                return
+            lr = self.lr_now(self.round_steps + int(sums[0]))
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator,
+                                             sync=self.sync)
+        except BaseException as exc:       # re-raised in the main thread by poll_update
+            self._update_result = exc
+
+    def poll_update(self, wait: bool = False):
+        thread = self._update_thread
+        if thread is None:
+            return None
+        if thread.is_alive():
+            if not wait:
+                return None
+            thread.join(self.spec.dist.timeout_s)
+            if thread.is_alive():
+                raise RankLost(f"rank {self.rank}/{self.world}: update round {self.rounds.round} did not "
+                               f"complete within dist.timeout_s={self.spec.dist.timeout_s:g} s: a peer rank "
+                               "is gone or stalled")
+        local, sums = self._round
+        if sums is not None:               # the header went through: adopt the round's figures
+            self.round_steps += int(sums[0])
+            self.local_at_round = local
+            total = self.spec.total_env_steps
+            self.finished = sums[2] > 0 or bool(total and self.round_steps >= total)
+            self._checkpoint_flag = self._checkpoint_flag or sums[3] > 0
+        if self._update_result is None and sums is not None and sums[1] <= 0:
+            self._update_thread = None     # an empty round: nothing trained, nothing to load
+            return None
+        return super().poll_update(wait=True)
+
+    def join_for_teardown(self) -> None:
+        """A stopped run's update in flight: wait a bounded time (its peers may be gone)."""
+        thread = self._update_thread
+        if thread is not None and thread.is_alive():
+            thread.join(TEARDOWN_JOIN_S)
+            if thread.is_alive():
+                raise RankLost(f"rank {self.rank}/{self.world}: update round {self.rounds.round} still in "
+                               f"its collectives after {TEARDOWN_JOIN_S:g} s of teardown: no final checkpoint")
+
+    def take_checkpoint(self) -> bool:
+        """True once after a round that asked for a checkpoint (every rank sees the same)."""
+        flag, self._checkpoint_flag = self._checkpoint_flag, False
+        if flag:
+            self.checkpoint_wanted = False
+        return flag
+
+    # -- start, checkpoints ------------------------------------------------------------------
+    def start_in_sync(self, resumed: bool) -> None:
+        """Every rank takes rank 0's policy (PopArt buffers included), optimizer state when
+        resumed, and the global step count; fresh runs then reseed the sampling streams per
+        rank (the same seed on every rank would draw the same action noise)."""
+        import torch.distributed as dist
+        state = None
+        if self.rank == 0:
+            state = {"policy": self.policy.state_dict(), "round_steps": self.round_steps,
+                     "optimizer": self.optimizer.state_dict() if resumed else None}
+        box = [state]
+        try:
+            dist.broadcast_object_list(box, src=0)
+        except Exception as exc:
+            from rlpipe.dist.sync import rank_lost
+            raise rank_lost(self.rank, self.world, "the start-up broadcast of rank 0's learner state", exc) from exc
+        state = box[0]
+        if self.rank != 0:
+            self.policy.load_state_dict(state["policy"])
+            self.actor.load_state_dict(state["policy"])
+            if state["optimizer"] is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+        self.round_steps = int(state["round_steps"])   # a resumed rank keeps its own local_at_round
+        if not resumed:
+            self.local_at_round = self.counters.env_steps
+            seed = self.spec.seed + 1_000_003 * self.rank
+            torch.manual_seed(seed)
+            self.generator.manual_seed(seed)
+            self.explore_gen.manual_seed(seed + 1)
+            self.rng = np.random.default_rng(seed)
+
+    def checkpoint_payload(self) -> dict:
+        payload = super().checkpoint_payload()
+        payload["dist"] = {"round_steps": self.round_steps, "local_at_round": self.local_at_round,
+                           "world_size": self.world, "rank": self.rank}
+        return payload
+
+    def restore(self, payload: dict) -> None:
+        super().restore(payload)
+        d = payload.get("dist") or {}
+        self.round_steps = int(d.get("round_steps", self.counters.env_steps))
+        self.local_at_round = int(d.get("local_at_round", self.counters.env_steps))

@@ -1,0 +1,210 @@
+"""One rank's part of a torchrun job, as the driver sees it: the process group, the run
+directory every rank agrees on, the learner and TensorBoard writer of this rank, and the end-of-run check
+that all ranks hold the same learner state (measured by checksums, never assumed)."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rlpipe.config import RunSpec
+from rlpipe.dist import RankInfo, rank_spec
+from rlpipe.dist.sync import rank_lost
+
+log = logging.getLogger("rlpipe.dist")
+
+
+def resolve_backend(spec: RunSpec) -> str:
+    if spec.dist.backend != "auto":
+        return spec.dist.backend
+    device = spec.learner.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def _digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(str((tuple(t.shape), str(t.dtype))).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def state_checksums(learner) -> dict[str, str]:
+    """sha256 of what must be equal on every rank: the policy's parameters, its PopArt
+    buffers, the optimizer's state (moments and step counts per parameter, learning rate),
+    and the schedule's inputs (global env steps at the last round, updates)."""
+    policy = learner.policy
+    params = [p for name, p in policy.named_parameters()]
+    popart = [b for name, b in policy.named_buffers() if "popart" in name]
+    other_buffers = [b for name, b in policy.named_buffers() if "popart" not in name]
+    opt = learner._optimizer
+    opt_tensors = []
+    lr = []
+    if opt is not None:
+        for group in opt.param_groups:
+            lr.append(float(group["lr"]))
+            for p in group["params"]:
+                for key, value in sorted(opt.state.get(p, {}).items()):
+                    opt_tensors.append(value if torch.is_tensor(value) else torch.tensor(float(value)))
+    schedule = torch.tensor([float(learner.round_steps), float(learner.counters.updates)] + lr,
+                            dtype=torch.float64)
+    return {"policy": _digest(params + other_buffers), "popart": _digest(popart),
+            "optimizer": _digest(opt_tensors), "schedule": _digest([schedule])}
+
+
+class NullTb:
+    """Ranks other than 0 write no TensorBoard events (rank 0 charts the job)."""
+
+    def scalars(self, *a, **k): pass
+    def histogram(self, *a, **k): pass
+    def hparams(self, *a, **k): pass
+    def text(self, *a, **k): pass
+    def close(self): pass
+
+
+class GlobalStepTb:
+    """Rank 0's TensorBoard writer with the job's env steps on the x axis: the steps of all ranks at the
+    last update round plus rank 0's own since (exact at each round, a lower bound between)."""
+
+    def __init__(self, tb, learner):
+        self.tb, self.learner = tb, learner
+
+    def _step(self, step: int) -> int:
+        return self.learner.round_steps + step - self.learner.local_at_round if step else step
+
+    def scalars(self, step, values):
+        self.tb.scalars(self._step(step), values)
+
+    def histogram(self, tag, values, step):
+        self.tb.histogram(tag, values, self._step(step))
+
+    def text(self, tag, text, step=0):
+        self.tb.text(tag, text, self._step(step))
+
+    def hparams(self, hparams, metrics):
+        self.tb.hparams(hparams, metrics)
+
+    def close(self):
+        self.tb.close()
+
+
+class DistRun:
+    """Built by the app once per rank process (after the config validated)."""
+
+    def __init__(self, info: RankInfo, spec: RunSpec):
+        self.info = info
+        self.rank, self.world = info.rank, info.world_size
+        self.job_spec = spec
+        self.spec = rank_spec(spec, info)       # ConfigError before any collective
+        self.backend = resolve_backend(self.spec)
+        self.learner = None
+        self.root: Path | None = None
+
+    def start(self) -> None:
+        if self.backend == "nccl":
+            torch.cuda.set_device(self.info.local_rank)
+        if not dist.is_initialized():
+            dist.init_process_group(self.backend, timeout=timedelta(seconds=self.spec.dist.timeout_s))
+        from torch.distributed.distributed_c10d import _get_default_store
+        # a torchrun restart reuses the agent's store: its rounds count from 0 under a new prefix
+        self.store = dist.PrefixStore(f"rlpipe/{self.info.job_id}/{self.info.restart}/", _get_default_store())
+        log.info("rank %d/%d up (%s backend, %d envs from env id %d)", self.rank, self.world, self.backend,
+                 self.spec.env_count, self.spec.env_id_offset)
+
+    @property
+    def sync_device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def agree_run_dir(self, output_dir: Path) -> Path:
+        """Rank 0's run directory, broadcast; rank N works in its `rank<N>/` subdirectory."""
+        box = [str(output_dir)]
+        try:
+            dist.broadcast_object_list(box, src=0)
+        except Exception as exc:
+            raise rank_lost(self.rank, self.world, "the broadcast of rank 0's run directory", exc) from exc
+        self.root = Path(box[0])
+        run_dir = self.root if self.rank == 0 else self.root / f"rank{self.rank}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+
+    def make_learner(self, spec: RunSpec, plan):
+        from rlpipe.dist.learner import DistLearner
+        self.learner = DistLearner(spec, plan, self.rank, self.world, self.store, self.sync_device)
+        return self.learner
+
+    def make_tb(self, run_dir: Path, config_yaml: str):
+        if self.rank != 0:
+            return NullTb()
+        from rlpipe.telemetry.tb import TbWriter
+        return GlobalStepTb(TbWriter(run_dir, config_yaml), self.learner)
+
+    # -- the end -----------------------------------------------------------------------------
+    def final_exchange(self, result: dict, stop_signal: int | None) -> list[dict] | None:
+        """All ranks' end figures and state checksums (all-gather), or None when the run was
+        stopped by a signal: its peers may be gone, so no collective is attempted."""
+        if stop_signal is not None:
+            return None
+        learner = self.learner
+        mine = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                "env_count": self.spec.env_count, "env_id_offset": self.spec.env_id_offset,
+                "env_steps": result["env_steps"], "sps": result["sps"], "episodes": result["episodes"],
+                "trained_samples": result["trained_samples"], "updates": result["updates"],
+                "peak_rss_mb": result["peak_rss_mb"], "preempted_rounds": learner.preempted_rounds,
+                "rounds": learner.rounds.round, "collectives": learner.sync.collectives,
+                "returns": {k: list(v) for k, v in learner.counters.returns.items()},
+                "checksums": state_checksums(learner)}
+        box: list = [None] * self.world
+        try:
+            dist.all_gather_object(box, mine)
+        except Exception as exc:
+            log.error("%s", rank_lost(self.rank, self.world, "the final all-gather of state checksums", exc))
+            return None
+        return box
+
+    def merge_summary(self, result: dict, ranks: list[dict] | None, randoms: dict) -> dict:
+        """This rank's summary with the `dist` section; rank 0's also carries the job's totals
+        (env steps, SPS, episodes, trained samples summed over ranks; returns over every
+        rank's last 100 episodes)."""
+        from rlpipe.envs import random_return
+        section = {"world_size": self.world, "rank": self.rank, "backend": self.backend,
+                   "sync_frac": self.spec.dist.sync_frac, "env_id_offset": self.spec.env_id_offset,
+                   "run_root": str(self.root), "params_in_sync": None}
+        if ranks is None:
+            section["params_in_sync_note"] = "not measured: the run was stopped before the final check"
+            result["dist"] = section
+            return result
+        components = {k: len({r["checksums"][k] for r in ranks}) == 1 for k in ranks[0]["checksums"]}
+        section["params_in_sync"] = all(components.values())
+        section["state_in_sync"] = components
+        section["ranks"] = [{k: v for k, v in r.items() if k not in ("returns",)} for r in ranks]
+        if self.rank == 0:
+            result["env_steps_rank0"] = result["env_steps"]
+            result["env_steps"] = sum(r["env_steps"] for r in ranks)
+            result["sps"] = round(sum(r["sps"] for r in ranks), 1)
+            result["episodes"] = sum(r["episodes"] for r in ranks)
+            result["trained_samples"] = sum(r["trained_samples"] for r in ranks)
+            result["env_count"] = self.job_spec.env_count
+            merged = {name: [x for r in ranks for x in r["returns"].get(name, [])]
+                      for name in result["mean_return_last100"]}
+            result["mean_return_last100"] = {k: (round(float(np.mean(v)), 3) if v else None)
+                                             for k, v in merged.items()}
+            result["learned"] = {k: random_return.verdict(v, randoms.get(k)) for k, v in merged.items()}
+        result["dist"] = section
+        return result
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                log.exception("destroying the process group failed")
