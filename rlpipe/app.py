@@ -4,6 +4,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -18,6 +19,10 @@ register_schema()
 # hydra.run.dir in conf/config.yaml: the same directory for every torchrun rank (rlpipe.dist)
 OmegaConf.register_new_resolver("rlpipe_run_dir", hydra_run_dir, replace=True)
 log = logging.getLogger("rlpipe")
+# conf/hydra/launcher/submitit_{slurm,local}.yaml share their names with the plugin's schemas on
+# purpose (hydra/launcher=submitit_slurm as the plugin documents it, typos caught by the schema);
+# Hydra 1.3 still validates them against it and warns that it may stop some day.
+warnings.filterwarnings("ignore", message=r"(?s)\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore")
 EXIT_CONFIG = 2
 EXIT_RANK_LOST = 3          # under torchrun: a peer rank (or the agent) went away mid-run
 
