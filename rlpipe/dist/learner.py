@@ -151,14 +151,15 @@ class DistLearner(CentralLearner):
 
     # -- start, checkpoints ------------------------------------------------------------------
     def start_in_sync(self, resumed: bool) -> None:
-        """Every rank takes rank 0's policy (PopArt buffers included), optimizer state when
-        resumed, and the global step count; fresh runs then reseed the sampling streams per
-        rank (the same seed on every rank would draw the same action noise)."""
+        """Every rank takes rank 0's policy (PopArt buffers included), optimizer state (none
+        unless rank 0 resumed one: then every rank starts a fresh one) and global step count,
+        whatever its own checkpoint held; fresh runs then reseed the sampling streams per rank
+        (the same seed on every rank would draw the same action noise)."""
         import torch.distributed as dist
         state = None
         if self.rank == 0:
             state = {"policy": self.policy.state_dict(), "round_steps": self.round_steps,
-                     "optimizer": self.optimizer.state_dict() if resumed else None}
+                     "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None}
         box = [state]
         try:
             dist.broadcast_object_list(box, src=0)
@@ -171,6 +172,8 @@ class DistLearner(CentralLearner):
             self.actor.load_state_dict(state["policy"])
             if state["optimizer"] is not None:
                 self.optimizer.load_state_dict(state["optimizer"])
+            else:
+                self._optimizer = None      # built on first use, as on rank 0
         self.round_steps = int(state["round_steps"])   # a resumed rank keeps its own local_at_round
         if not resumed:
             self.local_at_round = self.counters.env_steps
