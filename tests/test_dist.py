@@ -280,30 +280,46 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
         shutil.rmtree(run, ignore_errors=True)
 
 
-def test_two_rank_job_ends_in_sync(tmp_path_factory):
-    """A short 2-rank job: exit 0, world_size 2, every checksum equal (measured), SPS and env
-    steps summed over ranks in rank 0's summary, rank 1's outputs under rank1/."""
+def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync():
+    """torchrun --max-restarts=1: rank 1 is SIGKILLed once both ranks have checkpointed; the
+    restart finds the same run directory, resumes each rank from its checkpoints (rank 0's
+    learner state broadcast), and ends with exit 0, world_size 2 and every checksum equal
+    (measured), env steps and SPS summed over ranks in rank 0's summary, rank 1's outputs
+    under rank1/, nothing of either attempt left in /dev/shm."""
     run = Path(tempfile.mkdtemp(prefix="rld", dir="/tmp"))
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1", "-m", "rlpipe",
+           f"hydra.run.dir={run}", "env_count=8", "groups.size=4", "run.total_env_steps=12000",
+           "run.duration_s=200", "learner.update_envs=8", "learner.checkpoint_interval_s=1",
+           "logging.random_return_episodes=0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        out = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "rlpipe",
-                              f"hydra.run.dir={run}", "env_count=8", "groups.size=4",
-                              "run.total_env_steps=6000", "run.duration_s=200", "learner.update_envs=8",
-                              "logging.random_return_episodes=0"],
-                             cwd=REPO, capture_output=True, text=True, timeout=240)
-        assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+        deadline = time.monotonic() + 150
+        while not all(list((d / "checkpoints").glob("ckpt_*.pt")) for d in (run, run / "rank1")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoints on both ranks"
+            time.sleep(0.3)
+        first = _rank_pids(proc.pid)
+        os.kill(first[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    try:
+        assert proc.returncode == 0, out[-4000:]
         s0 = json.loads((run / "summary.json").read_text())
         s1 = json.loads((run / "rank1" / "summary.json").read_text())
         d = s0["dist"]
         assert d["world_size"] == 2 and d["params_in_sync"] is True
         assert all(d["state_in_sync"].values())
-        assert s0["env_steps"] == sum(r["env_steps"] for r in d["ranks"]) >= 6000
+        assert s0["resumed_from_step"] > 0 and s1["resumed_from_step"] > 0
+        assert s0["env_steps"] == sum(r["env_steps"] for r in d["ranks"]) >= 12000
         assert s0["sps"] == pytest.approx(sum(r["sps"] for r in d["ranks"]), abs=0.2)
         assert s1["dist"]["rank"] == 1 and s1["dist"]["params_in_sync"] is True
         assert s0["updates"] == s1["updates"] > 0
         assert (run / "tb").is_dir() and not (run / "rank1" / "tb").exists()
-        assert (run / "rank1" / "lifecycle.sqlite").exists()
-        for r in d["ranks"]:
-            assert not list(Path("/dev/shm").glob(f"rlpipe_{r['pid']}-*"))
+        for pid in [*first.values(), *(r["pid"] for r in d["ranks"])]:
+            assert not list(Path("/dev/shm").glob(f"rlpipe_{pid}-*"))
     finally:
         import shutil
         shutil.rmtree(run, ignore_errors=True)

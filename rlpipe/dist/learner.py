@@ -151,14 +151,14 @@ class DistLearner(CentralLearner):
 
     # -- start, checkpoints ------------------------------------------------------------------
     def start_in_sync(self, resumed: bool) -> None:
-        """Every rank takes rank 0's policy (PopArt buffers included), optimizer state (none
-        unless rank 0 resumed one: then every rank starts a fresh one) and global step count,
-        whatever its own checkpoint held; fresh runs then reseed the sampling streams per rank
-        (the same seed on every rank would draw the same action noise)."""
+        """Every rank takes rank 0's policy (PopArt buffers included), update count and optimizer state (none
+        unless rank 0 resumed one: then every rank starts a fresh one), whatever its own
+        checkpoint held; the job's env steps are summed over ranks; fresh runs then reseed the
+        sampling streams per rank (the same seed on every rank would draw the same action noise)."""
         import torch.distributed as dist
         state = None
         if self.rank == 0:
-            state = {"policy": self.policy.state_dict(), "round_steps": self.round_steps,
+            state = {"policy": self.policy.state_dict(), "updates": self.counters.updates,
                      "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None}
         box = [state]
         try:
@@ -167,6 +167,7 @@ class DistLearner(CentralLearner):
             from rlpipe.dist.sync import rank_lost
             raise rank_lost(self.rank, self.world, "the start-up broadcast of rank 0's learner state", exc) from exc
         state = box[0]
+        self.counters.updates = int(state["updates"])      # the rounds taken so far: the job's count
         if self.rank != 0:
             self.policy.load_state_dict(state["policy"])
             self.actor.load_state_dict(state["policy"])
@@ -174,9 +175,13 @@ class DistLearner(CentralLearner):
                 self.optimizer.load_state_dict(state["optimizer"])
             else:
                 self._optimizer = None      # built on first use, as on rank 0
-        self.round_steps = int(state["round_steps"])   # a resumed rank keeps its own local_at_round
+        # The job's env steps are the sum of the ranks' own counts (after a restart each from its
+        # own checkpoint, which may be older than rank 0's: steps no checkpoint kept are not
+        # counted), so summary env steps and run.total_env_steps agree on every rank.
+        steps = torch.tensor([float(self.counters.env_steps)], dtype=torch.float64, device=self.sync.device)
+        self.round_steps = int(self.sync.all_sum(steps, "the start-up all-reduce of env steps").item())
+        self.local_at_round = self.counters.env_steps
         if not resumed:
-            self.local_at_round = self.counters.env_steps
             seed = self.spec.seed + 1_000_003 * self.rank
             torch.manual_seed(seed)
             self.generator.manual_seed(seed)
@@ -185,12 +190,5 @@ class DistLearner(CentralLearner):
 
     def checkpoint_payload(self) -> dict:
         payload = super().checkpoint_payload()
-        payload["dist"] = {"round_steps": self.round_steps, "local_at_round": self.local_at_round,
-                           "world_size": self.world, "rank": self.rank}
+        payload["dist"] = {"world_size": self.world, "rank": self.rank, "job_env_steps": self.round_steps}
         return payload
-
-    def restore(self, payload: dict) -> None:
-        super().restore(payload)
-        d = payload.get("dist") or {}
-        self.round_steps = int(d.get("round_steps", self.counters.env_steps))
-        self.local_at_round = int(d.get("local_at_round", self.counters.env_steps))

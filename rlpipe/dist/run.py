@@ -111,13 +111,24 @@ class DistRun:
         self.root: Path | None = None
 
     def start(self) -> None:
+        """The process group, on a store prefixed with torchrun's restart count: the agent
+        keeps one store server across --max-restarts restarts, and the previous attempt's
+        keys (the dead ranks' gloo addresses among them) would otherwise be read as fresh."""
         if self.backend == "nccl":
             torch.cuda.set_device(self.info.local_rank)
-        if not dist.is_initialized():
-            dist.init_process_group(self.backend, timeout=timedelta(seconds=self.spec.dist.timeout_s))
-        from torch.distributed.distributed_c10d import _get_default_store
-        # a torchrun restart reuses the agent's store: its rounds count from 0 under a new prefix
-        self.store = dist.PrefixStore(f"rlpipe/{self.info.job_id}/{self.info.restart}/", _get_default_store())
+        timeout = timedelta(seconds=self.spec.dist.timeout_s)
+        prefix = f"rlpipe/{self.info.job_id}/{self.info.restart}/"
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            from torch.distributed.rendezvous import _create_c10d_store   # env:// does the same, unprefixed
+            base = _create_c10d_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank,
+                                      self.world, timeout)
+            dist.init_process_group(self.backend, store=dist.PrefixStore(prefix + "pg/", base),
+                                    rank=self.rank, world_size=self.world, timeout=timeout)
+        else:
+            dist.init_process_group(self.backend, timeout=timeout)
+            from torch.distributed.distributed_c10d import _get_default_store
+            base = _get_default_store()
+        self.store = dist.PrefixStore(prefix + "rounds/", base)
         log.info("rank %d/%d up (%s backend, %d envs from env id %d)", self.rank, self.world, self.backend,
                  self.spec.env_count, self.spec.env_id_offset)
 

@@ -195,9 +195,17 @@ class CgroupV2(CgroupDriver):
 def _remove_tree(top: Path) -> None:
     """rmdir a cgroup tree bottom-up (cgroup dirs are removed with rmdir, never unlink);
     tasks still inside (a worker not yet reaped) are moved to the parent first."""
-    if not top.exists():
+    for _listing in range(10):
+        if not top.exists():
+            return
+        try:
+            dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]
+            break
+        except FileNotFoundError:   # another driver (a torchrun rank beside us) sweeps the same tree
+            time.sleep(0.02)
+    else:
         return
-    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
+    for d in dirs:
         for _attempt in range(50):
             try:
                 d.rmdir()
