@@ -76,6 +76,39 @@ def test_bad_sync_frac_on_the_command_line_exits_non_zero(short_tmp):
     assert "dist.sync_frac=2" in out.stderr and "Traceback" not in out.stderr
 
 
+class _Store:
+    """torchrun's store as the round barrier uses it (add, delete_key), in one process."""
+
+    def __init__(self):
+        self.kv = {}
+
+    def add(self, key, amount):
+        self.kv[key] = self.kv.get(key, 0) + amount
+        return self.kv[key]
+
+    def delete_key(self, key):
+        return self.kv.pop(key, None) is not None
+
+
+def test_rounds_start_when_sync_frac_of_ranks_are_ready_and_stragglers_are_preempted(monkeypatch):
+    from rlpipe.dist import sync
+    monkeypatch.setattr(sync, "POLL_S", 0.0)
+    store = _Store()
+    ranks = [sync.Rounds(store, r, 4, 0.6) for r in range(4)]
+    assert ranks[0].need == 3                                  # ceil(0.6 x 4)
+    assert not any(r.due(have_rollout=r.rank < 2, want_stop=False) for r in ranks)   # 2 of 4 ready
+    assert ranks[2].due(have_rollout=True, want_stop=False)    # the third: the round starts...
+    assert ranks[3].due(have_rollout=False, want_stop=False)   # ...for the straggler too
+    had = [r.begin() for r in ranks]
+    assert had == [True, True, True, False]                    # rank 3 joins preempted
+    assert all(r.round == 1 for r in ranks)
+    assert not any(r.due(have_rollout=False, want_stop=False) for r in ranks)      # round 1 waits
+    assert ranks[1].due(have_rollout=False, want_stop=True)    # a rank that must stop starts it...
+    assert all(r.due(have_rollout=False, want_stop=False) for r in ranks)          # ...everywhere
+    one = sync.Rounds(_Store(), 0, 2, 0.6)
+    assert one.need == 2                                       # two ranks: 0.6 means both
+
+
 # -- the collectives of an update: two gloo ranks ----------------------------------------------
 
 UPDATE_SIZES = [(120, 80), (0, 60), (97, 0), (5, 3)]   # samples per rank per update
