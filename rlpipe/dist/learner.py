@@ -58,6 +58,7 @@ class DistLearner(CentralLearner):
         self._checkpoint_flag = False
         self.preempted_rounds = 0     # rounds this rank joined without its full share
         self._round = None            # (local count at start, header sums) of the round in flight
+        self._abandoned = False       # teardown gave up on the round in flight
 
     # -- the schedule ------------------------------------------------------------------------
     @property
@@ -116,7 +117,7 @@ class DistLearner(CentralLearner):
         if thread.is_alive():
             if not wait:
                 return None
-            thread.join(self.spec.dist.timeout_s)
+            thread.join(0 if self._abandoned else self.spec.dist.timeout_s)
             if thread.is_alive():
                 raise RankLost(f"rank {self.rank}/{self.world}: update round {self.rounds.round} did not "
                                f"complete within dist.timeout_s={self.spec.dist.timeout_s:g} s: a peer rank "
@@ -139,6 +140,7 @@ class DistLearner(CentralLearner):
         if thread is not None and thread.is_alive():
             thread.join(TEARDOWN_JOIN_S)
             if thread.is_alive():
+                self._abandoned = True     # the final checkpoint and export do not wait again
                 raise RankLost(f"rank {self.rank}/{self.world}: update round {self.rounds.round} still in "
                                f"its collectives after {TEARDOWN_JOIN_S:g} s of teardown: no final checkpoint")
 
