@@ -313,7 +313,6 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
         shutil.rmtree(run, ignore_errors=True)
 
 
-@pytest.mark.slow          # ~60 s on 2 shared cores: the default suite keeps the kill test above
 def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync():
     """torchrun --max-restarts=1: rank 1 is SIGKILLed once both ranks have checkpointed; the
     restart finds the same run directory, resumes each rank from its checkpoints (rank 0's
