@@ -55,6 +55,8 @@ OPTION_CHECKS = {
                                                                                   "popart", "per_type"),
     ("logging", "default"): lambda s: (s.progress_interval_s, s.aggregate_interval_s, s.random_return_episodes,
                                        s.random_return_budget_s) == (10, 60, 20, 30),
+    ("dist", "default"): lambda s: (s.dist.sync_frac, s.dist.backend, s.dist.timeout_s) == (0.6, "auto", 300.0)
+    and s.env_id_offset == 0,
     ("redis", "embedded"): lambda s: s.redis_url is None,
     ("reward_norm", "global"): lambda s: (s.reward_norm.mode, s.reward_norm.clip) == ("global", 10),
     ("reward_norm", "mean_std"): lambda s: (s.reward_norm.mode, s.reward_norm.clip) == ("mean_std", 10),
