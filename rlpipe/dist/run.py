@@ -160,6 +160,16 @@ class DistRun:
         return GlobalStepTb(TbWriter(run_dir, config_yaml), self.learner)
 
     # -- the end -----------------------------------------------------------------------------
+    def say_stopping(self, signum: int) -> None:
+        """One line the moment a signal stops this rank (torchrun sends SIGTERM to every rank
+        when one fails, and SIGKILL after its grace period, maybe before our summary line)."""
+        import signal as _signal
+        name = _signal.Signals(signum).name
+        why = (" torchrun stops every rank when one fails: its report names the rank;"
+               if os.environ.get("TORCHELASTIC_RUN_ID") else "")
+        print(f"rlpipe rank {self.rank}/{self.world}: {name} received, stopping this rank (workers, Redis, "
+              f"segments are removed).{why} run.resume=true continues from the checkpoints.", flush=True)
+
     def final_exchange(self, result: dict, stop_signal: int | None) -> list[dict] | None:
         """All ranks' end figures and state checksums (all-gather), or None when the run was
         stopped by a signal: its peers may be gone, so no collective is attempted."""

@@ -779,6 +779,8 @@ class Driver:
             self.active_envs_end = self.active_envs(end)
             self.memory.sample()
         finally:
+            if self.dist is not None and self.stop_signal is not None:
+                self.dist.say_stopping(self.stop_signal)    # before teardown: torchrun may SIGKILL us
             self.teardown()
         result = self.summary(self.loop_end, time.monotonic())
         if self.dist is not None:
@@ -796,9 +798,6 @@ class Driver:
         how = f"stopped by {signal.Signals(self.stop_signal).name}" if self.stop_signal else "done"
         if self.dist is not None:
             how = f"rank {self.dist.rank}/{self.dist.world} {how}"
-            if self.stop_signal and os.environ.get("TORCHELASTIC_RUN_ID"):
-                how += (" (torchrun stops every rank when one fails: its report names the rank; "
-                        "run.resume=true continues from the checkpoints)")
         print(f"rlpipe {how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
               f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "
               f"{self.run_dir / 'summary.json'}", flush=True)
