@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -217,6 +216,18 @@ def test_two_ranks_take_the_step_one_process_takes_on_the_union_batch(tmp_path):
 
 # -- whole jobs under torchrun -------------------------------------------------------------------
 
+def _stop_group(proc: subprocess.Popen) -> None:
+    """A job a failed test leaves running: SIGTERM (each rank tears down), SIGKILL if stuck."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def _descendants(pid: int) -> list[int]:
     import psutil
     try:
@@ -256,11 +267,11 @@ def _alive(pids) -> list[int]:
     return out
 
 
-def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_collide():
+def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_collide(short_tmp):
     """Two ranks step disjoint global env ids in segments of their own; SIGKILL rank 1's
     driver: torchrun names it, rank 0 says why it stops, and no process, segment or socket
     dir of the job is left."""
-    run = Path(tempfile.mkdtemp(prefix="rld", dir="/tmp"))
+    run = short_tmp / "run"                    # removed by the fixture whatever happens
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "rlpipe", f"hydra.run.dir={run}",
            "env_count=12", "groups.size=3", "run.duration_s=300", "run.total_env_steps=10000000",
            "logging.random_return_episodes=0", "logging.progress_interval_s=1"]
@@ -276,7 +287,7 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
                     rows = [_env_rows(db) for db in dbs]
                 except sqlite3.Error:
                     rows = []
-                if all(len(r) == 6 for r in rows) and (run / "rank1" / "checkpoints").parent.exists():
+                if all(len(r) == 6 for r in rows):
                     break
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
@@ -296,32 +307,26 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
         os.kill(ranks[1], signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    try:
-        assert proc.returncode != 0
-        assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]
-        assert "rlpipe rank 0/2: SIGTERM received, stopping" in out or "rlpipe: rank 0/2" in out, out[-3000:]
-        deadline = time.monotonic() + 20           # forkservers and workers go on their own, shortly after
-        while _alive(tree) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert _alive(tree) == [], [(p, open(f"/proc/{p}/cmdline").read()) for p in _alive(tree)]
-        for pid in ranks.values():
-            assert not list(Path("/dev/shm").glob(f"rlpipe_{pid}-*"))
-            assert not list(Path("/tmp").glob(f"rlpipe_{pid}-*"))
-    finally:
-        import shutil
-        shutil.rmtree(run, ignore_errors=True)
+        _stop_group(proc)
+    assert proc.returncode != 0
+    assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]
+    assert "rlpipe rank 0/2: SIGTERM received, stopping" in out or "rlpipe: rank 0/2" in out, out[-3000:]
+    deadline = time.monotonic() + 20           # forkservers and workers go on their own, shortly after
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(tree) == [], [(p, open(f"/proc/{p}/cmdline").read()) for p in _alive(tree)]
+    for pid in ranks.values():
+        assert not list(Path("/dev/shm").glob(f"rlpipe_{pid}-*"))
+        assert not list(Path("/tmp").glob(f"rlpipe_{pid}-*"))
 
 
-def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync():
+def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync(short_tmp):
     """torchrun --max-restarts=1: rank 1 is SIGKILLed once both ranks have checkpointed; the
     restart finds the same run directory, resumes each rank from its checkpoints (rank 0's
     learner state broadcast), and ends with exit 0, world_size 2 and every checksum equal
     (measured), env steps and SPS summed over ranks in rank 0's summary, rank 1's outputs
     under rank1/, nothing of either attempt left in /dev/shm."""
-    run = Path(tempfile.mkdtemp(prefix="rld", dir="/tmp"))
+    run = short_tmp / "run"                    # removed by the fixture whatever happens
     cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1", "-m", "rlpipe",
            f"hydra.run.dir={run}", "env_count=8", "groups.size=4", "run.total_env_steps=12000",
            "run.duration_s=200", "learner.update_envs=8", "learner.checkpoint_interval_s=1",
@@ -337,24 +342,18 @@ def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync():
         os.kill(first[1], signal.SIGKILL)
         out, _ = proc.communicate(timeout=240)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    try:
-        assert proc.returncode == 0, out[-4000:]
-        s0 = json.loads((run / "summary.json").read_text())
-        s1 = json.loads((run / "rank1" / "summary.json").read_text())
-        d = s0["dist"]
-        assert d["world_size"] == 2 and d["params_in_sync"] is True
-        assert all(d["state_in_sync"].values())
-        assert s0["resumed_from_step"] > 0 and s1["resumed_from_step"] > 0
-        assert s0["env_steps"] == sum(r["env_steps"] for r in d["ranks"]) >= 12000
-        assert s0["sps"] == pytest.approx(sum(r["sps"] for r in d["ranks"]), abs=0.2)
-        assert s1["dist"]["rank"] == 1 and s1["dist"]["params_in_sync"] is True
-        assert s0["updates"] == s1["updates"] > 0
-        assert (run / "tb").is_dir() and not (run / "rank1" / "tb").exists()
-        for pid in [*first.values(), *(r["pid"] for r in d["ranks"])]:
-            assert not list(Path("/dev/shm").glob(f"rlpipe_{pid}-*"))
-    finally:
-        import shutil
-        shutil.rmtree(run, ignore_errors=True)
+        _stop_group(proc)
+    assert proc.returncode == 0, out[-4000:]
+    s0 = json.loads((run / "summary.json").read_text())
+    s1 = json.loads((run / "rank1" / "summary.json").read_text())
+    d = s0["dist"]
+    assert d["world_size"] == 2 and d["params_in_sync"] is True
+    assert all(d["state_in_sync"].values())
+    assert s0["resumed_from_step"] > 0 and s1["resumed_from_step"] > 0
+    assert s0["env_steps"] == sum(r["env_steps"] for r in d["ranks"]) >= 12000
+    assert s0["sps"] == pytest.approx(sum(r["sps"] for r in d["ranks"]), abs=0.2)
+    assert s1["dist"]["rank"] == 1 and s1["dist"]["params_in_sync"] is True
+    assert s0["updates"] == s1["updates"] > 0
+    assert (run / "tb").is_dir() and not (run / "rank1" / "tb").exists()
+    for pid in [*first.values(), *(r["pid"] for r in d["ranks"])]:
+        assert not list(Path("/dev/shm").glob(f"rlpipe_{pid}-*"))
