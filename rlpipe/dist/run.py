@@ -183,6 +183,8 @@ class DistRun:
                 "peak_rss_mb": result["peak_rss_mb"], "preempted_rounds": learner.preempted_rounds,
                 "rounds": learner.rounds.round, "collectives": learner.sync.collectives,
                 "returns": {k: list(v) for k, v in learner.counters.returns.items()},
+                "first_returns": {k: list(v) for k, v in learner.counters.first_returns.items()},
+                "episodes_by_type": dict(learner.counters.episodes_by_type),
                 "checksums": state_checksums(learner)}
         box: list = [None] * self.world
         try:
@@ -195,7 +197,7 @@ class DistRun:
     def merge_summary(self, result: dict, ranks: list[dict] | None, randoms: dict) -> dict:
         """This rank's summary with the `dist` section; rank 0's also carries the job's totals
         (env steps, SPS, episodes, trained samples summed over ranks; returns over every
-        rank's last 100 episodes)."""
+        rank's last and first 100 episodes, and the learned verdicts from those)."""
         from rlpipe.envs import random_return
         section = {"world_size": self.world, "rank": self.rank, "backend": self.backend,
                    "sync_frac": self.spec.dist.sync_frac, "env_id_offset": self.spec.env_id_offset,
@@ -207,7 +209,8 @@ class DistRun:
         components = {k: len({r["checksums"][k] for r in ranks}) == 1 for k in ranks[0]["checksums"]}
         section["params_in_sync"] = all(components.values())
         section["state_in_sync"] = components
-        section["ranks"] = [{k: v for k, v in r.items() if k not in ("returns",)} for r in ranks]
+        section["ranks"] = [{k: v for k, v in r.items() if k not in ("returns", "first_returns", "episodes_by_type")}
+                            for r in ranks]
         if self.rank == 0:
             result["env_steps_rank0"] = result["env_steps"]
             result["env_steps"] = sum(r["env_steps"] for r in ranks)
@@ -215,11 +218,16 @@ class DistRun:
             result["episodes"] = sum(r["episodes"] for r in ranks)
             result["trained_samples"] = sum(r["trained_samples"] for r in ranks)
             result["env_count"] = self.job_spec.env_count
-            merged = {name: [x for r in ranks for x in r["returns"].get(name, [])]
-                      for name in result["mean_return_last100"]}
-            result["mean_return_last100"] = {k: (round(float(np.mean(v)), 3) if v else None)
-                                             for k, v in merged.items()}
-            result["learned"] = {k: random_return.verdict(v, randoms.get(k)) for k, v in merged.items()}
+            def merged(key: str) -> dict[str, list]:
+                return {name: [x for r in ranks for x in r[key].get(name, [])]
+                        for name in result["mean_return_last100"]}
+            last, first = merged("returns"), merged("first_returns")
+            episodes = {name: sum(r["episodes_by_type"].get(name, 0) for r in ranks) for name in last}
+            result["mean_return_last100"] = {k: (round(float(np.mean(v)), 3) if v else None) for k, v in last.items()}
+            result["mean_return_first100"] = {k: (round(float(np.mean(v)), 3) if v else None)
+                                              for k, v in first.items()}
+            result["learned"] = {k: random_return.verdict(v, first[k], episodes[k], randoms.get(k))
+                                 for k, v in last.items()}
         result["dist"] = section
         return result
 
