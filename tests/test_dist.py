@@ -336,11 +336,15 @@ def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync(short_tmp):
     try:
         deadline = time.monotonic() + 150
         while not all(list((d / "checkpoints").glob("ckpt_*.pt")) for d in (run, run / "rank1")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoints on both ranks"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)     # each rank tears down
+                out, _ = proc.communicate(timeout=60)
+                raise AssertionError("no checkpoints on both ranks:\n" + out[-4000:])
             time.sleep(0.3)
         first = _rank_pids(proc.pid)
         os.kill(first[1], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=240)
+        out, _ = proc.communicate(timeout=300)
     finally:
         _stop_group(proc)
     assert proc.returncode == 0, out[-4000:]
