@@ -91,6 +91,19 @@ def start(run_dir, *overrides):
                             stderr=subprocess.PIPE, text=True, preexec_fn=driver_dies_with_pytest)
 
 
+def end_by_sigterm(proc) -> None:
+    """End a run as a user's `kill` does: a clean teardown and exit code 128 + SIGTERM."""
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+
+
+def kill_if_running(proc) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for(pred, timeout, what):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -136,13 +149,9 @@ def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
         wait_stepping(run_dir, {0: 2, 1: 2, 2: 1}, timeout=90)
         wait_for(lambda: events(run_dir, "redis_recovered"), 60, "Redis recovered")
         time.sleep(1.5)               # a beat of the active window for every slice
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=120)
+        end_by_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+        kill_if_running(proc)
     summary = read_summary(run_dir)
     assert summary["faults"]["worker_restarts"] >= 2
     assert summary["active_envs_end"] == 210
@@ -175,13 +184,9 @@ def test_rss_recycle(short_tmp):
             except sqlite3.OperationalError:          # the writer has not created the db yet
                 return False
         wait_for(recycled, 90, "an RSS recycle")
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=120)
+        end_by_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+        kill_if_running(proc)
     reasons = [d["reason"] for _k, _w, _g, d in events(run_dir, "worker_restart")]
     assert "rss" in reasons and set(reasons) == {"rss"}
 
@@ -262,13 +267,9 @@ def test_every_worker_killed_at_once_twice(short_tmp):
             killed |= set(pids.values())
         wait_stepping(run_dir, {0: 3, 1: 3, 2: 3}, timeout=90)
         time.sleep(1.5)
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=120)
+        end_by_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+        kill_if_running(proc)
     summary = read_summary(run_dir)
     assert summary["faults"]["worker_restarts"] >= 6
     assert summary["active_envs_end"] == 210
@@ -304,16 +305,12 @@ def test_worker_frozen_while_building_is_replaced(short_tmp):
         wait_for(lambda: len([r for r in _event_rows(run_dir, "env_create") if r[2] == 2]) == 16, 60,
                  "the replacement to build all 16 envs")  # ... and has built all its envs
         time.sleep(2.0)                                 # its last slice rings within the window
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=120)
+        end_by_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_if_running(proc)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     built_gen1 = [r for r in _event_rows(run_dir, "env_create") if r[2] == 1]
     assert len(built_gen1) < 16, "the worker was not frozen while building"
     term = [r for r in _event_rows(run_dir, "worker_term") if r[1] == 0]

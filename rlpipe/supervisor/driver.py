@@ -40,7 +40,7 @@ from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.lifecycle import LifecycleWriter, fault_counts
 from rlpipe.supervisor.memory import PeakMemory
 from rlpipe.supervisor.redis_service import RedisService
-from rlpipe.supervisor.watchdog import Watchdog
+from rlpipe.supervisor.watchdog import Watchdog, redis_beat_times
 from rlpipe.supervisor.workers import WorkerHandle, group_ranges, stop_workers, worker_context
 from rlpipe.telemetry.progress import Progress, Status
 from rlpipe.worker.exploration import pack_epsilons
@@ -447,13 +447,10 @@ class Driver:
         again (a `redis_recovered` row), not when it merely answers a ping."""
         live = [h for h in self.handles if h.alive() and h.worker_id not in self.watchdog.pending]
         try:
-            pipe = self.rcli.pipeline(transaction=False)
-            for h in live:
-                pipe.hget(worker_key(self.run_id, h.worker_id), "ts")
-            beats = pipe.execute()
+            beats = redis_beat_times(self.rcli, self.run_id, [h.worker_id for h in live])
         except redis.RedisError:
             return
-        if all(v is not None and float(v) >= self.redis_down_since for v in beats):
+        if all(beats.get(h.worker_id, -1.0) >= self.redis_down_since for h in live):
             self.lifecycle.record("redis_recovered", detail={
                 "since_restart_s": round(time.time() - self.redis_down_since, 3), "workers": len(live)})
             self.redis_down_since = None

@@ -38,6 +38,15 @@ class Replacement:
     killed: bool = False
 
 
+def redis_beat_times(client, run_id: str, worker_ids) -> dict[int, float]:
+    """Each worker's last Redis beat (wall-clock ts) in one pipelined round trip; workers
+    with no beat yet are left out. Raises redis.RedisError when Redis cannot answer."""
+    pipe = client.pipeline(transaction=False)
+    for w in worker_ids:
+        pipe.hget(worker_key(run_id, w), "ts")
+    return {w: float(v) for w, v in zip(worker_ids, pipe.execute()) if v is not None}
+
+
 class Watchdog:
     def __init__(self, spec: HeartbeatSpec, run_id: str, redis_client: redis.Redis, lifecycle):
         self.spec = spec
@@ -62,10 +71,7 @@ class Watchdog:
 
     def _redis_beats(self, handles) -> dict[int, float] | None:
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for h in handles:
-                pipe.hget(worker_key(self.run_id, h.worker_id), "ts")
-            values = pipe.execute()
+            beats = redis_beat_times(self.redis, self.run_id, [h.worker_id for h in handles])
         except redis.RedisError:
             # Down even after the client's retries: not a dead worker. The scan judges by
             # the OS beat alone, and Redis beats count again from its restart.
@@ -75,7 +81,7 @@ class Watchdog:
         if self._redis_was_down:
             self._redis_was_down = False
             self.redis_epoch = time.time()
-        return {h.worker_id: float(v) for h, v in zip(handles, values) if v is not None}
+        return beats
 
     def scan(self, handles, now: float) -> None:
         """Judge every live worker on both beats; start replacing the silent ones."""
