@@ -321,3 +321,29 @@ def test_learned_verdict_needs_random_the_start_and_enough_episodes():
     assert verdict(rng.normal(200, 30, 100), start, 5000, rand) == "learned"
     assert verdict(rng.normal(200, 30, 100), start, 150, rand) == "unknown"     # windows overlap
     assert verdict(rng.normal(200, 30, 100), start, 5000, None) == "unknown"
+
+
+def test_stability_weights_reach_the_ppo_loss():
+    """scaling=on: a sample's weight scales its share of every loss term, so rows of weight 0
+    change nothing, and one update on a batch with them equals one update without them."""
+    from rlpipe.learner.ppo import ppo_update
+    n = 256
+    trained = []
+    for drop_zero_rows in (False, True):
+        learner = _learner("learner.epochs=1", f"learner.minibatch_size={n}")
+        batch = _batch_of(learner, n=n, seed=3)
+        batch["weight"] = torch.where(batch["types"] == 0, 0.0, 0.3 + 0.7 * torch.rand(n, generator=torch.Generator().manual_seed(4)))
+        if drop_zero_rows:
+            keep = batch["types"] != 0
+            batch = {k: ({kk: vv[keep] for kk, vv in v.items()} if isinstance(v, dict) else v[keep])
+                     for k, v in batch.items()}
+        ppo_update(learner.policy, learner.optimizer, batch, learner.cfg, learner.generator)
+        trained.append({k: v.clone() for k, v in learner.policy.state_dict().items()})
+    with_zero, without = trained
+    for k in with_zero:
+        if k.startswith("popart"):
+            continue          # type 0's value statistics saw its returns in one batch only
+        a, b = with_zero[k], without[k]
+        if k.startswith("critic.out."):
+            a, b = a[1:], b[1:]     # ... so only the other types' value rows must agree
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=k)
