@@ -41,11 +41,12 @@ def policy_class(rev: str | None):
         return Policy
     source = subprocess.run(["git", "show", f"{rev}:rlpipe/learner/policy.py"], cwd=REPO,
                             capture_output=True, text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="rlpipe_policy_")) / f"policy_{rev}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"policy_{rev}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory(prefix="rlpipe_policy_") as tmp:   # gone once loaded
+        path = Path(tmp) / f"policy_{rev}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"policy_{rev}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module.Policy
 
 

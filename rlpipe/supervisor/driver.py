@@ -6,9 +6,11 @@ Exit codes: 0 when the run reached its stop condition, 128 + signal number when 
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
+import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -92,6 +94,21 @@ def socket_dir(run_dir: Path, run_id: str) -> Path:
     path.mkdir(mode=0o700)
     log.info("run dir path too long for unix sockets; sockets live in %s", path)
     return path
+
+
+def multiprocessing_temp_dir(run_id: str) -> None:
+    """multiprocessing keeps its forkserver's socket in a `pymp-*` temp dir it removes only at
+    a clean exit: a driver killed with -9 would leave it in /tmp for good. Put it in a dir
+    named after this driver (`rlpipe_<run_id>_mp`), which the next run's sweep of dead runs
+    removes. Later jobs of a multirun keep the first job's: its forkserver still listens there.
+    (`tempdir` in the process config is where multiprocessing.util.get_temp_dir looks first.)"""
+    config = mp.process.current_process()._config
+    if config.get("tempdir"):
+        return
+    path = Path("/tmp") / f"rlpipe_{run_id}_mp"
+    path.mkdir(mode=0o700)
+    config["tempdir"] = str(path)
+    atexit.register(shutil.rmtree, path, True)
 
 
 def sweep_dead_socket_dirs() -> None:
@@ -219,6 +236,7 @@ class Driver:
 
         if spec.resume:         # the workers' reward statistics must be in Redis before they start
             self._build_learner()
+        multiprocessing_temp_dir(self.run_id)
         ctx = worker_context(spec.start_method, preload_modules(spec.env_types))
         self.args_common = dict(
             type_names=self.plan.names,
