@@ -338,6 +338,13 @@ def _positive_int(key: str, value: Any) -> int:
     return value
 
 
+def _step_size(key: str, value: Any) -> float:
+    """A step size in (0, 1]: 0 would freeze what it moves."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+        _fail(key, value, "allowed is a number in (0, 1]")
+    return float(value)
+
+
 def _count(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         _fail(key, value, "allowed is an integer >= 0")
@@ -540,7 +547,7 @@ def to_plain(cfg: DictConfig) -> RunSpec:
         epochs=_positive_int("learner.epochs", lc.epochs),
         minibatch_size=_positive_int("learner.minibatch_size", lc.minibatch_size),
         value_norm=_choice("learner.value_norm", lc.value_norm, ("popart", "none")),
-        popart_beta=_unit_interval("learner.popart_beta", lc.popart_beta),
+        popart_beta=_step_size("learner.popart_beta", lc.popart_beta),
         adv_norm=_choice("learner.adv_norm", lc.adv_norm, ("per_type", "batch", "none")),
         checkpoint_interval_s=_positive_number("learner.checkpoint_interval_s", lc.checkpoint_interval_s),
         keep_checkpoints=_positive_int("learner.keep_checkpoints", lc.keep_checkpoints),

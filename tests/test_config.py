@@ -105,6 +105,12 @@ def test_defaults_are_plain_values():
     ("worker.slices=often", "worker.slices"),
     ("worker.slices=0", "worker.slices"),
     ("worker.slices=71", "worker.slices"),
+    ("learner.value_norm=popart_plus", "learner.value_norm"),
+    ("learner.adv_norm=per_env", "learner.adv_norm"),
+    ("learner.popart_beta=0", "learner.popart_beta"),
+    ("learner.popart_beta=2", "learner.popart_beta"),
+    ("reward_norm.mode=mean", "reward_norm.mode"),
+    ("logging.random_return_episodes=-1", "logging.random_return_episodes"),
 ])
 def test_bad_values_raise_config_error_naming_the_key(override, key):
     overrides = [override] + (["run.total_env_steps=null"] if key == "run.duration_s" else [])
