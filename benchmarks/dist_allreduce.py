@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from rlpipe.config import conf_dir, register_schema, to_plain  # noqa: E402
+from rlpipe.config import conf_dir, register_schema, run_spec  # noqa: E402
 
 MIXES = {"cartpole": ["env_mix=cartpole"], "seed12": ["env_mix=seed12"],
          "images": ["env_mix=images"]}
@@ -30,7 +30,7 @@ REPEATS = 20
 def _spec(overrides):
     register_schema()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return to_plain(compose(config_name="config", overrides=["env_count=1000", *overrides]))
+        return run_spec(compose(config_name="config", overrides=["env_count=1000", *overrides]))
 
 
 def _policy(spec):
@@ -90,7 +90,7 @@ def main() -> None:
         spec = _spec(overrides)
         plan, policy = _policy(spec)
         params = sum(p.numel() for p in policy.parameters())
-        budget = memory_budget(spec, plan, group_ranges(spec.env_count, spec.group_size))
+        budget = memory_budget(spec, plan, group_ranges(spec.env_count, spec.groups.size))
         per_env = sum(v for k, v in budget.items() if k != "obs_bytes_per_step") / spec.env_count
         lc = spec.learner
         samples = lc.update_envs * lc.rollout_len

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from rlpipe.config import conf_dir, register_schema, to_plain  # noqa: E402
+from rlpipe.config import conf_dir, register_schema, run_spec  # noqa: E402
 from rlpipe.envs.registry import plan_mix  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def main() -> None:
     args = ap.parse_args()
     register_schema()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        spec = to_plain(compose(config_name="config", overrides=args.overrides))
+        spec = run_spec(compose(config_name="config", overrides=args.overrides))
     plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
     lc = spec.learner
     torch.set_num_threads(lc.torch_threads)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from rlpipe.config import conf_dir, register_schema, to_plain  # noqa: E402
+from rlpipe.config import conf_dir, register_schema, run_spec  # noqa: E402
 from rlpipe.envs.random_return import play_random  # noqa: E402
 
 BASE_MINIBATCH = 512
@@ -54,7 +54,7 @@ def mix_types(mix: str) -> dict[str, dict]:
     """The mix's types and their config nodes, as a run composes them."""
     register_schema()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        spec = to_plain(compose(config_name="config", overrides=[f"env_mix={mix}"]))
+        spec = run_spec(compose(config_name="config", overrides=[f"env_mix={mix}"]))
     return {t.name: t.node for t in spec.env_types}
 
 

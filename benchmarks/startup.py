@@ -34,14 +34,14 @@ SERIAL = r"""
 import importlib, json, resource, sys, time
 import numpy as np
 from hydra import compose, initialize_config_dir
-from rlpipe.config import conf_dir, register_schema, to_plain
+from rlpipe.config import conf_dir, register_schema, run_spec
 from rlpipe.envs.registry import make_factory, plan_mix, preload_modules
 from rlpipe.worker.envtable import EnvTable
 
 register_schema()
 with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
     cfg = compose(config_name="config", overrides=json.loads(sys.argv[1]))
-spec = to_plain(cfg)
+spec = run_spec(cfg)
 t0 = time.perf_counter()
 plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)   # as the driver plans the run
 for m in preload_modules(spec.env_types):
@@ -50,7 +50,7 @@ t1 = time.perf_counter()
 n = spec.env_count
 staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in plan.obs_keys]
 table = EnvTable(0, plan.env_type, plan.names, plan.specs,
-                 [make_factory(t.node) for t in spec.env_types], plan.obs_keys, staging, spec.seed)
+                 [make_factory(t.node) for t in spec.env_types], plan.obs_keys, staging, spec.run.seed)
 for i in range(n):
     table.start(i)
 t2 = time.perf_counter()

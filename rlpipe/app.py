@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlpipe.config import ConfigError, conf_dir, register_schema, to_plain
+from rlpipe.config import ConfigError, conf_dir, register_schema, run_spec
 from rlpipe.dist import hydra_run_dir
 
 register_schema()
@@ -37,9 +37,9 @@ def run_job(cfg: DictConfig) -> int:
 
     ranks = None
     try:
-        spec = to_plain(cfg)
+        spec = run_spec(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        if spec.mode == "validate":
+        if spec.run.mode == "validate":
             from rlpipe.envs.validate import validate_types
             return validate_types(spec, run_dir)
         from rlpipe.dist import rank_from_env

@@ -171,13 +171,13 @@ def test_export_loads_weights_only_and_acts_on_the_declared_spec(chaos_run):
     import torch
     from omegaconf import OmegaConf
 
-    from rlpipe.config import to_plain
+    from rlpipe.config import run_spec
     from rlpipe.envs.registry import plan_mix
     from rlpipe.learner.policy import Policy
     run_dir, _out = chaos_run
     payload = torch.load(run_dir / "export" / "policy.pt", weights_only=True)
     compat = payload["compat"]
-    spec = to_plain(OmegaConf.create(payload["config_yaml"]))
+    spec = run_spec(OmegaConf.create(payload["config_yaml"]))
     plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
     assert compat["types"] == list(plan.names)
     assert compat["obs_keys"] == [[k.name, list(k.shape), k.dtype] for k in plan.obs_keys]

@@ -172,11 +172,11 @@ def segments():
 def buffer_keys(option: str, rgb_dtype: str | None = None):
     """Obs keys of conf/buffer/<option>.yaml, composed through Hydra like a real run."""
     from conftest import compose_cfg
-    from rlpipe.config import to_plain
+    from rlpipe.config import run_spec
     overrides = [f"buffer={option}"]
     if rgb_dtype:
         overrides.append(f"buffer.keys.rgb.dtype={rgb_dtype}")
-    return to_plain(compose_cfg(overrides)).obs_keys
+    return run_spec(compose_cfg(overrides)).obs_keys
 
 
 def buffer_options():

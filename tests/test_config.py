@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO, compose_cfg, run_cli
-from rlpipe.config import ConfigError, conf_dir, to_plain
+from rlpipe.config import ConfigError, conf_dir, run_spec
 
 GROUPS = sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name not in ("env", "stage"))
 
@@ -27,7 +27,7 @@ CLASSIC = {"cartpole": 1.0, "acrobot": 1.0, "pendulum": 1.0, "mountaincar_cont":
 # What each group option must change in the plain spec: an option whose values never reach
 # the spec (or reach the wrong field) fails here, and a new option without a check fails too.
 OPTION_CHECKS = {
-    ("buffer", "lowdim"): lambda s: _keys(s) == {"state": (32,), "vector": (16,)} and s.board_sync == "seqlock",
+    ("buffer", "lowdim"): lambda s: _keys(s) == {"state": (32,), "vector": (16,)} and s.buffer.sync == "seqlock",
     ("buffer", "seed"): lambda s: _keys(s) == {"rgb": (224, 224, 3), "state": (128,), "vector": (64,)},
     ("buffer", "small"): lambda s: _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)},
     ("buffer", "state_only"): lambda s: _keys(s) == {"state": (32,)},
@@ -46,28 +46,30 @@ OPTION_CHECKS = {
     ("env_mix", "reward_scales"): lambda s: _types(s) == {**CLASSIC, "physics_sim": 1.0},
     ("env_mix", "seed12"): lambda s: len(s.env_types) == 12 and {"atari", "bullet_reacher", "minigrid",
                                                                   "web_sim"} <= set(_types(s)),
-    ("groups", "default"): lambda s: (s.group_size, s.groups.hot, s.groups.wake_after_steps,
+    ("groups", "default"): lambda s: (s.groups.size, s.groups.hot, s.groups.wake_after_steps,
                                       s.groups.cgroup) == (70, 2, 100, "auto"),
     ("heartbeat", "default"): lambda s: (s.heartbeat.timeout_s, s.heartbeat.startup_timeout_s,
                                          s.heartbeat.scan_interval_s) == (90, 300, 30),
     ("learner", "ppo"): lambda s: (s.learner.mode, s.learner.rollout_len, s.learner.backlog, s.learner.hidden,
                                    s.learner.value_norm, s.learner.adv_norm) == ("ppo", 32, "hold", (64, 64),
                                                                                   "popart", "per_type"),
-    ("logging", "default"): lambda s: (s.progress_interval_s, s.aggregate_interval_s, s.random_return_episodes,
-                                       s.random_return_budget_s) == (10, 60, 20, 30),
+    ("logging", "default"): lambda s: (s.logging.progress_interval_s, s.logging.aggregate_interval_s,
+                                       s.logging.random_return_episodes, s.logging.random_return_budget_s)
+    == (10, 60, 20, 30),
     ("dist", "default"): lambda s: (s.dist.sync_frac, s.dist.backend, s.dist.timeout_s) == (0.6, "auto", 300.0)
     and s.env_id_offset == 0,
-    ("redis", "embedded"): lambda s: s.redis_url is None,
+    ("redis", "embedded"): lambda s: s.redis.url is None,
     ("reward_norm", "global"): lambda s: (s.reward_norm.mode, s.reward_norm.clip) == ("global", 10),
     ("reward_norm", "mean_std"): lambda s: (s.reward_norm.mode, s.reward_norm.clip) == ("mean_std", 10),
     ("reward_norm", "off"): lambda s: s.reward_norm.mode == "off",
     ("reward_norm", "per_type"): lambda s: (s.reward_norm.mode, s.reward_norm.sync_every) == ("per_type", 1000),
     ("reward_norm", "per_env"): lambda s: (s.reward_norm.mode, s.reward_norm.sync_every) == ("per_env", 1000),
-    ("run", "default"): lambda s: (s.duration_s, s.total_env_steps, s.seed, s.resume) == (600, 500000, 1, False),
+    ("run", "default"): lambda s: (s.run.duration_s, s.run.total_env_steps, s.run.seed,
+                                   s.run.resume) == (600, 500000, 1, False),
     ("scaling", "off"): lambda s: not s.scaling.enabled,
     ("scaling", "on"): lambda s: s.scaling.enabled and s.scaling.window == 100,
-    ("worker", "default"): lambda s: (s.start_method, s.step_timeout_s, s.doorbell_timeout_s,
-                                      s.worker_threads) == ("forkserver", 30, 1.0, 1),
+    ("worker", "default"): lambda s: (s.worker.start_method, s.worker.step_timeout_s,
+                                      s.worker.doorbell_timeout_s, s.worker.threads) == ("forkserver", 30, 1.0, 1),
 }
 
 
@@ -80,15 +82,15 @@ def test_every_group_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if group == "env_mix" and option == "gym":
         overrides.append("env_mix.id=CartPole-v1")
-    spec = to_plain(compose_cfg(overrides))
+    spec = run_spec(compose_cfg(overrides))
     assert OPTION_CHECKS[(group, option)](spec), spec
 
 
 def test_defaults_are_plain_values():
-    spec = to_plain(compose_cfg())
+    spec = run_spec(compose_cfg())
     assert spec.env_types[0].name == "cartpole"
     assert [k.name for k in spec.obs_keys] == ["rgb", "state", "vector"]
-    assert spec.redis_url is None
+    assert spec.redis.url is None
     assert isinstance(spec.learner.hidden, tuple)
 
 
@@ -115,16 +117,16 @@ def test_defaults_are_plain_values():
 def test_bad_values_raise_config_error_naming_the_key(override, key):
     overrides = [override] + (["run.total_env_steps=null"] if key == "run.duration_s" else [])
     with pytest.raises(ConfigError) as err:
-        to_plain(compose_cfg(overrides))
+        run_spec(compose_cfg(overrides))
     assert key in str(err.value)
     assert "allowed" in str(err.value)
 
 
 def test_worker_slices_auto_double_buffers_only_few_workers(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
-    slices = {n: to_plain(compose_cfg([f"env_count={n}"])).worker_slices for n in (1, 64, 210, 280, 7000)}
+    slices = {n: run_spec(compose_cfg([f"env_count={n}"])).worker.slices for n in (1, 64, 210, 280, 7000)}
     assert slices == {1: 1, 64: 2, 210: 2, 280: 1, 7000: 1}      # 1 env: at most the group; 4 workers: 1
-    assert to_plain(compose_cfg(["env_count=7000", "worker.slices=3"])).worker_slices == 3
+    assert run_spec(compose_cfg(["env_count=7000", "worker.slices=3"])).worker.slices == 3
 
 
 def test_cli_bad_value_is_one_paragraph_no_traceback(short_tmp):
@@ -168,14 +170,14 @@ def test_every_stage_composes_and_validates(stage):
     """Each stage's own numbers reach the spec (read from its yaml, against the defaults)."""
     from omegaconf import OmegaConf
     own = OmegaConf.load(conf_dir() / "stage" / f"{stage}.yaml")
-    default = to_plain(compose_cfg())
-    spec = to_plain(compose_cfg([f"+stage={stage}"]))
+    default = run_spec(compose_cfg())
+    spec = run_spec(compose_cfg([f"+stage={stage}"]))
     assert spec.stage == stage
     assert spec.env_count == own.get("env_count", default.env_count)
     run = own.get("run", {})
-    assert spec.mode == run.get("mode", "train")
-    assert spec.duration_s == run.get("duration_s", default.duration_s)
-    assert spec.total_env_steps == run.get("total_env_steps", default.total_env_steps)
+    assert spec.run.mode == run.get("mode", "train")
+    assert spec.run.duration_s == run.get("duration_s", default.run.duration_s)
+    assert spec.run.total_env_steps == run.get("total_env_steps", default.run.total_env_steps)
     for key, value in own.get("groups", {}).items():
         assert getattr(spec.groups, key) == value, key
     for key, value in own.get("heartbeat", {}).items():
@@ -187,11 +189,11 @@ def test_every_stage_composes_and_validates(stage):
 
 
 def test_stage_env_count_is_overridable_and_day4_is_the_seed12_mix():
-    spec = to_plain(compose_cfg(["+stage=day4", "env_count=1234"]))
+    spec = run_spec(compose_cfg(["+stage=day4", "env_count=1234"]))
     assert spec.env_count == 1234
     assert len(spec.env_types) == 12
     # a stage's tuning of types outside the mix is left out, not an error
-    assert [t.name for t in to_plain(compose_cfg(["+stage=day5", "env_mix=cartpole"])).env_types] == ["cartpole"]
+    assert [t.name for t in run_spec(compose_cfg(["+stage=day5", "env_mix=cartpole"])).env_types] == ["cartpole"]
 
 
 def test_over_budget_config_is_refused_with_the_arithmetic(short_tmp):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import REPO, compose_cfg
-from rlpipe.config import ConfigError, to_plain
+from rlpipe.config import ConfigError, run_spec
 from rlpipe.dist import RankInfo, rank_from_env, rank_spec, share
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -36,12 +36,12 @@ def test_shares_tile_env_ids_and_remainders_go_to_the_first_ranks():
 
 
 def test_rank_spec_splits_envs_and_update_envs():
-    spec = to_plain(compose_cfg(["env_count=65", "learner.update_envs=64"]))
+    spec = run_spec(compose_cfg(["env_count=65", "learner.update_envs=64"]))
     r0 = rank_spec(spec, RankInfo(0, 2, 0, "t", 0))
     r1 = rank_spec(spec, RankInfo(1, 2, 1, "t", 0))
     assert (r0.env_count, r0.env_id_offset, r1.env_count, r1.env_id_offset) == (33, 0, 32, 33)
     assert r0.learner.update_envs + r1.learner.update_envs == 64
-    assert not r0.resume and rank_spec(spec, RankInfo(0, 2, 0, "t", 1)).resume   # a restart resumes
+    assert not r0.run.resume and rank_spec(spec, RankInfo(0, 2, 0, "t", 1)).run.resume   # a restart resumes
 
 
 def test_rank_from_env():
@@ -58,12 +58,12 @@ def test_rank_from_env():
                                            ("dist.timeout_s=-1", "dist.timeout_s")])
 def test_bad_dist_values_are_one_paragraph_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
-        to_plain(compose_cfg([override]))
+        run_spec(compose_cfg([override]))
     assert key in str(err.value) and "\n" not in str(err.value)
 
 
 def test_too_few_envs_for_the_ranks_is_a_config_error():
-    spec = to_plain(compose_cfg(["env_mix=classic", "env_count=7"]))
+    spec = run_spec(compose_cfg(["env_mix=classic", "env_count=7"]))
     with pytest.raises(ConfigError, match="env_count=7"):
         rank_spec(spec, RankInfo(0, 2, 0, "t", 0))
 
@@ -115,7 +115,7 @@ UPDATE_SIZES = [(120, 80), (0, 60), (97, 0), (5, 3)]   # samples per rank per up
 
 def _plan_and_spec(overrides):
     from rlpipe.envs.registry import plan_mix
-    spec = to_plain(compose_cfg(["env_mix=classic", "env_count=8", *overrides]))
+    spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", *overrides]))
     return spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
 
 

@@ -64,14 +64,14 @@ def tree_memory(pid: int) -> tuple[int, int]:
 
 def expected_shm_bytes(*overrides: str) -> int:
     """The run's segments as the config lays them out: one WorkerLayout per group."""
-    from rlpipe.config import to_plain
+    from rlpipe.config import run_spec
     from rlpipe.envs.registry import plan_mix
     from rlpipe.shm.layout import WorkerLayout
     from rlpipe.supervisor.workers import group_ranges
-    spec = to_plain(compose_cfg(list(overrides)))
+    spec = run_spec(compose_cfg(list(overrides)))
     plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
     return sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size
-               for lo, hi in group_ranges(spec.env_count, spec.group_size))
+               for lo, hi in group_ranges(spec.env_count, spec.groups.size))
 
 
 def test_short_run_learns_and_cleans_up(short_tmp):

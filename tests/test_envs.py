@@ -2,7 +2,7 @@
 worker's env table, Gymnasium ids mapped automatically, day0 validation. Real envs throughout."""
 from __future__ import annotations
 
-import dataclasses
+import copy
 import functools
 import json
 import threading
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_cfg, run_cli
-from rlpipe.config import ConfigError, EnvTypeSpec, to_plain
+from rlpipe.config import ConfigError, EnvTypeSpec, run_spec
 from rlpipe.envs import (CONTINUOUS, DISCRETE, ContractViolation, EnvInterface, EnvSpec,
                          check_fits, check_obs, check_step, describe, make_factory, plan_mix)
 from rlpipe.envs.image import Resizer
@@ -27,7 +27,7 @@ QUIET = {"faulty": {"reset_error_rate": 0.0, "step_error_rate": 0.0, "render_err
 
 
 def _spec(overrides):
-    return to_plain(compose_cfg(overrides))
+    return run_spec(compose_cfg(overrides))
 
 
 @functools.lru_cache(maxsize=None)
@@ -478,7 +478,7 @@ def test_day0_validates_every_type_and_names_failures(tmp_path, monkeypatch):
     monkeypatch.setattr(validate, "STEPS_PER_ENV", 40)
     spec = _spec(["+stage=day0", "env_mix=seed12", "buffer=small",
                   "env_mix.types.unity_sim.warmup_ms=20"])
-    assert spec.mode == "validate" and spec.stage == "day0"
+    assert spec.run.mode == "validate" and spec.stage == "day0"
     assert validate.validate_types(spec, tmp_path) == 0
     report = json.loads((tmp_path / "env_validation.json").read_text())
     assert set(report["types"]) == set(TYPES)
@@ -491,7 +491,8 @@ def test_day0_validates_every_type_and_names_failures(tmp_path, monkeypatch):
     assert "| faulty | yes |" in md and "All types passed" in md
 
     broken = EnvTypeSpec("broken", 1.0, {"_target_": f"{__name__}.AlwaysBroken", "_partial_": True})
-    bad = dataclasses.replace(spec, env_types=(spec.env_types[0], broken))
+    bad = copy.copy(spec)
+    bad.env_types = (spec.env_types[0], broken)
     out = tmp_path / "bad"
     assert validate.validate_types(bad, out) == 1
     report = json.loads((out / "env_validation.json").read_text())

@@ -20,7 +20,7 @@ from rlpipe.supervisor.groups import WakeSchedule
 
 
 def spec(**kw) -> GroupsSpec:
-    base = dict(hot=1, wake_after_steps=10, wake_batch=1, wake_growth=1.0, cgroup="none",
+    base = dict(size=70, hot=1, wake_after_steps=10, wake_batch=1, wake_growth=1.0, cgroup="none",
                 dormant_cpu_pct=1.0, dormant_mem_mb=512)
     return GroupsSpec(**{**base, **kw})
 

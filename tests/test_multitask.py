@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import compose_cfg
-from rlpipe.config import ObsKey, to_plain
+from rlpipe.config import ObsKey, run_spec
 from rlpipe.envs.contract import EnvSpec
 from rlpipe.envs.registry import ActionSpace, MixPlan, plan_mix
 from rlpipe.learner.central import CentralLearner
@@ -237,7 +237,7 @@ def test_gae_matches_the_reference_for_termination_truncation_and_cut():
 # -- the learner -----------------------------------------------------------------------------------
 
 def _learner(*overrides: str) -> CentralLearner:
-    spec = to_plain(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", *overrides]))
+    spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", *overrides]))
     return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_cfg
-from rlpipe.config import to_plain
+from rlpipe.config import run_spec
 from rlpipe.envs import describe, make_factory
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.stepper import Stepper
@@ -20,7 +20,7 @@ TIMEOUT_S = 0.4
 
 @pytest.fixture(scope="module")
 def run():
-    return to_plain(compose_cfg(["env_mix=seed12"]))
+    return run_spec(compose_cfg(["env_mix=seed12"]))
 
 
 def _table(run, hanging: tuple[int, ...], n: int = 6):

@@ -90,8 +90,10 @@ def rank_spec(spec: RunSpec, info: RankInfo) -> RunSpec:
     count, offset = share(spec.env_count, w, info.rank)
     updates, _ = share(update_total, w, info.rank)
     learner = dataclasses.replace(spec.learner, update_envs=updates)
-    resume = spec.resume or info.restart > 0      # a torchrun restart continues the run
-    return dataclasses.replace(spec, env_count=count, env_id_offset=offset, learner=learner, resume=resume)
+    run = dataclasses.replace(spec.run, resume=spec.run.resume or info.restart > 0)  # a torchrun restart
+    ranked = dataclasses.replace(spec, env_count=count, learner=learner, run=run)    # continues the run
+    ranked.env_id_offset = offset       # not a setting, so replace() left it at 0
+    return ranked
 
 
 def hydra_run_dir(default: str) -> str:

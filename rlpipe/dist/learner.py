@@ -126,7 +126,7 @@ class DistLearner(CentralLearner):
         if sums is not None:               # the header went through: adopt the round's figures
             self.round_steps += int(sums[0])
             self.local_at_round = local
-            total = self.spec.total_env_steps
+            total = self.spec.run.total_env_steps
             self.finished = sums[2] > 0 or bool(total and self.round_steps >= total)
             self._checkpoint_flag = self._checkpoint_flag or sums[3] > 0
         if self._update_result is None and sums is not None and sums[1] <= 0:
@@ -184,7 +184,7 @@ class DistLearner(CentralLearner):
         self.round_steps = int(self.sync.all_sum(steps, "the start-up all-reduce of env steps").item())
         self.local_at_round = self.counters.env_steps
         if not resumed:
-            seed = self.spec.seed + 1_000_003 * self.rank
+            seed = self.spec.run.seed + 1_000_003 * self.rank
             torch.manual_seed(seed)
             self.generator.manual_seed(seed)
             self.explore_gen.manual_seed(seed + 1)

@@ -281,7 +281,7 @@ def validate_types(spec: RunSpec, run_dir: Path) -> int:
     types = {}
     for i, t in enumerate(spec.env_types):
         print(f"rlpipe day0: validating {t.name} ...", flush=True)
-        types[t.name] = _run_type(t.name, t.node, spec.obs_keys, spec.seed + 7919 * i)
+        types[t.name] = _run_type(t.name, t.node, spec.obs_keys, spec.run.seed + 7919 * i)
     try:
         from rlpipe.envs.bullet import ClientPool
         ClientPool.shutdown()

@@ -99,12 +99,12 @@ def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -
             for mode, deterministic in (("deterministic", True), ("stochastic", False)):
                 task = bar.add_task(f"{name} {mode}", total=args.episodes)
                 eps = play.play(run.policy, plan, t, factory, args.episodes, deterministic, args.seed,
-                                args.max_steps, spec.step_timeout_s,
+                                args.max_steps, spec.worker.step_timeout_s,
                                 on_episode=lambda task=task: bar.advance(task))
                 entry[mode] = eps.stats()
             task = bar.add_task(f"{name} random", total=1)
             entry["random"] = random_baseline(run.run_dir, name, nodes[name], args.episodes,
-                                              args.seed, spec.random_return_budget_s)
+                                              args.seed, spec.logging.random_return_budget_s)
             bar.advance(task)
             if args.video:
                 task = bar.add_task(f"{name} video", total=1)
@@ -129,7 +129,7 @@ def _film(run, t: int, node: dict, args, out_dir: Path, films: dict) -> dict:
     rec = video.Recorder(grab, out_dir / f"{name}.mp4")
     try:
         eps = play.play(run.policy, run.plan, t, factory, 1, True, args.seed, args.max_steps,
-                        run.spec.step_timeout_s, observe=rec.observe)
+                        run.spec.worker.step_timeout_s, observe=rec.observe)
     finally:
         path = rec.close()
     if path is None:

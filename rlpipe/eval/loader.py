@@ -1,7 +1,7 @@
 """A finished (or killed) run, rebuilt from its own files: config, env plan and trained policy.
 
 Nothing but the run directory is read: `.hydra/config.yaml` (what Hydra saved when the run
-started) is validated with the same `to_plain` the engine uses, the env types are described
+started) is checked into the same RunSpec the engine runs on (`run_spec`), the env types are described
 with the same `plan_mix`, and the policy is built exactly as the learner builds it, then
 loaded from the newest checkpoint (or `export/policy.pt` when the run exported one and its
 checkpoints are gone). Checkpoint files are only read: unlike a resume, evaluation never
@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlpipe.config import ConfigError, RunSpec, to_plain
+from rlpipe.config import ConfigError, RunSpec, run_spec
 from rlpipe.envs.registry import MixPlan, plan_mix
 
 
@@ -43,7 +43,7 @@ def load_spec(run_dir: Path) -> RunSpec:
                         "<time>/ or one job's folder of a multirun, multirun/<date>/<time>/<n>/).")
     try:
         cfg = OmegaConf.load(path)
-        return to_plain(cfg)
+        return run_spec(cfg)
     except (ConfigError, OmegaConfBaseException, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise EvalError(f"the run's config {path} cannot be rebuilt by this rlpipe "
                         f"({type(exc).__name__}: {exc}); was it written by another version? "

@@ -63,8 +63,8 @@ class CentralLearner:
         self.cfg = spec.learner
         self.plan = plan
         self.device = pick_device(self.cfg.device)
-        torch.manual_seed(spec.seed)
-        self.generator = torch.Generator().manual_seed(spec.seed)
+        torch.manual_seed(spec.run.seed)
+        self.generator = torch.Generator().manual_seed(spec.run.seed)
         self.policy = Policy(plan, plan.obs_keys, self.cfg.hidden, self.cfg.cnn_channels,
                              self.cfg.cnn_out).to(self.device)
         self._optimizer: torch.optim.Optimizer | None = None
@@ -93,9 +93,9 @@ class CentralLearner:
         self.random = self.cfg.mode == "random"
         self.scaling = spec.scaling
         # Exploration alternatives get their own stream: the policy's samples stay reproducible.
-        self.explore_gen = torch.Generator(device=self.device).manual_seed(spec.seed + 1)
+        self.explore_gen = torch.Generator(device=self.device).manual_seed(spec.run.seed + 1)
         self.scores = np.ones(spec.env_count, dtype=np.float32)   # latest stability score per env
-        self.rng = np.random.default_rng(spec.seed)
+        self.rng = np.random.default_rng(spec.run.seed)
         self.disc_counts = np.array([s.action_n if s.action_kind != "continuous" else 1
                                      for s in plan.specs], dtype=np.int64)
 
@@ -309,7 +309,7 @@ class CentralLearner:
         base rate), so the schedule is the same on a fast and a slow machine. A run bounded
         only by its duration has no step budget to anneal toward: the rate stays constant.
         `steps`: the run's env steps (default: this learner's count)."""
-        total = self.spec.total_env_steps
+        total = self.spec.run.total_env_steps
         if not self.cfg.anneal_lr or not total:
             return self.cfg.learning_rate
         steps = self.counters.env_steps if steps is None else steps

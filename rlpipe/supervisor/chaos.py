@@ -24,13 +24,13 @@ log = logging.getLogger("rlpipe.chaos")
 
 
 class Chaos:
-    def __init__(self, spec: ChaosSpec, t0: float, lifecycle, redis_service, pending: dict,
+    def __init__(self, spec: ChaosSpec, seed: int, t0: float, lifecycle, redis_service, pending: dict,
                  quiet_from: float | None = None):
         self.spec = spec
         self.lifecycle = lifecycle
         self.redis = redis_service
         self.pending = pending            # the watchdog's replacements under way: not targets
-        self.rng = random.Random(spec.seed)
+        self.rng = random.Random(seed)
         self.t0 = t0
         self.next_kill = t0 + spec.kill_worker_every_s if spec.kill_worker_every_s else None
         self.next_stop = t0 + spec.stop_worker_every_s if spec.stop_worker_every_s else None

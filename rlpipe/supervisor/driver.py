@@ -47,6 +47,7 @@ from rlpipe.supervisor.workers import WorkerHandle, group_ranges, stop_workers, 
 from rlpipe.telemetry.progress import Progress, Status
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
+from rlpipe.worker.spec import RunWiring
 from rlpipe.worker.rewardnorm import RewardNormalizer
 
 log = logging.getLogger("rlpipe")
@@ -192,7 +193,7 @@ class Driver:
             self.learner = self.dist.make_learner(self.spec, self.plan)
         else:
             self.learner = CentralLearner(self.spec, self.plan)
-        if self.spec.resume:
+        if self.spec.run.resume:
             self._resume()
             self._chart_mark = (self.learner.counters.env_steps, time.monotonic())
         if self.dist is not None:
@@ -211,12 +212,12 @@ class Driver:
         sweep_dead_segments()
         sweep_dead_socket_dirs()
         self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
-        self.budget = check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.group_size))
+        self.budget = check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
         commit = git_commit()
         self.versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
         self.sock_dir = socket_dir(self.run_dir, self.run_id)
-        self.redis = RedisService(spec.redis_url, self.sock_dir / "redis.sock", self.run_dir)
+        self.redis = RedisService(spec.redis.url, self.sock_dir / "redis.sock", self.run_dir)
         self.redis.start()
         self._phase(f"redis ({self.redis.mode}) up")
         self.rcli = redis_client(self.redis.url)
@@ -232,45 +233,31 @@ class Driver:
         self.ready = self.zctx.socket(zmq.PULL)
         self.ready.setsockopt(zmq.LINGER, 0)
         self.ready.setsockopt(zmq.RCVHWM, 100_000)
-        self.ready.bind(f"ipc://{self.sock_dir}/ready.ipc")
+        ready_ep = f"ipc://{self.sock_dir}/ready.ipc"
+        self.ready.bind(ready_ep)
 
-        if spec.resume:         # the workers' reward statistics must be in Redis before they start
+        if spec.run.resume:     # the workers' reward statistics must be in Redis before they start
             self._build_learner()
         multiprocessing_temp_dir(self.run_id)
-        ctx = worker_context(spec.start_method, preload_modules(spec.env_types))
-        self.args_common = dict(
-            type_names=self.plan.names,
-            type_nodes=tuple(t.node for t in spec.env_types),
-            type_specs=self.plan.specs,
-            type_versions=tuple(self.versions[t.name] for t in spec.env_types),
-            obs_keys=self.plan.obs_keys, cont_dim=self.plan.actions.cont_dim,
-            locked_board=spec.board_sync == "lock", slices=spec.worker_slices,
-            threads=spec.worker_threads, seed=spec.seed,
-            ready_endpoint=f"ipc://{self.sock_dir}/ready.ipc", lifecycle_endpoint=lifecycle_ep,
-            redis_url=self.redis.url, heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
-            heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
-            step_timeout_s=spec.step_timeout_s, max_rss_mb=spec.max_rss_mb,
-            cpu_affinity=spec.cpu_affinity, sched_fifo=spec.sched_fifo,
-            scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
-            reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
-            reward_norm_sync_every=spec.reward_norm.sync_every, reward_norm_gamma=spec.reward_norm.gamma,
-            doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid(),
-            env_id_offset=spec.env_id_offset)
+        ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
+        wiring = RunWiring(run_id=self.run_id, driver_pid=os.getpid(), ready_endpoint=ready_ep,
+                           lifecycle_endpoint=lifecycle_ep, redis_url=self.redis.url,
+                           type_versions=tuple(self.versions[t.name] for t in spec.env_types))
         self.ctx = ctx
         g = spec.groups
-        ranges = group_ranges(spec.env_count, spec.group_size)
+        ranges = group_ranges(spec.env_count, spec.groups.size)
         self.cgroups = make_cgroup_driver(g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb,
                                           n_groups=len(ranges))
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, self.rcli, self.lifecycle)
-        self.errors = ErrorAggregator(self.run_dir, spec.aggregate_interval_s)
+        self.errors = ErrorAggregator(self.run_dir, spec.logging.aggregate_interval_s)
         hb = spec.heartbeat
-        quiet = (self.t0 + spec.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
-                 if spec.duration_s else None)
-        self.chaos = Chaos(spec.chaos, self.t0, self.lifecycle, self.redis, self.watchdog.pending,
-                           quiet) if spec.chaos.enabled else None
+        quiet = (self.t0 + spec.run.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
+                 if spec.run.duration_s else None)
+        self.chaos = Chaos(spec.chaos, spec.run.seed, self.t0, self.lifecycle, self.redis,
+                           self.watchdog.pending, quiet) if spec.chaos.enabled else None
         for k, (lo, hi) in enumerate(ranges):
-            h = WorkerHandle(k, lo, hi, spec, self.plan, self.run_id, self.zctx,
+            h = WorkerHandle(k, lo, hi, spec, self.plan, wiring, self.zctx,
                              f"ipc://{self.sock_dir}/act_w{k}.ipc")
             h.awake = self.schedule.awake[k]
             h.on_retire = self._retire
@@ -286,8 +273,8 @@ class Driver:
             self._build_learner()   # while the hot workers build their envs
         if not self.learner.random and (self.dist is None or self.dist.rank == 0):
             self.random_probe = random_return.start(
-                ctx, {t.name: t.node for t in spec.env_types}, self.run_dir, spec.random_return_episodes,
-                spec.random_return_budget_s, spec.seed + 99)
+                ctx, {t.name: t.node for t in spec.env_types}, self.run_dir,
+                spec.logging.random_return_episodes, spec.logging.random_return_budget_s, spec.run.seed + 99)
         self.memory.start()
         self.rcli.hset(run_key(self.run_id), "state", "running")
         self.started = True
@@ -303,7 +290,7 @@ class Driver:
         return self.run_dir / "checkpoints"
 
     def _rnorm_keys(self) -> list[str]:
-        n_workers = -(-self.spec.env_count // self.spec.group_size)
+        n_workers = -(-self.spec.env_count // self.spec.groups.size)
         return [reward_stats_key(self.run_id, k) for k in range(n_workers)]
 
     def _resume(self) -> None:
@@ -400,16 +387,16 @@ class Driver:
     def _progress(self) -> float:
         spec, c = self.spec, self.learner.counters
         fractions = []
-        if spec.total_env_steps:
-            fractions.append(self.learner.global_env_steps / spec.total_env_steps)
-        if spec.duration_s:
-            fractions.append((time.monotonic() - self.t0) / spec.duration_s)
+        if spec.run.total_env_steps:
+            fractions.append(self.learner.global_env_steps / spec.run.total_env_steps)
+        if spec.run.duration_s:
+            fractions.append((time.monotonic() - self.t0) / spec.run.duration_s)
         return min(1.0, max(fractions))
 
     def _spawn(self, h: WorkerHandle) -> None:
         """Start (or restart) a worker; a dormant group's worker joins its cgroup first thing."""
         paths = [] if h.awake else self.cgroups.dormant_paths(h.worker_id)
-        h.spawn(self.ctx, self.args_common, paths, self.cgroups.active_paths())
+        h.spawn(self.ctx, paths, self.cgroups.active_paths())
         self.errors.add_log(h.worker_id, h.error_log)
 
     def _spawn_some(self, now: float) -> None:
@@ -507,20 +494,20 @@ class Driver:
         n_slices = sum(len(h.bounds) for h in self.handles)
         next_tb = next_check = time.monotonic()
         held: list[SliceRef] = []      # rings waiting while the learner is backlogged
-        with Progress(spec.progress_interval_s, spec.total_env_steps, spec.duration_s,
+        with Progress(spec.logging.progress_interval_s, spec.run.total_env_steps, spec.run.duration_s,
                       self.run_dir / "lifecycle.sqlite") as progress:
             while self.stop_signal is None:
                 now = time.monotonic()
                 c = learner.counters
                 if self.dist is not None:
                     # ranks stop together, after an update round that says so (rlpipe.dist)
-                    if spec.duration_s and now - self.t0 >= spec.duration_s:
+                    if spec.run.duration_s and now - self.t0 >= spec.run.duration_s:
                         learner.want_stop = True
                     if learner.finished:
                         break
-                elif spec.total_env_steps and c.env_steps >= spec.total_env_steps:
+                elif spec.run.total_env_steps and c.env_steps >= spec.run.total_env_steps:
                     break
-                elif spec.duration_s and now - self.t0 >= spec.duration_s:
+                elif spec.run.duration_s and now - self.t0 >= spec.run.duration_s:
                     break
                 refs = []
                 if self.ready.poll(10):
@@ -765,7 +752,7 @@ class Driver:
         spec = self.spec
         hparams = {"env_count": spec.env_count, "env_mix": "+".join(t.name for t in spec.env_types),
                    "scaling": spec.scaling.enabled, "reward_norm": spec.reward_norm.mode,
-                   "buffer_sync": spec.board_sync, "learning_rate": spec.learner.learning_rate,
+                   "buffer_sync": spec.buffer.sync, "learning_rate": spec.learner.learning_rate,
                    "rollout_len": spec.learner.rollout_len, "stage": spec.stage or "-"}
         metrics = {"hparams/sps": result["sps"], "hparams/updates": result["updates"],
                    "hparams/loss_std": result["loss_std"] if result["loss_std"] is not None else float("nan")}

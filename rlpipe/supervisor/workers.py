@@ -13,7 +13,8 @@ from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayou
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment, segment_name
 from rlpipe.protocol import ACT, STOP_SLICE, slice_bounds
-from rlpipe.worker.process import WorkerArgs, run_worker
+from rlpipe.worker.process import run_worker
+from rlpipe.worker.spec import RunWiring, WorkerSpec
 
 WORKER_PRELOAD = ["rlpipe.worker.process"]
 
@@ -34,15 +35,16 @@ def group_ranges(env_count: int, group_size: int) -> list[tuple[int, int]]:
 
 class WorkerHandle:
     def __init__(self, worker_id: int, env_lo: int, env_hi: int, spec: RunSpec, plan: MixPlan,
-                 run_id: str, zctx: zmq.Context, act_endpoint: str):
+                 wiring: RunWiring, zctx: zmq.Context, act_endpoint: str):
         self.worker_id = worker_id
         self.env_lo, self.env_hi = env_lo, env_hi
         self.n = env_hi - env_lo
         self.spec = spec
         self.plan = plan
-        self.run_id = run_id
+        self.wiring = wiring
+        self.run_id = wiring.run_id
         self.layout = WorkerLayout.build(self.n, plan.obs_keys, plan.actions.cont_dim)
-        self.bounds = slice_bounds(self.n, spec.worker_slices)
+        self.bounds = slice_bounds(self.n, spec.worker.slices)
         # env type index of each slice's envs (the learner's per-round lookups, made once)
         self.slice_types = [plan.env_type[env_lo + lo:env_lo + hi].astype(np.int64) for lo, hi in self.bounds]
         self.act_endpoint = act_endpoint
@@ -72,29 +74,44 @@ class WorkerHandle:
             self.views.release()
         name = segment_name(self.run_id, f"w{self.worker_id}g{self.generation}")
         self.segment = Segment.create(name, self.layout.size)
-        self.views = WorkerViews(self.layout, self.segment, locked=self.spec.board_sync == "lock")
+        self.views = WorkerViews(self.layout, self.segment, locked=self.spec.buffer.sync == "lock")
         self.views.store(H_MAGIC, MAGIC)
         self.views.store(H_GENERATION, self.generation)
         self.error_log = ErrorLog(self.views.error_log_buf, create=True)
-        if self.spec.board_sync == "lock":
+        if self.spec.buffer.sync == "lock":
             self.views.board.init_locks(self.n)
         if old is not None:
             old.unlink()
             old.close()
 
-    def spawn(self, ctx, args_common: dict, cgroup_paths: list[str], active_paths: list[str]) -> None:
+    def worker_spec(self, cgroup_paths: list[str], active_paths: list[str]) -> WorkerSpec:
+        """The one place a WorkerSpec is built: the run's settings and plan, its wiring, and
+        this worker's own fields (its current generation and segment)."""
+        spec, plan, w = self.spec, self.plan, self.spec.worker
+        return WorkerSpec(
+            wiring=self.wiring, worker_id=self.worker_id, generation=self.generation, env_lo=self.env_lo,
+            type_index=plan.env_type[self.env_lo:self.env_hi].copy(), segment_name=self.segment.name,
+            act_endpoint=self.act_endpoint, cgroup_paths=tuple(cgroup_paths),
+            active_cgroup_paths=tuple(active_paths),
+            type_names=plan.names, type_nodes=tuple(t.node for t in spec.env_types), type_specs=plan.specs,
+            obs_keys=plan.obs_keys, cont_dim=plan.actions.cont_dim, locked_board=spec.buffer.sync == "lock",
+            env_id_offset=spec.env_id_offset, seed=spec.run.seed,
+            slices=w.slices, threads=w.threads, step_timeout_s=w.step_timeout_s, max_rss_mb=w.max_rss_mb,
+            cpu_affinity=w.cpu_affinity, sched_fifo=w.sched_fifo, doorbell_timeout_s=w.doorbell_timeout_s,
+            heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
+            heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
+            scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
+            reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
+            reward_norm_sync_every=spec.reward_norm.sync_every, reward_norm_gamma=spec.learner.gamma)
+
+    def spawn(self, ctx, cgroup_paths: list[str], active_paths: list[str]) -> None:
         self.generation += 1
         self._new_segment()
         self.views.store(H_AWAKE, int(self.awake))
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
-        args = WorkerArgs(worker_id=self.worker_id, generation=self.generation, run_id=self.run_id,
-                          env_lo=self.env_lo, type_index=self.plan.env_type[self.env_lo:self.env_hi].copy(),
-                          segment_name=self.segment.name, act_endpoint=self.act_endpoint,
-                          cgroup_paths=tuple(cgroup_paths), active_cgroup_paths=tuple(active_paths),
-                          **args_common)
-        self.proc = ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
-                                daemon=False)
+        self.proc = ctx.Process(target=run_worker, args=(self.worker_spec(cgroup_paths, active_paths),),
+                                name=f"rlpipe-worker-{self.worker_id}", daemon=False)
         self.proc.start()
         self.spawned_awake = self.awake        # its spawn -> ready time is a build time, not a wait
         self.spawned_at = time.monotonic()

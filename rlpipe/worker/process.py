@@ -12,7 +12,6 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -20,8 +19,7 @@ import redis
 import zmq
 
 from rlpipe import redis_client
-from rlpipe.spec import ObsKey
-from rlpipe.envs.contract import CONTINUOUS, EnvSpec
+from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
 from rlpipe.procs import pid_alive
@@ -36,6 +34,7 @@ from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy, unpack_epsilons
 from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.worker.stability import StabilityTracker
+from rlpipe.worker.spec import WorkerSpec
 from rlpipe.worker.stepper import Stepper
 
 PR_SET_PDEATHSIG = 1
@@ -44,48 +43,6 @@ log = logging.getLogger("rlpipe.worker")
 
 
 EXIT_RECYCLE = 75          # the worker left on purpose (RSS past worker.max_rss_mb): replace it
-
-
-@dataclass(frozen=True)
-class WorkerArgs:
-    """Everything a worker needs, picklable once at spawn (nothing crosses a socket later)."""
-    worker_id: int
-    generation: int
-    run_id: str
-    env_lo: int
-    type_index: np.ndarray          # env type index of each of this worker's envs
-    type_names: tuple[str, ...]
-    type_nodes: tuple[dict, ...]    # config node per type (instantiated once per type here)
-    type_specs: tuple[EnvSpec, ...]
-    type_versions: tuple[str, ...]
-    obs_keys: tuple[ObsKey, ...]
-    cont_dim: int
-    segment_name: str
-    locked_board: bool
-    slices: int
-    threads: int
-    step_timeout_s: float | None
-    max_rss_mb: float | None
-    cpu_affinity: tuple[int, ...] | None
-    sched_fifo: int | None
-    cgroup_paths: tuple[str, ...]   # cgroup.procs files of the group's dormant cgroup (empty: none)
-    active_cgroup_paths: tuple[str, ...]   # ... and of the active one, for a wake that raced us
-    scaling_enabled: bool           # score envs, apply the learner's exploration rates
-    scaling_window: int
-    reward_norm_mode: str           # per_env | global | off
-    reward_norm_clip: float | None
-    reward_norm_sync_every: int
-    reward_norm_gamma: float        # the learner's discount (return-std modes)
-    seed: int
-    ready_endpoint: str
-    act_endpoint: str
-    lifecycle_endpoint: str
-    redis_url: str
-    heartbeat_redis_interval_s: float
-    heartbeat_signal_interval_s: float
-    doorbell_timeout_s: float
-    driver_pid: int
-    env_id_offset: int = 0          # global id of local env 0 (a torchrun rank's offset; rlpipe.dist)
 
 
 def _die_with_parent() -> None:
@@ -107,12 +64,12 @@ def _join_cgroups(paths: tuple[str, ...]) -> None:
             f.write(pid)
 
 
-def _scheduling(args: WorkerArgs, lifecycle: LifecycleClient) -> None:
-    if args.cpu_affinity:
-        os.sched_setaffinity(0, args.cpu_affinity)
-    if args.sched_fifo:
+def _scheduling(spec: WorkerSpec, lifecycle: LifecycleClient) -> None:
+    if spec.cpu_affinity:
+        os.sched_setaffinity(0, spec.cpu_affinity)
+    if spec.sched_fifo:
         try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.sched_fifo))
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(spec.sched_fifo))
         except PermissionError:
             lifecycle.event("worker_spawn", detail={"warning": "worker.sched_fifo needs "
                                                     "CAP_SYS_NICE; running with the default policy"})
@@ -215,31 +172,31 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * PAGE_BYTES / 2**20
 
 
-def run_worker(args: WorkerArgs) -> None:
+def run_worker(spec: WorkerSpec) -> None:
     _die_with_parent()
-    segment = Segment.attach(args.segment_name)
-    n = len(args.type_index)
-    layout = WorkerLayout.build(n, args.obs_keys, args.cont_dim)
-    views = WorkerViews(layout, segment, locked=args.locked_board)
+    segment = Segment.attach(spec.segment_name)
+    n = len(spec.type_index)
+    layout = WorkerLayout.build(n, spec.obs_keys, spec.cont_dim)
+    views = WorkerViews(layout, segment, locked=spec.locked_board)
     beat_addr = views.header_addr + H_OS_BEAT_NS
-    beat = _Heartbeat(args.redis_url, worker_key(args.run_id, args.worker_id),
-                      args.heartbeat_redis_interval_s)
+    beat = _Heartbeat(spec.wiring.redis_url, worker_key(spec.wiring.run_id, spec.worker_id),
+                      spec.heartbeat_redis_interval_s)
     startup_beat = _StartupBeat(beat_addr, beat, lambda: {
-        "pid": os.getpid(), "generation": args.generation, "steps": 0, "rss_mb": round(_rss_mb(), 1),
-        "ts": time.time()}, min(args.heartbeat_signal_interval_s, args.heartbeat_redis_interval_s))
-    if args.cgroup_paths:
+        "pid": os.getpid(), "generation": spec.generation, "steps": 0, "rss_mb": round(_rss_mb(), 1),
+        "ts": time.time()}, min(spec.heartbeat_signal_interval_s, spec.heartbeat_redis_interval_s))
+    if spec.cgroup_paths:
         # Join the dormant cgroup first thing; the driver may have woken the group meanwhile
         # (it raises H_AWAKE before moving us), so look again and follow it to `active`.
-        _join_cgroups(args.cgroup_paths)
+        _join_cgroups(spec.cgroup_paths)
         if views.load(H_AWAKE):
-            _join_cgroups(args.active_cgroup_paths)
+            _join_cgroups(spec.active_cgroup_paths)
     os.setpgrp()                                   # own process group: OS beats, no terminal Ctrl-C
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver coordinates shutdown
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
         from setproctitle import setproctitle
-        setproctitle(f"rlpipe: worker {args.worker_id}")
+        setproctitle(f"rlpipe: worker {spec.worker_id}")
     except ImportError:
         pass
 
@@ -250,18 +207,18 @@ def run_worker(args: WorkerArgs) -> None:
     # env is built, the start-up beat thread stamps it too).
     signal.signal(signal.SIGUSR1, lambda *_: store_u64(beat_addr, time.monotonic_ns()))
     ctx = zmq.Context(io_threads=1)
-    lifecycle = LifecycleClient(args.lifecycle_endpoint, ctx, worker_id=args.worker_id,
-                                generation=args.generation)
-    _scheduling(args, lifecycle)
+    lifecycle = LifecycleClient(spec.wiring.lifecycle_endpoint, ctx, worker_id=spec.worker_id,
+                                generation=spec.generation)
+    _scheduling(spec, lifecycle)
     ready = ctx.socket(zmq.PUSH)
     ready.setsockopt(zmq.LINGER, 0)
     ready.setsockopt(zmq.SNDHWM, 1000)
     ready.setsockopt(zmq.SNDTIMEO, 1000)
-    ready.connect(args.ready_endpoint)
+    ready.connect(spec.wiring.ready_endpoint)
     act = ctx.socket(zmq.PULL)
     act.setsockopt(zmq.LINGER, 0)
     act.setsockopt(zmq.RCVHWM, 1000)
-    act.connect(args.act_endpoint)
+    act.connect(spec.act_endpoint)
     steps = 0
     next_signal = 0.0
 
@@ -269,29 +226,29 @@ def run_worker(args: WorkerArgs) -> None:
         nonlocal next_signal
         now = time.monotonic()
         if now >= next_signal:
-            next_signal = now + args.heartbeat_signal_interval_s
+            next_signal = now + spec.heartbeat_signal_interval_s
             os.killpg(0, signal.SIGUSR1)
             views.store(H_LC_DROPPED, lifecycle.dropped)    # the driver sums them into faults
-        beat.maybe_beat(now, lambda: {"pid": os.getpid(), "generation": args.generation,
+        beat.maybe_beat(now, lambda: {"pid": os.getpid(), "generation": spec.generation,
                                       "steps": steps, "rss_mb": round(_rss_mb(), 1), "ts": time.time()})
 
-    staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in args.obs_keys]
+    staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in spec.obs_keys]
     ptrs = [s.ctypes.data for s in staging]
     row_strides = [s.strides[0] for s in staging]
-    factories = [make_factory(node) for node in args.type_nodes]
-    id_lo = args.env_id_offset + args.env_lo     # global id of this worker's first env
-    table = EnvTable(id_lo, args.type_index, args.type_names, args.type_specs, factories,
-                     args.obs_keys, staging, args.seed,
-                     final_staging=[views.results[f"final_{k.name}"] for k in args.obs_keys])
-    stepper = Stepper(table, args.threads, args.step_timeout_s, views.results, tick=heartbeats)
-    bounds = slice_bounds(n, args.slices)
+    factories = [make_factory(node) for node in spec.type_nodes]
+    id_lo = spec.env_id_offset + spec.env_lo     # global id of this worker's first env
+    table = EnvTable(id_lo, spec.type_index, spec.type_names, spec.type_specs, factories,
+                     spec.obs_keys, staging, spec.seed,
+                     final_staging=[views.results[f"final_{k.name}"] for k in spec.obs_keys])
+    stepper = Stepper(table, spec.threads, spec.step_timeout_s, views.results, tick=heartbeats)
+    bounds = slice_bounds(n, spec.slices)
     exit_code = 0
-    rnorm_key = reward_stats_key(args.run_id, args.worker_id)
+    rnorm_key = reward_stats_key(spec.wiring.run_id, spec.worker_id)
     rnorm = None
     spawn_detail = {"pid": os.getpid(), "envs": n}
-    if args.reward_norm_mode != "off":
-        rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip,
-                                 args.reward_norm_gamma, args.type_index)
+    if spec.reward_norm_mode != "off":
+        rnorm = RewardNormalizer(n, spec.reward_norm_mode, spec.reward_norm_clip,
+                                 spec.reward_norm_gamma, spec.type_index)
         try:    # a replaced worker (or a resumed run) continues its predecessor's statistics
             saved = beat.client.get(rnorm_key)
             if saved:
@@ -300,24 +257,24 @@ def run_worker(args: WorkerArgs) -> None:
         except (redis.RedisError, ValueError) as exc:
             lifecycle.event("worker_spawn", detail={"warning": f"reward statistics not restored: {exc}"})
     tracker = explore = feed = None
-    if args.scaling_enabled:
-        tracker = StabilityTracker(n, window=args.scaling_window)
-        specs = [args.type_specs[t] for t in args.type_index]
+    if spec.scaling_enabled:
+        tracker = StabilityTracker(n, window=spec.scaling_window)
+        specs = [spec.type_specs[t] for t in spec.type_index]
         explore = EpsilonGreedy(np.array([s.action_kind == CONTINUOUS for s in specs]),
                                 np.array([s.action_n for s in specs]),
-                                seed=(args.seed + 7919 * args.worker_id if not args.env_id_offset
-                                      else (args.seed, args.worker_id, args.env_id_offset)))
-        feed = _EpsilonFeed(beat.client, epsilon_channel(args.run_id, args.worker_id), args.env_lo,
+                                seed=(spec.seed + 7919 * spec.worker_id if not spec.env_id_offset
+                                      else (spec.seed, spec.worker_id, spec.env_id_offset)))
+        feed = _EpsilonFeed(beat.client, epsilon_channel(spec.wiring.run_id, spec.worker_id), spec.env_lo,
                             explore)
-    next_rnorm_sync = args.reward_norm_sync_every * n
+    next_rnorm_sync = spec.reward_norm_sync_every * n
     explored_steps = 0
 
     def report_faults() -> None:
         """Each env fault: a lifecycle row and an ERROR record in the shared-memory error log."""
         for fault in table.faults:
-            t = args.type_index[fault.env_id - id_lo]
-            fields = dict(env_id=fault.env_id, env_type=args.type_names[t],
-                          env_version=args.type_versions[t])
+            t = spec.type_index[fault.env_id - id_lo]
+            fields = dict(env_id=fault.env_id, env_type=spec.type_names[t],
+                          env_version=spec.wiring.type_versions[t])
             rec = fault.record
             lifecycle.event(fault.kind, detail={"error_type": rec["error_type"], "message": rec["message"],
                                                 "stacktrace_hash": rec["stacktrace_hash"]}, **fields)
@@ -327,7 +284,7 @@ def run_worker(args: WorkerArgs) -> None:
 
     def publish(lo: int, hi: int) -> bool:
         rows = [p + lo * s for p, s in zip(ptrs, row_strides)]
-        return views.board.publish(rows, row_strides, lo, hi - lo, args.generation) >= 0
+        return views.board.publish(rows, row_strides, lo, hi - lo, spec.generation) >= 0
 
     try:
         lifecycle.event("worker_spawn", detail=spawn_detail)
@@ -336,13 +293,13 @@ def run_worker(args: WorkerArgs) -> None:
         while not views.load(H_AWAKE) and not stopping:
             if act.poll(100) and ACT.unpack(act.recv())[0] == STOP_SLICE:
                 stopping.append(True)
-            elif not pid_alive(args.driver_pid):
+            elif not pid_alive(spec.wiring.driver_pid):
                 stopping.append(True)
             heartbeats()
         acts, results = views.actions, views.results
         disc, cont = acts["discrete"], acts["continuous"]
         exec_disc, exec_cont = results["exec_discrete"], results["exec_continuous"]
-        timeout_ms = int(args.doorbell_timeout_s * 1000)
+        timeout_ms = int(spec.doorbell_timeout_s * 1000)
         # Envs are built slice by slice, between doorbells: a slice rings (seq 0) as soon as
         # its own envs are up, so stepping starts while the rest of the group still builds.
         built = 0
@@ -350,9 +307,9 @@ def run_worker(args: WorkerArgs) -> None:
         while not stopping:
             if built < n and not act.poll(0):
                 table.start(built)
-                t = args.type_index[built]
-                lifecycle.event("env_create", env_id=id_lo + built, env_type=args.type_names[t],
-                                env_version=args.type_versions[t])
+                t = spec.type_index[built]
+                lifecycle.event("env_create", env_id=id_lo + built, env_type=spec.type_names[t],
+                                env_version=spec.wiring.type_versions[t])
                 built += 1
                 views.store(H_BUILT, built)
                 for s, (lo, hi) in enumerate(bounds):
@@ -361,7 +318,7 @@ def run_worker(args: WorkerArgs) -> None:
                         if not publish(lo, hi):
                             stopping.append(True)
                             break
-                        ready.send(RING.pack(args.worker_id, s, args.generation, 0))
+                        ready.send(RING.pack(spec.worker_id, s, spec.generation, 0))
                 if built == n:
                     views.store(H_READY, n)
                     startup_beat.stop()
@@ -396,28 +353,28 @@ def run_worker(args: WorkerArgs) -> None:
                 steps += hi - lo
                 views.store(H_STEPS, steps)
                 try:
-                    ready.send(RING.pack(args.worker_id, s, args.generation, seq + 1))
+                    ready.send(RING.pack(spec.worker_id, s, spec.generation, seq + 1))
                 except zmq.Again:
                     pass                       # the learner is gone or drowning; we check below
                 if table.faults:
                     report_faults()
-            elif not pid_alive(args.driver_pid):
+            elif not pid_alive(spec.wiring.driver_pid):
                 break
-            if views.load(H_GENERATION) != args.generation:
+            if views.load(H_GENERATION) != spec.generation:
                 break
             heartbeats()
             if feed is not None:
                 feed.poll(time.monotonic())
             if rnorm is not None and steps >= next_rnorm_sync:
-                next_rnorm_sync = steps + args.reward_norm_sync_every * n
+                next_rnorm_sync = steps + spec.reward_norm_sync_every * n
                 try:
                     beat.client.set(rnorm_key, rnorm.state())
                 except redis.RedisError:
                     pass     # the next sync tries again
             now = time.monotonic()
-            if args.max_rss_mb and now >= next_rss_check:
+            if spec.max_rss_mb and now >= next_rss_check:
                 next_rss_check = now + 1.0
-                if _rss_mb() > args.max_rss_mb:
+                if _rss_mb() > spec.max_rss_mb:
                     exit_code = EXIT_RECYCLE   # leave cleanly; the driver starts a fresh worker
                     lifecycle.event("worker_exit", detail={"reason": "rss", "rss_mb": round(_rss_mb())})
                     break
