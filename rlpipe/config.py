@@ -10,14 +10,16 @@ several keys (the env types, the obs keys, `worker.slices` resolved from `auto`,
 `worker.cpu_affinity`) are computed there once.
 
 Defaults live in `conf/` only: a field's default is MISSING, so a key that no YAML file sets
-fails at composition instead of silently taking a second, Python-side default. The two
-exceptions are keys that only some files set: `env_mix.id` (only env_mix=gym names an id) and
-the dtype of a buffer key added on the command line. tests/test_config.py checks both rules.
+is an error when the spec is built instead of silently taking a second, Python-side default.
+The two exceptions are keys that only some files set: `env_mix.id` (only env_mix=gym names an
+id) and the dtype of a buffer key added on the command line. tests/test_conf_keys.py checks
+this, and that every key in `conf/` is read by some code.
 
 The dataclasses are not frozen: OmegaConf makes a frozen dataclass's node read-only, and Hydra
 could then not merge the YAML files and command-line overrides into the schema. Code treats
 them as read-only after `run_spec`; `rlpipe.dist.rank_spec` derives a rank's spec with
-`dataclasses.replace`, which runs the checks again.
+`dataclasses.replace` (which runs the replaced objects' checks again) and sets its
+`env_id_offset`.
 """
 from __future__ import annotations
 
