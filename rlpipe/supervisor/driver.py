@@ -510,7 +510,13 @@ class Driver:
                 elif spec.run.duration_s and now - self.t0 >= spec.run.duration_s:
                     break
                 refs = []
-                if self.ready.poll(10):
+                poll_ms = 10
+                if held and learner.updating:
+                    # everything waits for the running update: return the moment it ends
+                    # rather than at the end of a doorbell poll (doorbells keep in the socket)
+                    learner.wait_update(0.01)
+                    poll_ms = 0
+                if self.ready.poll(poll_ms):
                     while True:
                         try:
                             w, s, gen, seq = RING.unpack(self.ready.recv(zmq.NOBLOCK))
