@@ -43,7 +43,8 @@ from rlpipe.lifecycle import LifecycleWriter, fault_counts
 from rlpipe.supervisor.memory import PeakMemory
 from rlpipe.supervisor.redis_service import RedisService
 from rlpipe.supervisor.watchdog import Watchdog, redis_beat_times
-from rlpipe.supervisor.workers import WorkerHandle, group_ranges, stop_workers, worker_context
+from rlpipe.supervisor.workers import (BackgroundStarts, WorkerHandle, group_ranges, stop_workers,
+                                       worker_context)
 from rlpipe.telemetry.progress import Progress, Status
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
@@ -55,8 +56,6 @@ IPC_PATH_MAX = 100          # sun_path is 108 bytes; keep a margin for "ipc://" 
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
 TB_INTERVAL_S = 2.0
 _first_job_in_process = True
-SPAWN_BATCH = 4             # dormant workers started per loop turn
-SPAWN_EVERY_S = 0.05
 
 
 def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
@@ -165,7 +164,7 @@ class Driver:
         self.next_rnorm_tb = 0.0
         self.next_memory_tb = 0.0
         self.unspawned: list[WorkerHandle] = []
-        self.next_spawn = 0.0
+        self.starts = BackgroundStarts()       # dormant workers' process starts
         self.random_probe = None    # the child measuring each type's random-action return
         self.lifecycle_dropped = 0      # workers' lifecycle events dropped at the ZMQ high-water mark
         self.redis_down_since: float | None = None   # wall time of a Redis restart not yet healed
@@ -262,8 +261,8 @@ class Driver:
             h.awake = self.schedule.awake[k]
             h.on_retire = self._retire
             self.handles.append(h)
-        # Hot groups start now; dormant ones are started from the loop a few at a time, so
-        # the first steps are not queued behind a hundred forks on a busy machine.
+        # Hot groups start now; dormant ones are started from the loop, so the first steps
+        # are not queued behind a hundred forks on a busy machine.
         self.unspawned = [h for h in self.handles if not h.awake]
         for h in self.handles:
             if h.awake:
@@ -399,16 +398,37 @@ class Driver:
         h.spawn(self.ctx, paths, self.cgroups.active_paths())
         self.errors.add_log(h.worker_id, h.error_log)
 
-    def _spawn_some(self, now: float) -> None:
-        """Start the next dormant workers (a handful per loop turn)."""
-        if not self.unspawned or now < self.next_spawn:
-            return
-        self.next_spawn = now + SPAWN_EVERY_S
-        batch, self.unspawned = self.unspawned[:SPAWN_BATCH], self.unspawned[SPAWN_BATCH:]
-        for h in batch:
-            self._spawn(h)
-        if not self.unspawned:
-            self._phase(f"all {len(self.handles)} workers started")
+    def _spawn_some(self) -> None:
+        """In the loop's first turn (the hot workers are building by then): prepare every
+        dormant worker and hand its start to the start threads. Every turn: take the
+        processes they have started. (A loop turn lasts an inference round: starting a few
+        per turn, in the loop's thread, made the dormant starts most of day4's start-up.)"""
+        if self.unspawned:
+            batch, self.unspawned = self.unspawned, []
+            for h in batch:
+                paths = [] if h.awake else self.cgroups.dormant_paths(h.worker_id)
+                self.starts.submit(h, h.prepare(self.ctx, paths, self.cgroups.active_paths()))
+                self.errors.add_log(h.worker_id, h.error_log)
+        if self.starts.pending:
+            self._take_started(self.starts.finished())
+            if not self.unspawned and not self.starts.pending:
+                self._phase(f"all {len(self.handles)} workers started")
+
+    def _take_started(self, started, teardown: bool = False) -> None:
+        failed = None
+        for h, proc, exc in started:
+            failed = failed or exc
+            if proc is None:
+                continue                       # its start failed, or teardown came first
+            h.started(proc)
+            if h.awake and not h.spawned_awake:
+                # woken while its start was in flight: the wake found no process to move
+                try:
+                    self.cgroups.wake(h.worker_id, proc.pid)
+                except OSError as exc:
+                    log.warning("moving worker %d to the active cgroup failed: %s", h.worker_id, exc)
+        if failed is not None and not teardown:
+            raise failed                       # as a failed start in the driver's own thread
 
     def _replace(self, h: WorkerHandle, reason: str, detail: dict) -> None:
         self.lifecycle.record("worker_restart", worker_id=h.worker_id, generation=h.generation,
@@ -539,7 +559,7 @@ class Driver:
                                 self.chaos.heal_s = max(self.chaos.heal_s, now - h.spawned_at)
                         if seq > 0 and (w, s) not in self.slice_first_step:
                             self.slice_first_step[(w, s)] = now
-                self._spawn_some(now)
+                self._spawn_some()
                 refs.extend(self._wake_due(now))
                 if learner.backlogged:
                     held.extend(refs)
@@ -621,6 +641,7 @@ class Driver:
             lambda: self._continue_stopped(),
             lambda: self.learner.join_for_teardown() if self.dist is not None and self.learner else None,
             lambda: random_return.stop(self.random_probe),
+            lambda: self._take_started(self.starts.close(), teardown=True),
             lambda: stop_workers(self.handles),
             lambda: self._final_errors(),
             lambda: self._count_lifecycle_drops(),
