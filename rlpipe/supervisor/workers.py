@@ -12,7 +12,7 @@ from rlpipe.envs.registry import MixPlan
 from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment, segment_name
-from rlpipe.protocol import ACT, STOP_SLICE, slice_bounds
+from rlpipe.protocol import ACT, STOP_SLICE, reward_stats_key, slice_bounds
 from rlpipe.worker.process import WorkerArgs, run_worker
 
 WORKER_PRELOAD = ["rlpipe.worker.process"]
@@ -30,6 +30,12 @@ def worker_context(start_method: str, env_modules: list[str]):
 
 def group_ranges(env_count: int, group_size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + group_size, env_count)) for lo in range(0, env_count, group_size)]
+
+
+def reward_stats_keys(spec: RunSpec, run_id: str) -> list[str]:
+    """The Redis key of each worker group's reward statistics (known before any worker exists)."""
+    n_workers = -(-spec.env_count // spec.group_size)
+    return [reward_stats_key(run_id, k) for k in range(n_workers)]
 
 
 class WorkerHandle:
@@ -55,6 +61,8 @@ class WorkerHandle:
         self.views: WorkerViews | None = None
         self.proc = None
         self.spawned_at = 0.0
+        self.spawned_wall = 0.0
+        self.spawned_awake = False
         self.awake = False
         self.error_log: ErrorLog | None = None
         self.on_retire = None                      # called with the handle before a segment goes
@@ -82,17 +90,16 @@ class WorkerHandle:
             old.unlink()
             old.close()
 
-    def spawn(self, ctx, args_common: dict, cgroup_paths: list[str], active_paths: list[str]) -> None:
+    def next_generation(self) -> None:
+        """A fresh segment and doorbell state for the next process of this group."""
         self.generation += 1
         self._new_segment()
         self.views.store(H_AWAKE, int(self.awake))
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
-        args = WorkerArgs(worker_id=self.worker_id, generation=self.generation, run_id=self.run_id,
-                          env_lo=self.env_lo, type_index=self.plan.env_type[self.env_lo:self.env_hi].copy(),
-                          segment_name=self.segment.name, act_endpoint=self.act_endpoint,
-                          cgroup_paths=tuple(cgroup_paths), active_cgroup_paths=tuple(active_paths),
-                          **args_common)
+
+    def start(self, ctx, args: WorkerArgs) -> None:
+        """Start this generation's process (`args` names its segment and generation)."""
         self.proc = ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
                                 daemon=False)
         self.proc.start()
