@@ -1,6 +1,7 @@
-"""`Every`: the one periodic timer of the driver and the workers, on the caller's clock.
+"""`Every`: the one periodic timer of the driver and the workers, on the caller's clock
+(seconds of time.monotonic(), or a count such as env steps).
 
-A loop asks `timer.due(now)` each turn; it is True at most once per `interval_s` and then
+A loop asks `timer.due(now)` each turn; it is True at most once per `interval` and then
 counts the next interval from `now` (a late check does not bunch the following ones). It
 imports nothing, so every layer may use it.
 """
@@ -8,19 +9,19 @@ from __future__ import annotations
 
 
 class Every:
-    """Due once `first_at` is reached (0.0: at the first check), then every `interval_s`."""
+    """Due once `first_at` is reached (0.0: at the first check), then every `interval`."""
 
-    __slots__ = ("interval_s", "next_at")
+    __slots__ = ("interval", "next_at")
 
-    def __init__(self, interval_s: float, first_at: float = 0.0):
-        self.interval_s = interval_s
+    def __init__(self, interval: float, first_at: float = 0.0):
+        self.interval = interval
         self.next_at = first_at
 
     def due(self, now: float) -> bool:
         """True when the interval has passed; the next one starts at `now`."""
         if now < self.next_at:
             return False
-        self.next_at = now + self.interval_s
+        self.next_at = now + self.interval
         return True
 
     def passed(self, now: float) -> bool:
@@ -29,4 +30,4 @@ class Every:
 
     def restart(self, now: float) -> None:
         """The next interval starts at `now` (something else did the periodic work)."""
-        self.next_at = now + self.interval_s
+        self.next_at = now + self.interval
