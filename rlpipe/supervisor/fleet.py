@@ -279,16 +279,8 @@ class Fleet:
     def release_steps(self) -> list:
         """After the workers stopped: the teardown steps that free the fleet's cgroups,
         segments and sockets; the caller guards each one."""
-        return [self._remove_cgroups, self._close_handles, self._close_doorbell]
-
-    def _remove_cgroups(self) -> None:
-        if self.cgroups is not None:
-            self.cgroups.cleanup()
-
-    def _close_handles(self) -> None:
-        for h in self.handles:
-            h.close()
-
-    def _close_doorbell(self) -> None:
-        if self.ready is not None:
-            self.ready.close()
+        return [
+            lambda: self.cgroups.cleanup() if self.cgroups is not None else None,
+            lambda: [h.close() for h in self.handles],
+            lambda: self.ready.close() if self.ready is not None else None,
+        ]

@@ -1,7 +1,7 @@
 """The run's services, as the driver starts and stops them: the socket dir, Redis (embedded or
 external) and the driver's client of it, the ZMQ context, the lifecycle log and the
 TensorBoard writer. Each is None until started; `stop_steps` closes them in reverse order of
-creation and may be run again (what is stopped is None)."""
+creation, and running them again does nothing more."""
 from __future__ import annotations
 
 import atexit
@@ -130,29 +130,19 @@ class Services:
     # -- stop --------------------------------------------------------------------------------
     def stop_steps(self) -> list:
         """The teardown steps, in reverse order of creation; the caller guards each one."""
-        return [self._stop_lifecycle, self._close_client, self._stop_redis, self._close_tb,
-                self._term_zmq, self._remove_sockets]
-
-    def _stop_lifecycle(self) -> None:
-        if self.lifecycle is not None:
-            self.lifecycle.stop()
-
-    def _close_client(self) -> None:
-        if self.rcli is not None:
-            self.rcli.close()
-
-    def _stop_redis(self) -> None:
-        if self.redis is not None:
-            self.redis.stop()
+        return [
+            lambda: self.lifecycle.stop() if self.lifecycle is not None else None,
+            lambda: self.rcli.close() if self.rcli is not None else None,
+            lambda: self.redis.stop() if self.redis is not None else None,
+            self._close_tb,
+            lambda: self.zctx.term() if not self.zctx.closed else None,
+            self._remove_sockets,
+        ]
 
     def _close_tb(self) -> None:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
-
-    def _term_zmq(self) -> None:
-        if not self.zctx.closed:
-            self.zctx.term()
 
     def _remove_sockets(self) -> None:
         if self.sock_dir is None:

@@ -96,6 +96,9 @@ class Worker:
 
     def __init__(self, args: WorkerArgs):
         self.args = args
+        # what the per-slice path reads, as plain attributes (not through args)
+        self.worker_id, self.generation = args.worker_id, args.generation
+        self.max_rss_mb = args.max_rss_mb
         self.n = len(args.type_index)
         self.id_lo = args.env_id_offset + args.env_lo     # global id of this worker's first env
         self.stopping: list[bool] = []   # non-empty once asked to stop (SIGTERM, STOP, driver gone)
@@ -237,7 +240,7 @@ class Worker:
         """Envs are built slice by slice, between doorbells: a slice rings (seq 0) as soon as
         its own envs are up, so stepping starts while the rest of the group still builds."""
         act, views, stopping, n = self.act, self.views, self.stopping, self.n
-        generation, driver_pid = self.args.generation, self.args.driver_pid
+        generation, driver_pid = self.generation, self.args.driver_pid
         timeout_ms = int(self.args.doorbell_timeout_s * 1000)
         while not stopping:
             if self.built < n and not act.poll(0):
@@ -270,7 +273,7 @@ class Worker:
                 if not self.publish(lo, hi):
                     self.stopping.append(True)
                     break
-                self.ready.send(RING.pack(args.worker_id, s, args.generation, 0))
+                self.ready.send(RING.pack(self.worker_id, s, self.generation, 0))
         if built == self.n:
             self.views.store(H_READY, self.n)
             self.startup_beat.stop()
@@ -309,7 +312,7 @@ class Worker:
         self.steps += hi - lo
         views.store(H_STEPS, self.steps)
         try:
-            self.ready.send(RING.pack(self.args.worker_id, s, self.args.generation, seq + 1))
+            self.ready.send(RING.pack(self.worker_id, s, self.generation, seq + 1))
         except zmq.Again:
             pass                           # the learner is gone or drowning; the loop checks
         if table.faults:
@@ -319,7 +322,7 @@ class Worker:
     def publish(self, lo: int, hi: int) -> bool:
         """The staged obs rows [lo, hi) onto the board; False once our generation is revoked."""
         rows = [p + lo * s for p, s in zip(self.ptrs, self.row_strides)]
-        return self.views.board.publish(rows, self.row_strides, lo, hi - lo, self.args.generation) >= 0
+        return self.views.board.publish(rows, self.row_strides, lo, hi - lo, self.generation) >= 0
 
     def report_faults(self) -> None:
         """Each env fault: a lifecycle row and an ERROR record in the shared-memory error log."""
@@ -346,7 +349,7 @@ class Worker:
         self.heartbeat.maybe_beat(now, self._beat_fields)
 
     def _beat_fields(self) -> dict:
-        return {"pid": os.getpid(), "generation": self.args.generation, "steps": self.steps,
+        return {"pid": os.getpid(), "generation": self.generation, "steps": self.steps,
                 "rss_mb": round(rss_mb(), 1), "ts": time.time()}
 
     def upkeep(self) -> bool:
@@ -359,7 +362,7 @@ class Worker:
                 self.heartbeat.client.set(self.rnorm_key, self.rnorm.state())
             except redis.RedisError:
                 pass     # the next sync tries again
-        max_rss_mb = self.args.max_rss_mb
+        max_rss_mb = self.max_rss_mb
         if max_rss_mb and self.rss_every.due(time.monotonic()):
             if rss_mb() > max_rss_mb:
                 self.exit_code = EXIT_RECYCLE
