@@ -60,7 +60,6 @@ def env_version(node: dict, commit: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-
 class Driver:
     def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str, dist=None):
         self.spec = spec
@@ -201,7 +200,7 @@ class Driver:
         """Once a second: keep the workers and Redis up, publish exploration rates, chart
         health and reward statistics, and take the periodic checkpoint."""
         spec, learner, fleet, services, metrics = self.spec, self.learner, self.fleet, self.services, self.metrics
-        fleet.supervise(now, learner)
+        fleet.check_workers(now, learner)
         metrics.health_charts(now)
         if fleet.errors.maybe_run(now):
             metrics.error_report()

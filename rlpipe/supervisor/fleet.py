@@ -213,7 +213,7 @@ class Fleet:
             h.parked = []
         return refs
 
-    def supervise(self, now: float, learner) -> None:
+    def check_workers(self, now: float, learner) -> None:
         """Replace workers that exited, inject the configured faults, advance the watchdog and
         replace the workers it has ended."""
         for h in self.handles:
