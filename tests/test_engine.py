@@ -191,6 +191,27 @@ def test_signal_stops_cleanly_with_its_exit_code(short_tmp, sig):
     assert_nothing_left(run_dir, proc.pid)
 
 
+def test_sigterm_while_dormant_workers_are_still_starting_leaves_nothing(short_tmp):
+    """99 dormant workers are started by the driver's start threads in the background: a
+    SIGTERM in the middle of those starts must still reap every worker they started and
+    start no more."""
+    run_dir = short_tmp / "run"
+    proc = subprocess.Popen(rlpipe_cmd(run_dir, "env_count=1400", "groups.size=14", "groups.hot=1",
+                                       "learner.mode=random", "run.duration_s=300",
+                                       "run.total_env_steps=null"),
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log_file, deadline = run_dir / "app.log", time.monotonic() + 90
+    while not (log_file.exists() and "hot workers started" in log_file.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    time.sleep(0.5)                               # into the dormant starts (a second or more of them)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "all 100 workers started" not in log_file.read_text()      # it really was mid-start
+    assert_nothing_left(run_dir, proc.pid)
+
+
 def test_multirun_jobs_each_run_and_free_everything(short_tmp):
     """Jobs of a multirun share the driver process: each must get its own full run."""
     sweep = short_tmp / "sweep"

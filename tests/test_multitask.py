@@ -3,6 +3,9 @@ normalization that keeps the optimal policy, and GAE targets (termination, time-
 truncation with the final obs's value, an env rebuild's cut) against plain reference loops."""
 from __future__ import annotations
 
+import collections
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,7 @@ from rlpipe.learner.policy import Policy, TypeOrder
 from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import minibatches, normalize_per_type
 from rlpipe.learner.rollout import SliceRollout
+from rlpipe.learner.slices import SliceRef
 from rlpipe.worker.rewardnorm import RewardNormalizer
 
 STATE = ObsKey("state", (6,), "float32")
@@ -234,6 +238,59 @@ def test_gae_matches_the_reference_for_termination_truncation_and_cut():
     assert adv[6, 1] == pytest.approx(rewards[6, 1] + gamma * 42.0 - values[6, 1], rel=1e-5)
 
 
+def test_the_towers_tanh_is_tanh_to_float32_precision_forward_and_backward():
+    from rlpipe.learner.policy import Tanh
+    x = torch.linspace(-12, 12, 200_001, dtype=torch.float32, requires_grad=True)
+    y = Tanh()(x)
+    exact = torch.tanh(x.detach().double())
+    assert (y.detach().double() - exact).abs().max() < 2e-7
+    y.sum().backward()
+    assert (x.grad.double() - (1 - exact ** 2)).abs().max() < 5e-7
+    assert Tanh()(torch.tensor([0.0])).item() == 0.0 and Tanh()(torch.tensor([30.0, -30.0])).tolist() == [1.0, -1.0]
+
+
+def test_a_short_first_block_runs_gae_over_its_own_length_then_blocks_are_T_long():
+    gamma, lam, T, first, n = 0.97, 0.9, 8, 3, 2
+    rng = np.random.default_rng(9)
+    ro = SliceRollout(n, T, (ObsKey("state", (2,), "float32"),), 1, first_len=first)
+    rewards = rng.normal(0, 1, (first, n)).astype(np.float32)
+    values = rng.normal(0, 1, (first, n)).astype(np.float32)
+    for t in range(first):
+        if t:
+            ro.add_outcome(rewards[t - 1], np.zeros(n, bool), np.zeros(n, bool), gamma)
+        assert not ro.full
+        ro.add_step({"state": np.full((n, 2), t, np.float32)}, np.zeros(n), np.zeros((n, 1)), np.zeros(n),
+                    values[t])
+    ro.add_outcome(rewards[first - 1], np.zeros(n, bool), np.zeros(n, bool), gamma)
+    assert ro.full
+    next_value = rng.normal(0, 1, n).astype(np.float32)
+    block = ro.finish(next_value, gamma, lam)
+    assert len(block["adv"]) == first * n and block["n_envs"] == n
+    assert block["obs"]["state"][:, 0].tolist() == [0, 0, 1, 1, 2, 2]       # time-major, first rows only
+    for i in range(n):
+        no = np.zeros(first, bool)
+        ref_adv, ref_ret = _reference_gae(rewards[:, i].astype(np.float64), values[:, i].astype(np.float64),
+                                          float(next_value[i]), no, no, values[:, i], gamma, lam)
+        np.testing.assert_allclose(block["adv"].reshape(first, n)[:, i], ref_adv, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(block["ret"].reshape(first, n)[:, i], ref_ret, rtol=1e-5, atol=1e-5)
+    assert ro.length == T and ro.t == 0                                       # the next block is T long
+
+
+def test_slices_started_together_finish_their_blocks_spread_over_T_rounds():
+    """A fleet whose slices all start in one round must not finish every block in the same
+    round (under backlog=hold, a burst of many updates' worth of rollouts stalls the workers
+    until all of them are trained): the first block of slice k is T - k mod T long."""
+    T = 16
+    learner = _learner(f"learner.rollout_len={T}")
+    lengths = []
+    for worker in range(50):                          # 50 workers of 2 slices: 100 slices
+        handle = SimpleNamespace(worker_id=worker, bounds=[(0, 35), (35, 70)])
+        lengths += [learner._first_len(SliceRef(handle, s, 0, 1)) for s in range(2)]
+    assert set(lengths) == set(range(1, T + 1))
+    finishing = collections.Counter(lengths)          # slices whose block ends in round r (mod T)
+    assert max(finishing.values()) - min(finishing.values()) <= 1     # 6 or 7 of 100 every round
+
+
 # -- the learner -----------------------------------------------------------------------------------
 
 def _learner(*overrides: str) -> CentralLearner:
@@ -305,10 +362,10 @@ def test_hold_backlog_never_lets_a_full_batch_wait_while_workers_step():
     fifth of env steps at 7,000 envs)."""
     hold = _learner("learner.backlog=hold", "learner.update_envs=4")
     assert not hold.backlogged
-    hold.ready_envs = 4
+    hold.ready_samples = hold.update_samples
     assert hold._update_thread is None and hold.backlogged
     drop = _learner("learner.backlog=drop", "learner.update_envs=4")
-    drop.ready_envs = 12
+    drop.ready_samples = 3 * drop.update_samples
     assert not drop.backlogged                       # no update running: the loop starts one
 
 

@@ -1,7 +1,7 @@
 """The central learner of one rank: updates are rounds taken by every rank together.
 
-CentralLearner starts an update whenever `update_envs` env-rollouts are ready. Here the same
-readiness is announced to the other ranks (`Rounds`), and the update starts when the round
+CentralLearner starts an update whenever `update_envs` env-rollouts' worth of samples is
+ready. Here the same readiness is announced to the other ranks (`Rounds`), and the update starts when the round
 does. In the update thread, before any training, the round's header is all-reduced:
 
     [env steps this rank made since its last round, samples in its batch, wants to stop,
@@ -23,7 +23,7 @@ import torch
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.central import CentralLearner
-from rlpipe.learner.ppo import concat_blocks, ppo_update
+from rlpipe.learner.ppo import ppo_update
 from rlpipe.dist.sync import RankLost, RankSync, Rounds
 
 TEARDOWN_JOIN_S = 20.0     # at most this long for an update in flight when the run is stopped
@@ -72,21 +72,14 @@ class DistLearner(CentralLearner):
     def update_due(self) -> bool:
         if self._update_thread is not None or self.finished:
             return False
-        return self.rounds.due(self.ready_envs >= self.update_envs, self.want_stop)
+        return self.rounds.due(self.ready_samples >= self.update_samples, self.want_stop)
 
     def start_update(self) -> None:
         if not self.rounds.begin():
             self.preempted_rounds += 1
-        take, envs = 0, 0
-        while take < len(self.ready_blocks) and envs < self.update_envs:
-            envs += len(self.ready_blocks[take]["adv"]) // self.cfg.rollout_len
-            take += 1
-        if take:
-            batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
-        else:
+        batch = self._take_batch()
+        if batch is None:
             batch = empty_batch(self.plan, self.device, self.scaling.enabled)
-        del self.ready_blocks[:take], self.ready_types[:take]
-        self.ready_envs -= envs
         local = self.counters.env_steps
         header = [float(local - self.local_at_round), float(len(batch["adv"])), float(self.want_stop),
                   float(self.checkpoint_wanted)]

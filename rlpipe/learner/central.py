@@ -2,7 +2,8 @@
 writes actions back, keeps rollouts per slice and runs PPO on what is ready.
 
 The learner never waits for a particular worker: it serves whichever slices have rung, and
-a PPO update starts once `update_envs` env-rollouts are ready, wherever they came from.
+a PPO update starts once `update_envs` env-rollouts' worth of samples (update_envs x
+rollout_len) is ready, wherever it came from.
 """
 from __future__ import annotations
 
@@ -81,8 +82,8 @@ class CentralLearner:
         self.rollouts: dict[tuple[int, int], SliceRollout] = {}
         self.ready_blocks: list[dict] = []
         self.ready_types: list[np.ndarray] = []
-        self.ready_envs = 0
-        self.update_envs = min(self.cfg.update_envs, spec.env_count)
+        self.ready_samples = 0         # transitions in ready_blocks
+        self.update_samples = min(self.cfg.update_envs, spec.env_count) * self.cfg.rollout_len
         self.counters = Counters(returns={n: collections.deque(maxlen=100) for n in plan.names},
                                  first_returns={n: [] for n in plan.names},
                                  episodes_by_type={n: 0 for n in plan.names})
@@ -172,7 +173,8 @@ class CentralLearner:
             if ro is None or ref.seq == 0:
                 # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
                 ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
-                                                       self.plan.actions.cont_dim, self.scaling.enabled)
+                                                       self.plan.actions.cont_dim, self.scaling.enabled,
+                                                       first_len=self._first_len(ref))
             else:
                 ro.add_outcome(res["reward"], res["terminated"], res["truncated"], cfg.gamma, fv)
                 if self.scaling.enabled:
@@ -182,11 +184,20 @@ class CentralLearner:
                                      score_to_weight(score, self.scaling.min_weight))
             sl = slice(row, row + hi - lo)
             if ro.full:
+                length = ro.length
                 self.ready_blocks.append(ro.finish(value[sl], cfg.gamma, cfg.gae_lambda))
-                self.ready_types.append(np.repeat(types_np[sl][None], cfg.rollout_len, 0).reshape(-1))
-                self.ready_envs += hi - lo
+                self.ready_types.append(np.repeat(types_np[sl][None], length, 0).reshape(-1))
+                self.ready_samples += length * (hi - lo)
             ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
                         logp[sl], value[sl])
+
+    def _first_len(self, ref: SliceRef) -> int:
+        """Length of a new slice rollout's first block: T - (slice ordinal mod T), so the
+        slices of a fleet that started together finish their blocks spread evenly over T
+        rounds instead of all in one (rlpipe/learner/rollout.py)."""
+        T = self.cfg.rollout_len
+        ordinal = ref.handle.worker_id * len(ref.handle.bounds) + ref.slice_index
+        return T - ordinal % T
 
     def _outcome(self, ref: SliceRef, lo: int, hi: int) -> dict:
         """A copy of what the slice's last step reported (see `serve`)."""
@@ -265,15 +276,17 @@ class CentralLearner:
     # -- training ----------------------------------------------------------------------------
     @property
     def update_due(self) -> bool:
-        return not self.random and self._update_thread is None and self.ready_envs >= self.update_envs
+        return not self.random and self._update_thread is None and self.ready_samples >= self.update_samples
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """Built on first use, which is the first update's thread: constructing an optimizer
-        imports torch._dynamo (~1.4 s here), and the first env steps should not wait for it."""
+        imports torch._dynamo (~1.4 s here), and the first env steps should not wait for it.
+        Adam's fused kernel: the same update rule in one pass over all parameters instead of
+        a dozen small ops per parameter tensor (the update's second cost after the layers)."""
         if self._optimizer is None:
             self._optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.learning_rate,
-                                               eps=1e-5)
+                                               eps=1e-5, fused=True)
         return self._optimizer
 
     @property
@@ -285,18 +298,17 @@ class CentralLearner:
         than an update takes, so holding only while an update runs would let them pile up).
         learner.backlog=drop: keep stepping; while an update trains, drop the oldest waiting
         rollouts beyond one batch (throughput: the policy lag stays bounded)."""
-        if self.ready_envs < self.update_envs:
+        if self.ready_samples < self.update_samples:
             return False
         if self.cfg.backlog == "hold":
             return True
         if self._update_thread is None:
             return False
-        while self.ready_envs > self.update_envs and len(self.ready_blocks) > 1:
+        while self.ready_samples > self.update_samples and len(self.ready_blocks) > 1:
             block = self.ready_blocks.pop(0)
             self.ready_types.pop(0)
-            envs = len(block["adv"]) // self.cfg.rollout_len
-            self.ready_envs -= envs
-            self.counters.dropped_rollouts += envs
+            self.ready_samples -= len(block["adv"])
+            self.counters.dropped_rollouts += block["n_envs"]
         return False
 
     @property
@@ -319,17 +331,24 @@ class CentralLearner:
         """Start a PPO update on the ready rollouts in the background; rollouts arriving
         meanwhile make up the next update's batch."""
         lr = self.lr_now()
-        # Oldest rollouts first, about update_envs of them; the rest wait for the next update.
-        take, envs = 0, 0
-        while take < len(self.ready_blocks) and envs < self.update_envs:
-            envs += len(self.ready_blocks[take]["adv"]) // self.cfg.rollout_len
-            take += 1
-        batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
-        del self.ready_blocks[:take], self.ready_types[:take]
-        self.ready_envs -= envs
+        batch = self._take_batch()
         self._update_thread = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update",
                                                daemon=True)
         self._update_thread.start()
+
+    def _take_batch(self) -> dict | None:
+        """The oldest ready blocks, about update_samples of them, as one batch (None: no block
+        ready); the rest wait for the next update."""
+        take, samples = 0, 0
+        while take < len(self.ready_blocks) and samples < self.update_samples:
+            samples += len(self.ready_blocks[take]["adv"])
+            take += 1
+        if not take:
+            return None
+        batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
+        del self.ready_blocks[:take], self.ready_types[:take]
+        self.ready_samples -= samples
+        return batch
 
     def _train(self, batch: dict, lr: float) -> None:
         try:
@@ -338,6 +357,16 @@ class CentralLearner:
             self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator)
         except BaseException as exc:       # re-raised in the main thread by poll_update
             self._update_result = exc
+
+    @property
+    def updating(self) -> bool:
+        return self._update_thread is not None and self._update_thread.is_alive()
+
+    def wait_update(self, timeout_s: float) -> None:
+        """Block until the running update ends, at most `timeout_s` (at once without one)."""
+        thread = self._update_thread
+        if thread is not None:
+            thread.join(timeout_s)
 
     def poll_update(self, wait: bool = False) -> UpdateStats | None:
         """The finished update's stats (None while one runs or none was started); the actor

@@ -83,6 +83,34 @@ class TypeOrder(NamedTuple):
         return x if self.inverse is None else x[self.inverse]
 
 
+class _SigmoidTanh(torch.autograd.Function):
+    """tanh(x) as 2 * sigmoid(2x) - 1, to within 2e-7 absolute (float32 tanh: 3e-8).
+
+    This torch's CPU tanh kernel is not vectorized (about 2.6 ns per element here, against
+    0.4 for sigmoid), which made tanh the largest single cost of a PPO update of the
+    CartPole-sized towers and a quarter of an inference round; this form runs ~3.5x faster.
+    The backward is tanh's own, from the output."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        y = torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class Tanh(nn.Module):
+    """nn.Tanh through _SigmoidTanh: every tower's activation, in acting and in training alike
+    (the behaviour log-probs the workers report and the ones PPO recomputes must agree)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SigmoidTanh.apply(x)
+
+
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias)
@@ -112,15 +140,16 @@ class Tower(nn.Module):
     def __init__(self, n_types: int, n_in: int, hidden: tuple[int, ...], n_out: int, out_std: float):
         super().__init__()
         self.inp = TypedLinear(n_types, n_in, hidden[0], np.sqrt(2))
+        self.act = Tanh()
         trunk, width = [], hidden[0]
         for h in hidden[1:]:
-            trunk += [layer_init(nn.Linear(width, h)), nn.Tanh()]
+            trunk += [layer_init(nn.Linear(width, h)), Tanh()]
             width = h
         self.trunk = nn.Sequential(*trunk)
         self.out = TypedLinear(n_types, width, n_out, out_std)
 
     def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
-        return self.out(self.trunk(torch.tanh(self.inp(x, order))), order)
+        return self.out(self.trunk(self.act(self.inp(x, order))), order)
 
 
 class RgbEncoder(nn.Module):

@@ -100,35 +100,59 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
         n_minibatches = max(math.ceil(m.samples / cfg.minibatch_size), 1)
     ret = policy.popart.normalize(batch["ret"], types).float()
     old_value = policy.popart.normalize(batch["value"], types).float()
+    rows = {"obs": batch["obs"], "types": types, "a_disc": batch["a_disc"], "a_cont": batch["a_cont"],
+            "logp": batch["logp"], "old_value": old_value, "adv": adv_all, "ret": ret}
+    if "weight" in batch:
+        rows["weight"] = batch["weight"]
     params = [p for p in policy.parameters()]
-    sums = np.zeros(6)
+    terms_sum = torch.zeros(6, dtype=torch.float64)
     count = 0
     for _epoch in range(cfg.epochs):
-        for idx in torch.tensor_split(torch.randperm(n, generator=generator), n_minibatches):
-            if sync is not None and len(idx) == 0:
+        # One gather per field and epoch; minibatch i is then rows [a_i, b_i) of the shuffled
+        # batch: the same samples in the same order as indexing with the permutation's i-th
+        # part, without a gather per field and minibatch.
+        perm = torch.randperm(n, generator=generator)
+        shuffled = _take(rows, perm)
+        start = 0
+        for size in _split_sizes(n, n_minibatches):
+            if sync is not None and size == 0:
                 # this rank has no sample in this minibatch; it still joins the all-reduce
                 optimizer.zero_grad(set_to_none=True)
                 if sync.average_gradients(params, 0):
                     nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                     optimizer.step()
                 continue
-            obs = {k: v[idx] for k, v in batch["obs"].items()}
-            logp, entropy, value = policy.evaluate(obs, types[idx], batch["a_disc"][idx],
-                                                   batch["a_cont"][idx])
-            adv = adv_all[idx]
+            mb = _rows(shuffled, start, start + size)
+            start += size
+            logp, entropy, value = policy.evaluate(mb["obs"], mb["types"], mb["a_disc"], mb["a_cont"])
+            adv = mb["adv"]
             if cfg.adv_norm == "batch" and len(adv) > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            weights = batch["weight"][idx] if "weight" in batch else None
-            terms = weighted_ppo_terms(logp, entropy, value, batch["logp"][idx], old_value[idx],
-                                       adv, ret[idx], cfg.clip_coef, cfg.clip_vloss, weights)
+            terms = weighted_ppo_terms(logp, entropy, value, mb["logp"], mb["old_value"],
+                                       adv, mb["ret"], cfg.clip_coef, cfg.clip_vloss, mb.get("weight"))
             loss = terms.pg_loss - cfg.ent_coef * terms.entropy + cfg.vf_coef * terms.v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if sync is None or sync.average_gradients(params, len(idx)):
+            if sync is None or sync.average_gradients(params, size):
                 nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 optimizer.step()
-            sums += [terms.pg_loss.item(), terms.v_loss.item(), terms.entropy.item(),
-                     terms.approx_kl.item(), terms.clipfrac.item(), loss.item()]
+            # summed as tensors: one host read at the end instead of six per minibatch
+            terms_sum += torch.stack([terms.pg_loss, terms.v_loss, terms.entropy, terms.approx_kl,
+                                      terms.clipfrac, loss]).detach().to(torch.float64)
             count += 1
-    means = sums / max(count, 1)
-    return UpdateStats(*means.tolist(), samples=n)
+    means = (terms_sum / max(count, 1)).tolist()
+    return UpdateStats(*means, samples=n)
+
+
+def _split_sizes(n: int, parts: int) -> list[int]:
+    """Sizes of torch.tensor_split(x, parts) for len(x) == n: the first n % parts are one longer."""
+    base, extra = divmod(n, parts)
+    return [base + 1] * extra + [base] * (parts - extra)
+
+
+def _take(rows: dict, idx: torch.Tensor) -> dict:
+    return {k: _take(v, idx) if isinstance(v, dict) else v[idx] for k, v in rows.items()}
+
+
+def _rows(rows: dict, a: int, b: int) -> dict:
+    return {k: _rows(v, a, b) if isinstance(v, dict) else v[a:b] for k, v in rows.items()}

@@ -4,6 +4,11 @@ A slice's envs step in lockstep, so a slice collects T transitions as one [T, n]
 When the T-th reward arrives, the value of the current obs bootstraps the block, GAE runs,
 and the block joins the queue of ready rollouts for the next PPO update.
 
+A slice's *first* block may be shorter (`first_len`): the learner staggers the slices'
+block boundaries, so that thousands of slices started together do not all finish a block
+in the same inference round (one burst of many updates' worth of rollouts, which stalls
+the workers under learner.backlog=hold) but a steady share of them every round.
+
 done[t] marks that the episode ended with transition t (terminated, truncated, or cut by an
 env rebuild): no return flows across it. A truncated episode still bootstraps: its reward
 gets gamma * V(final obs) added, the value of the obs the time limit stopped at (the worker
@@ -17,8 +22,10 @@ import numpy as np
 
 
 class SliceRollout:
-    def __init__(self, n: int, T: int, obs_keys, cont_dim: int, weighted: bool = False):
+    def __init__(self, n: int, T: int, obs_keys, cont_dim: int, weighted: bool = False,
+                 first_len: int | None = None):
         self.n, self.T = n, T
+        self.length = first_len or T        # transitions in the block being collected
         self.obs = {k.name: np.zeros((T, n) + k.shape, dtype=k.dtype) for k in obs_keys}
         self.a_disc = np.zeros((T, n), dtype=np.int64)
         self.a_cont = np.zeros((T, n, max(cont_dim, 1)), dtype=np.float32)
@@ -62,29 +69,33 @@ class SliceRollout:
 
     @property
     def full(self) -> bool:
-        return self.t == self.T
+        return self.t == self.length
 
     def finish(self, next_value: np.ndarray, gamma: float, lam: float) -> dict:
-        """GAE over the block; returns it flattened to [T * n] and resets the slice."""
-        adv = np.zeros((self.T, self.n), dtype=np.float32)
+        """GAE over the block; returns it flattened to [length * n] (and its `n_envs`) and
+        resets the slice for a block of T."""
+        L = self.length
+        adv = np.zeros((L, self.n), dtype=np.float32)
         last = np.zeros(self.n, dtype=np.float32)
-        for t in reversed(range(self.T)):
+        for t in reversed(range(L)):
             nonterminal = 1.0 - self.done[t]
-            nv = next_value if t == self.T - 1 else self.value[t + 1]
+            nv = next_value if t == L - 1 else self.value[t + 1]
             delta = self.reward[t] + gamma * nv * nonterminal - self.value[t]
             last = delta + gamma * lam * nonterminal * last
             adv[t] = last
-        m = self.T * self.n
+        m = L * self.n
         block = {
-            "obs": {k: v.reshape((m,) + v.shape[2:]).copy() for k, v in self.obs.items()},
-            "a_disc": self.a_disc.reshape(m).copy(),
-            "a_cont": self.a_cont.reshape(m, -1).copy(),
-            "logp": self.logp.reshape(m).copy(),
-            "value": self.value.reshape(m).copy(),
+            "obs": {k: v[:L].reshape((m,) + v.shape[2:]).copy() for k, v in self.obs.items()},
+            "a_disc": self.a_disc[:L].reshape(m).copy(),
+            "a_cont": self.a_cont[:L].reshape(m, -1).copy(),
+            "logp": self.logp[:L].reshape(m).copy(),
+            "value": self.value[:L].reshape(m).copy(),
             "adv": adv.reshape(m),
-            "ret": (adv + self.value).reshape(m),
+            "ret": (adv + self.value[:L]).reshape(m),
+            "n_envs": self.n,
         }
         if self.weight is not None:
-            block["weight"] = self.weight.reshape(m).copy()
+            block["weight"] = self.weight[:L].reshape(m).copy()
         self.t = 0
+        self.length = self.T
         return block

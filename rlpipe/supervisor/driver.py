@@ -170,8 +170,14 @@ class Driver:
                 now = time.monotonic()
                 if self._should_stop(now):
                     break
-                refs = fleet.take_rings(now)
-                fleet.spawn_some(now)
+                poll_ms = 10
+                if held and learner.updating:
+                    # everything waits for the running update: return the moment it ends
+                    # rather than at the end of a doorbell poll (doorbells keep in the socket)
+                    learner.wait_update(0.01)
+                    poll_ms = 0
+                refs = fleet.take_rings(now, poll_ms)
+                fleet.spawn_some()
                 refs.extend(fleet.wake_due(now))
                 if learner.backlogged:
                     held.extend(refs)
@@ -238,6 +244,7 @@ class Driver:
             fleet.continue_stopped,
             lambda: learner.join_for_teardown() if self.dist is not None and learner else None,
             lambda: random_return.stop(self.random_probe),
+            fleet.stop_starts,
             fleet.stop_workers,
             self._final_errors,
             fleet.count_lifecycle_drops,

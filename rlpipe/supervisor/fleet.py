@@ -12,7 +12,6 @@ from typing import Callable
 import redis
 import zmq
 
-from rlpipe.cadence import Every
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, preload_modules
 from rlpipe.learner.slices import SliceRef
@@ -24,14 +23,13 @@ from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.services import Services, multiprocessing_temp_dir
 from rlpipe.supervisor.watchdog import Watchdog
-from rlpipe.supervisor.workers import WorkerHandle, group_ranges, stop_workers, worker_context
+from rlpipe.supervisor.workers import (BackgroundStarts, WorkerHandle, group_ranges, stop_workers,
+                                       worker_context)
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE, WorkerArgs
 
 log = logging.getLogger("rlpipe")
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
-SPAWN_BATCH = 4             # dormant workers started per loop turn
-SPAWN_EVERY_S = 0.05
 
 
 def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
@@ -65,7 +63,7 @@ class Fleet:
         self.chaos: Chaos | None = None
         self.errors: ErrorAggregator | None = None
         self.unspawned: list[WorkerHandle] = []
-        self.spawn_timer = Every(SPAWN_EVERY_S)
+        self.starts = BackgroundStarts()       # dormant workers' process starts
         self.slice_seen: dict[tuple[int, int], float] = {}
         self.slice_first_step: dict[tuple[int, int], float] = {}
         self.lifecycle_dropped = 0      # workers' lifecycle events dropped at the ZMQ high-water mark
@@ -100,8 +98,8 @@ class Fleet:
             self.handles.append(h)
         self.by_id = {h.worker_id: h for h in self.handles}
         self.n_slices = sum(len(h.bounds) for h in self.handles)
-        # Hot groups start now; dormant ones are started from the loop a few at a time, so
-        # the first steps are not queued behind a hundred forks on a busy machine.
+        # Hot groups start now; dormant ones are started from the loop, so the first steps
+        # are not queued behind a hundred forks on a busy machine.
         self.unspawned = [h for h in self.handles if not h.awake]
         for h in self.handles:
             if h.awake:
@@ -136,21 +134,48 @@ class Fleet:
             doorbell_timeout_s=spec.doorbell_timeout_s, driver_pid=os.getpid(),
             env_id_offset=spec.env_id_offset)
 
-    def _spawn(self, h: WorkerHandle) -> None:
-        """Start (or restart) the worker of a group, in a new generation."""
+    def _prepare(self, h: WorkerHandle):
+        """A new generation of `h` and its process, not yet started."""
         h.next_generation()
-        h.start(self.ctx, self.worker_args(h))
+        proc = h.process(self.ctx, self.worker_args(h))
         self.errors.add_log(h.worker_id, h.error_log)
+        return proc
 
-    def spawn_some(self, now: float) -> None:
-        """Start the next dormant workers (a handful per loop turn)."""
-        if not self.unspawned or not self.spawn_timer.due(now):
-            return
-        batch, self.unspawned = self.unspawned[:SPAWN_BATCH], self.unspawned[SPAWN_BATCH:]
-        for h in batch:
-            self._spawn(h)
-        if not self.unspawned:
-            self.phase(f"all {len(self.handles)} workers started")
+    def _spawn(self, h: WorkerHandle) -> None:
+        """Start (or restart) the worker of a group, in a new generation, in this thread."""
+        proc = self._prepare(h)
+        proc.start()
+        h.started(proc)
+
+    def spawn_some(self) -> None:
+        """In the loop's first turn (the hot workers are building by then): prepare every
+        dormant worker and hand its start to the start threads. Every turn: take the
+        processes they have started. (A loop turn lasts an inference round: starting a few
+        per turn, in the loop's thread, made the dormant starts most of day4's start-up.)"""
+        if self.unspawned:
+            batch, self.unspawned = self.unspawned, []
+            for h in batch:
+                self.starts.submit(h, self._prepare(h))
+        if self.starts.pending:
+            self._take_started(self.starts.finished())
+            if not self.unspawned and not self.starts.pending:
+                self.phase(f"all {len(self.handles)} workers started")
+
+    def _take_started(self, started, teardown: bool = False) -> None:
+        failed = None
+        for h, proc, exc in started:
+            failed = failed or exc
+            if proc is None:
+                continue                       # its start failed, or teardown came first
+            h.started(proc)
+            if h.awake and not h.spawned_awake:
+                # woken while its start was in flight: the wake found no process to move
+                try:
+                    self.cgroups.wake(h.worker_id, proc.pid)
+                except OSError as exc:
+                    log.warning("moving worker %d to the active cgroup failed: %s", h.worker_id, exc)
+        if failed is not None and not teardown:
+            raise failed                       # as a failed start in the driver's own thread
 
     def _retire(self, old: WorkerHandle) -> None:
         """A generation's segment is about to go: keep what its worker counted there."""
@@ -158,11 +183,11 @@ class Fleet:
         self.lifecycle_dropped += old.views.load(H_LC_DROPPED)
 
     # -- the loop ----------------------------------------------------------------------------
-    def take_rings(self, now: float) -> list[SliceRef]:
-        """The doorbells rung since the last turn (waiting up to 10 ms for the first): the
+    def take_rings(self, now: float, poll_ms: int) -> list[SliceRef]:
+        """The doorbells rung since the last turn (waiting up to `poll_ms` for the first): the
         awake workers' slices to serve. A dormant group's rings are parked until its wake."""
         refs: list[SliceRef] = []
-        if not self.ready.poll(10):
+        if not self.ready.poll(poll_ms):
             return refs
         while True:
             try:
@@ -267,6 +292,10 @@ class Fleet:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+
+    def stop_starts(self) -> None:
+        """Start no more dormant workers; take in those whose start was in flight."""
+        self._take_started(self.starts.close(), teardown=True)
 
     def stop_workers(self) -> None:
         stop_workers(self.handles)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
+import threading
 import time
 
 import numpy as np
@@ -98,12 +100,16 @@ class WorkerHandle:
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
 
-    def start(self, ctx, args: WorkerArgs) -> None:
-        """Start this generation's process (`args` names its segment and generation)."""
-        self.proc = ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
-                                daemon=False)
-        self.proc.start()
+    def process(self, ctx, args: WorkerArgs):
+        """This generation's process, not yet started (`args` names its segment and generation).
+        Until `started`, the handle has no process: every check of a live worker (supervision,
+        watchdog, chaos, wakes' cgroup moves) passes it by."""
         self.spawned_awake = self.awake        # its spawn -> ready time is a build time, not a wait
+        return ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
+                           daemon=False)
+
+    def started(self, proc) -> None:
+        self.proc = proc
         self.spawned_at = time.monotonic()
         self.spawned_wall = time.time()
 
@@ -136,6 +142,62 @@ class WorkerHandle:
             self.segment.unlink()
             self.segment.close()
             self.segment = None
+
+
+class BackgroundStarts:
+    """Starts prepared worker processes in a thread. A forkserver start is a round trip (the
+    server forks, the child's pid comes back): tens of milliseconds each on a busy machine,
+    which the driver's loop would otherwise pay one after another between inference rounds
+    (a hundred dormant workers took most of day4's start-up that way)."""
+
+    def __init__(self, threads: int = 4):
+        self._todo: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._closing = False
+        # several round trips in flight: each mostly waits for the server to be scheduled
+        self._threads = [threading.Thread(target=self._run, name=f"worker-starts-{i}", daemon=True)
+                         for i in range(threads)]
+        self.pending = 0              # submitted, not yet collected by `finished`
+
+    def submit(self, handle: WorkerHandle, proc) -> None:
+        if not self._threads[0].is_alive():
+            for t in self._threads:
+                t.start()
+        self._todo.put((handle, proc))
+        self.pending += 1
+
+    def _run(self) -> None:
+        while (item := self._todo.get()) is not None:
+            handle, proc = item
+            if self._closing:
+                self._done.put((handle, None, None))        # never started
+                continue
+            try:
+                proc.start()
+                self._done.put((handle, proc, None))
+            except BaseException as exc:                    # raised in the driver's thread
+                self._done.put((handle, None, exc))
+
+    def finished(self) -> list[tuple[WorkerHandle, object, BaseException | None]]:
+        """(handle, started process or None, the start's exception or None) since the last call."""
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        self.pending -= len(out)
+        return out
+
+    def close(self) -> list[tuple[WorkerHandle, object, BaseException | None]]:
+        """Start nothing more; wait for the start in flight; the rest as `finished`."""
+        self._closing = True
+        if self._threads[0].is_alive():
+            for _ in self._threads:
+                self._todo.put(None)
+            for t in self._threads:
+                t.join()
+        return self.finished()
 
 
 def stop_workers(handles: list[WorkerHandle], grace_s: float = 5.0) -> None:
