@@ -4,6 +4,11 @@ writes actions back, keeps rollouts per slice and runs PPO on what is ready.
 The learner never waits for a particular worker: it serves whichever slices have rung, and
 a PPO update starts once `update_envs` env-rollouts' worth of samples (update_envs x
 rollout_len) is ready, wherever it came from.
+
+Longer than ~400 lines on purpose: serving, the rollout queue, the update thread and the
+checkpointed state share the same few fields (the ready queue, the actor/policy pair, the
+counters and RNG streams); the pieces that need none of them live beside it (policy, ppo,
+rollout, popart, checkpoint).
 """
 from __future__ import annotations
 
