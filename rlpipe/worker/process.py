@@ -6,7 +6,6 @@ never torch), so a new worker is a cheap fork of a warm interpreter.
 """
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import time
@@ -36,9 +35,6 @@ from rlpipe.worker.os_process import die_with_parent, join_cgroups, rss_mb, set_
 from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.worker.stability import StabilityTracker
 from rlpipe.worker.stepper import Stepper
-
-log = logging.getLogger("rlpipe.worker")
-
 
 EXIT_RECYCLE = 75          # the worker left on purpose (RSS past worker.max_rss_mb): replace it
 RSS_CHECK_S = 1.0
