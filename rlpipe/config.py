@@ -277,7 +277,8 @@ class RunSpec(_Section):
         super().__post_init__()
         self.env_types = checks.env_types(self.env_mix.types, self.env_mix.weights)
         if self.env_count < len(self.env_types):
-            fail("env_count", self.env_count, f"allowed is at least one env per type ({len(self.env_types)} types)")
+            fail("env_count", self.env_count,
+                 f"allowed is at least one env per type ({len(self.env_types)} types)")
         self.obs_keys = checks.obs_keys(self.buffer.keys)
         self.worker.slices = checks.slices(self.worker.slices, self.env_count, self.groups.size)
 

@@ -1,5 +1,5 @@
-"""The shared helpers: atomic writes (rlpipe/files.py) and the process-alive check
-(rlpipe/procs.py)."""
+"""The shared helpers: atomic writes (rlpipe/files.py), the process-alive check
+(rlpipe/procs.py) and the periodic timer (rlpipe/cadence.py)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from rlpipe.cadence import Every
 from rlpipe.files import atomic_write
 from rlpipe.procs import pid_alive
 
@@ -54,3 +55,14 @@ def test_a_zombie_is_not_alive():
             child.kill()
             child.wait()
     assert not pid_alive(child.pid)
+
+
+def test_every_is_due_once_per_interval_counted_from_the_check():
+    timer = Every(2.0)
+    assert timer.due(100.0)                        # first_at 0: due at the first check
+    assert not timer.due(101.9) and timer.due(102.5)
+    assert not timer.due(104.0) and timer.due(104.5)   # counted from 102.5, not from 102.0
+    late = Every(10.0, first_at=50.0)
+    assert not late.due(49.9) and late.passed(50.0) and late.passed(50.0)   # passed() does not re-arm
+    late.restart(50.0)
+    assert not late.due(59.9) and late.due(60.0)

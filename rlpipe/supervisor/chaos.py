@@ -72,7 +72,7 @@ class Chaos:
                 os.kill(h.proc.pid, signal.SIGSTOP)
         if self.redis_at is not None and now >= self.redis_at:
             self.redis_at = None
-            proc = getattr(self.redis, "proc", None)
+            proc = self.redis.proc
             if proc is not None and proc.poll() is None:
                 self._record("kill_redis", pid=proc.pid, signal="SIGKILL", t=round(now - self.t0, 2))
                 proc.kill()

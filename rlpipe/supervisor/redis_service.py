@@ -52,6 +52,7 @@ class RedisService:
         self.socket_path = socket_path
         self.log_path = log_dir / "redis.log"
         self.proc: subprocess.Popen | None = None
+        self.password: str | None = None      # embedded: chosen at the first start, kept on restarts
 
     @property
     def mode(self) -> str:
@@ -61,7 +62,7 @@ class RedisService:
         if self.external:
             client(self.url).ping()
             return
-        self.password = getattr(self, "password", None) or secrets.token_hex(16)
+        self.password = self.password or secrets.token_hex(16)
         password = self.password
         self.socket_path.unlink(missing_ok=True)
         args = [redis_server_binary(), "--port", "0", "--unixsocket", str(self.socket_path),

@@ -14,9 +14,9 @@ from rlpipe.envs.registry import MixPlan
 from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment, segment_name
-from rlpipe.protocol import ACT, STOP_SLICE, slice_bounds
+from rlpipe.protocol import ACT, STOP_SLICE, reward_stats_key, slice_bounds
 from rlpipe.worker.process import run_worker
-from rlpipe.worker.spec import RunWiring, WorkerSpec
+from rlpipe.worker.spec import WorkerSpec
 
 WORKER_PRELOAD = ["rlpipe.worker.process"]
 
@@ -35,16 +35,21 @@ def group_ranges(env_count: int, group_size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + group_size, env_count)) for lo in range(0, env_count, group_size)]
 
 
+def reward_stats_keys(spec: RunSpec, run_id: str) -> list[str]:
+    """The Redis key of each worker group's reward statistics (known before any worker exists)."""
+    n_workers = -(-spec.env_count // spec.groups.size)
+    return [reward_stats_key(run_id, k) for k in range(n_workers)]
+
+
 class WorkerHandle:
     def __init__(self, worker_id: int, env_lo: int, env_hi: int, spec: RunSpec, plan: MixPlan,
-                 wiring: RunWiring, zctx: zmq.Context, act_endpoint: str):
+                 run_id: str, zctx: zmq.Context, act_endpoint: str):
         self.worker_id = worker_id
         self.env_lo, self.env_hi = env_lo, env_hi
         self.n = env_hi - env_lo
         self.spec = spec
         self.plan = plan
-        self.wiring = wiring
-        self.run_id = wiring.run_id
+        self.run_id = run_id
         self.layout = WorkerLayout.build(self.n, plan.obs_keys, plan.actions.cont_dim)
         self.bounds = slice_bounds(self.n, spec.worker.slices)
         # env type index of each slice's envs (the learner's per-round lookups, made once)
@@ -59,6 +64,8 @@ class WorkerHandle:
         self.views: WorkerViews | None = None
         self.proc = None
         self.spawned_at = 0.0
+        self.spawned_wall = 0.0
+        self.spawned_awake = False
         self.awake = False
         self.error_log: ErrorLog | None = None
         self.on_retire = None                      # called with the handle before a segment goes
@@ -86,43 +93,21 @@ class WorkerHandle:
             old.unlink()
             old.close()
 
-    def worker_spec(self, cgroup_paths: list[str], active_paths: list[str]) -> WorkerSpec:
-        """The one place a WorkerSpec is built: the run's settings and plan, its wiring, and
-        this worker's own fields (its current generation and segment)."""
-        spec, plan, w = self.spec, self.plan, self.spec.worker
-        return WorkerSpec(
-            wiring=self.wiring, worker_id=self.worker_id, generation=self.generation, env_lo=self.env_lo,
-            type_index=plan.env_type[self.env_lo:self.env_hi].copy(), segment_name=self.segment.name,
-            act_endpoint=self.act_endpoint, cgroup_paths=tuple(cgroup_paths),
-            active_cgroup_paths=tuple(active_paths),
-            type_names=plan.names, type_nodes=tuple(t.node for t in spec.env_types), type_specs=plan.specs,
-            obs_keys=plan.obs_keys, cont_dim=plan.actions.cont_dim, locked_board=spec.buffer.sync == "lock",
-            env_id_offset=spec.env_id_offset, seed=spec.run.seed,
-            slices=w.slices, threads=w.threads, step_timeout_s=w.step_timeout_s, max_rss_mb=w.max_rss_mb,
-            cpu_affinity=w.cpu_affinity, sched_fifo=w.sched_fifo, doorbell_timeout_s=w.doorbell_timeout_s,
-            heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
-            heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
-            scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
-            reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
-            reward_norm_sync_every=spec.reward_norm.sync_every, reward_norm_gamma=spec.learner.gamma)
-
-    def spawn(self, ctx, cgroup_paths: list[str], active_paths: list[str]) -> None:
-        proc = self.prepare(ctx, cgroup_paths, active_paths)
-        proc.start()
-        self.started(proc)
-
-    def prepare(self, ctx, cgroup_paths: list[str], active_paths: list[str]):
-        """A new generation's segment and its (not yet started) process: `spawn` without the
-        start, for `BackgroundStarts`. Until `started`, the handle has no process: every check
-        of a live worker (supervision, watchdog, chaos, wakes' cgroup moves) passes it by."""
+    def next_generation(self) -> None:
+        """A fresh segment and doorbell state for the next process of this group."""
         self.generation += 1
         self._new_segment()
         self.views.store(H_AWAKE, int(self.awake))
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
+
+    def process(self, ctx, args: WorkerSpec):
+        """This generation's process, not yet started (`args` names its segment and generation).
+        Until `started`, the handle has no process: every check of a live worker (supervision,
+        watchdog, chaos, wakes' cgroup moves) passes it by."""
         self.spawned_awake = self.awake        # its spawn -> ready time is a build time, not a wait
-        return ctx.Process(target=run_worker, args=(self.worker_spec(cgroup_paths, active_paths),),
-                           name=f"rlpipe-worker-{self.worker_id}", daemon=False)
+        return ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
+                           daemon=False)
 
     def started(self, proc) -> None:
         self.proc = proc

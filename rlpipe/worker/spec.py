@@ -1,10 +1,9 @@
 """What one worker process is given: a WorkerSpec, pickled once at spawn (nothing crosses a
 socket later), so it works under both the forkserver and spawn start methods.
 
-It holds plain values only. The worker layer never imports the config schema (nor Hydra
-through it): `rlpipe.supervisor.workers.WorkerHandle.worker_spec` is the one place a
-WorkerSpec is built, from the run's RunSpec and mix plan, the run's wiring and the worker's
-own fields.
+It holds plain values only: the worker layer never imports the config schema (nor Hydra
+through it). `rlpipe.supervisor.fleet.Fleet.worker_spec` is the one place a WorkerSpec is
+built, from the run's RunSpec and mix plan, the run's services and the worker's own fields.
 """
 from __future__ import annotations
 
@@ -17,19 +16,7 @@ from rlpipe.spec import ObsKey
 
 
 @dataclass(frozen=True)
-class RunWiring:
-    """What the driver sets up for every worker of a run once its services are up."""
-    run_id: str
-    driver_pid: int                 # a worker whose driver is gone stops
-    ready_endpoint: str
-    lifecycle_endpoint: str
-    redis_url: str                  # the live service (embedded or from redis.url)
-    type_versions: tuple[str, ...]  # per env type: config + package version + git commit
-
-
-@dataclass(frozen=True)
 class WorkerSpec:
-    wiring: RunWiring
     # -- this worker
     worker_id: int
     generation: int
@@ -39,10 +26,17 @@ class WorkerSpec:
     act_endpoint: str
     cgroup_paths: tuple[str, ...]   # cgroup.procs files of the group's dormant cgroup (empty: none)
     active_cgroup_paths: tuple[str, ...]   # ... and of the active one, for a wake that raced us
-    # -- the run's env types and board
+    # -- this run: its driver and services
+    run_id: str
+    driver_pid: int                 # a worker whose driver is gone stops
+    ready_endpoint: str
+    lifecycle_endpoint: str
+    redis_url: str                  # the live service (embedded, or redis.url)
+    # -- this run: env types and board
     type_names: tuple[str, ...]
     type_nodes: tuple[dict, ...]    # config node per type (instantiated once per type here)
     type_specs: tuple[EnvSpec, ...]
+    type_versions: tuple[str, ...]
     obs_keys: tuple[ObsKey, ...]
     cont_dim: int
     locked_board: bool              # buffer.sync=lock

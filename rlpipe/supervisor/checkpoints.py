@@ -1,0 +1,72 @@
+"""The driver's side of checkpoints: resume from the newest loadable one, save one every
+`learner.checkpoint_interval_s` and at the end, and export the trained policy. The files
+themselves are rlpipe.learner.checkpoint's; what is added here are the workers' reward
+statistics, which live in Redis while the run goes."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from rlpipe.cadence import Every
+from rlpipe.config import RunSpec
+from rlpipe.files import atomic_write
+from rlpipe.supervisor.workers import reward_stats_keys
+
+log = logging.getLogger("rlpipe")
+
+
+class Checkpoints:
+    def __init__(self, spec: RunSpec, run_dir: Path, run_id: str, config_yaml: str, t0: float):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.config_yaml = config_yaml
+        self.dir = run_dir / "checkpoints"
+        self.rnorm_keys = reward_stats_keys(spec, run_id)
+        interval = spec.learner.checkpoint_interval_s
+        self.timer = Every(interval, first_at=t0 + interval)
+        self.resumed_from_step = 0
+
+    def resume(self, learner, rcli: redis.Redis) -> None:
+        """Continue from the newest loadable checkpoint of this run directory; the workers'
+        reward statistics go back into Redis before any worker starts, so they restore them."""
+        from rlpipe.learner.checkpoint import load_latest
+        found = load_latest(self.dir, validate=learner.check_compatible)
+        if found is None:
+            log.info("run.resume=true but %s holds no checkpoint: starting fresh", self.dir)
+            return
+        path, payload = found
+        learner.restore(payload)
+        self.resumed_from_step = learner.counters.env_steps
+        for key, state in zip(self.rnorm_keys, payload.get("reward_norm", [])):
+            if state.numel():
+                rcli.set(key, state.numpy().tobytes())
+        log.info("resumed from %s at %d env steps", path.name, self.resumed_from_step)
+
+    def save(self, learner, rcli: redis.Redis) -> Path:
+        """One checkpoint of the learner (no update in flight) and the workers' reward statistics."""
+        import torch
+
+        from rlpipe.learner.checkpoint import save_checkpoint
+        payload = learner.checkpoint_payload()
+        try:
+            # uint8 tensors: torch.load(weights_only=True) refuses raw bytes
+            payload["reward_norm"] = [torch.tensor(np.frombuffer(v or b"", dtype=np.uint8))
+                                      for v in rcli.mget(self.rnorm_keys)]
+        except redis.RedisError:
+            payload["reward_norm"] = []
+            log.warning("checkpoint without reward statistics: Redis unreachable")
+        return save_checkpoint(self.dir, learner.counters.env_steps, payload,
+                               self.spec.learner.keep_checkpoints)
+
+    def export(self, learner) -> Path:
+        """export/policy.pt: the trained weights with the obs/action spec they expect and the
+        run's config, loadable with torch.load(weights_only=True)."""
+        import torch
+        path = self.run_dir / "export" / "policy.pt"
+        path.parent.mkdir(exist_ok=True)
+        exported = {"policy": learner.policy.state_dict(), "compat": learner.compat(),
+                    "env_steps": learner.counters.env_steps, "config_yaml": self.config_yaml}
+        return atomic_write(path, lambda f: torch.save(exported, f))

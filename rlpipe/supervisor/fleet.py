@@ -1,0 +1,316 @@
+"""The worker fleet as the driver runs it: one WorkerHandle per group of env ids, the hot ones
+started at once and the dormant ones a few per loop turn, woken by the schedule, replaced
+when they exit or fall silent, and their doorbells taken in. What a worker process is started
+with is built in one place, `Fleet.worker_spec`."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Callable
+
+import redis
+import zmq
+
+from rlpipe.config import RunSpec
+from rlpipe.envs.registry import MixPlan, preload_modules
+from rlpipe.learner.slices import SliceRef
+from rlpipe.protocol import RING, epsilon_channel
+from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
+from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
+from rlpipe.supervisor.chaos import Chaos
+from rlpipe.supervisor.errors import ErrorAggregator
+from rlpipe.supervisor.groups import WakeSchedule
+from rlpipe.supervisor.services import Services, multiprocessing_temp_dir
+from rlpipe.supervisor.watchdog import Watchdog
+from rlpipe.supervisor.workers import (BackgroundStarts, WorkerHandle, group_ranges, stop_workers,
+                                       worker_context)
+from rlpipe.worker.exploration import pack_epsilons
+from rlpipe.worker.process import EXIT_RECYCLE
+from rlpipe.worker.spec import WorkerSpec
+
+log = logging.getLogger("rlpipe")
+ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
+
+
+def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
+    """The rings still worth serving: a replaced generation's are dropped (its slot was held or
+    parked while the worker was replaced) and each slice is served once, at its newest ring."""
+    latest: dict[tuple[int, int], SliceRef] = {}
+    for ref in refs:
+        if ref.generation == ref.handle.generation:
+            latest[(ref.handle.worker_id, ref.slice_index)] = ref
+    return list(latest.values())
+
+
+class Fleet:
+    def __init__(self, spec: RunSpec, run_id: str, t0: float, services: Services,
+                 phase: Callable[[str], None]):
+        self.spec = spec
+        self.run_id = run_id
+        self.t0 = t0
+        self.services = services
+        self.phase = phase                  # the driver's start-up log line
+        self.plan: MixPlan | None = None
+        self.versions: dict[str, str] = {}
+        self.ctx = None                     # the multiprocessing context workers start from
+        self.ready: zmq.Socket | None = None   # the doorbell every worker rings
+        self.handles: list[WorkerHandle] = []
+        self.by_id: dict[int, WorkerHandle] = {}
+        self.n_slices = 0
+        self.cgroups = None
+        self.schedule: WakeSchedule | None = None
+        self.watchdog: Watchdog | None = None
+        self.chaos: Chaos | None = None
+        self.errors: ErrorAggregator | None = None
+        self.unspawned: list[WorkerHandle] = []
+        self.starts = BackgroundStarts()       # dormant workers' process starts
+        self.slice_seen: dict[tuple[int, int], float] = {}
+        self.slice_first_step: dict[tuple[int, int], float] = {}
+        self.lifecycle_dropped = 0      # workers' lifecycle events dropped at the ZMQ high-water mark
+
+    # -- start -------------------------------------------------------------------------------
+    def start(self, plan: MixPlan, versions: dict[str, str]) -> None:
+        """The doorbell, the groups' cgroups, schedule and watchdog, and the hot workers."""
+        spec, services = self.spec, self.services
+        self.plan, self.versions = plan, versions
+        self.ready = services.zctx.socket(zmq.PULL)
+        self.ready.setsockopt(zmq.LINGER, 0)
+        self.ready.setsockopt(zmq.RCVHWM, 100_000)
+        self.ready.bind(services.endpoint("ready"))
+        multiprocessing_temp_dir(self.run_id)
+        self.ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
+        g = spec.groups
+        ranges = group_ranges(spec.env_count, spec.groups.size)
+        self.cgroups = make_cgroup_driver(g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb,
+                                          n_groups=len(ranges))
+        self.schedule = WakeSchedule(len(ranges), g)
+        self.watchdog = Watchdog(spec.heartbeat, self.run_id, services.rcli, services.lifecycle)
+        self.errors = ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
+        hb = spec.heartbeat
+        quiet = (self.t0 + spec.run.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
+                 if spec.run.duration_s else None)
+        self.chaos = Chaos(spec.chaos, spec.run.seed, self.t0, services.lifecycle, services.redis,
+                           self.watchdog.pending, quiet) if spec.chaos.enabled else None
+        for k, (lo, hi) in enumerate(ranges):
+            h = WorkerHandle(k, lo, hi, spec, plan, self.run_id, services.zctx, services.endpoint(f"act_w{k}"))
+            h.awake = self.schedule.awake[k]
+            h.on_retire = self._retire
+            self.handles.append(h)
+        self.by_id = {h.worker_id: h for h in self.handles}
+        self.n_slices = sum(len(h.bounds) for h in self.handles)
+        # Hot groups start now; dormant ones are started from the loop, so the first steps
+        # are not queued behind a hundred forks on a busy machine.
+        self.unspawned = [h for h in self.handles if not h.awake]
+        for h in self.handles:
+            if h.awake:
+                self._spawn(h)
+        self.phase(f"{len(self.handles) - len(self.unspawned)} hot workers started")
+
+    def worker_spec(self, h: WorkerHandle) -> WorkerSpec:
+        """Everything the next process of `h` is started with: picklable, sent once at spawn.
+        A dormant group's worker joins its cgroup first thing."""
+        spec, plan, services = self.spec, self.plan, self.services
+        return WorkerSpec(
+            worker_id=h.worker_id, generation=h.generation, run_id=self.run_id, env_lo=h.env_lo,
+            type_index=plan.env_type[h.env_lo:h.env_hi].copy(), segment_name=h.segment.name,
+            act_endpoint=h.act_endpoint,
+            cgroup_paths=tuple([] if h.awake else self.cgroups.dormant_paths(h.worker_id)),
+            active_cgroup_paths=tuple(self.cgroups.active_paths()),
+            type_names=plan.names,
+            type_nodes=tuple(t.node for t in spec.env_types),
+            type_specs=plan.specs,
+            type_versions=tuple(self.versions[t.name] for t in spec.env_types),
+            obs_keys=plan.obs_keys, cont_dim=plan.actions.cont_dim,
+            locked_board=spec.buffer.sync == "lock", slices=spec.worker.slices,
+            threads=spec.worker.threads, seed=spec.run.seed,
+            ready_endpoint=services.endpoint("ready"), lifecycle_endpoint=services.endpoint("lifecycle"),
+            redis_url=services.redis.url, heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
+            heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
+            step_timeout_s=spec.worker.step_timeout_s, max_rss_mb=spec.worker.max_rss_mb,
+            cpu_affinity=spec.worker.cpu_affinity, sched_fifo=spec.worker.sched_fifo,
+            scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
+            reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
+            reward_norm_sync_every=spec.reward_norm.sync_every, reward_norm_gamma=spec.learner.gamma,
+            doorbell_timeout_s=spec.worker.doorbell_timeout_s, driver_pid=os.getpid(),
+            env_id_offset=spec.env_id_offset)
+
+    def _prepare(self, h: WorkerHandle):
+        """A new generation of `h` and its process, not yet started."""
+        h.next_generation()
+        proc = h.process(self.ctx, self.worker_spec(h))
+        self.errors.add_log(h.worker_id, h.error_log)
+        return proc
+
+    def _spawn(self, h: WorkerHandle) -> None:
+        """Start (or restart) the worker of a group, in a new generation, in this thread."""
+        proc = self._prepare(h)
+        proc.start()
+        h.started(proc)
+
+    def spawn_some(self) -> None:
+        """In the loop's first turn (the hot workers are building by then): prepare every
+        dormant worker and hand its start to the start threads. Every turn: take the
+        processes they have started. (A loop turn lasts an inference round: starting a few
+        per turn, in the loop's thread, made the dormant starts most of day4's start-up.)"""
+        if self.unspawned:
+            batch, self.unspawned = self.unspawned, []
+            for h in batch:
+                self.starts.submit(h, self._prepare(h))
+        if self.starts.pending:
+            self._take_started(self.starts.finished())
+            if not self.unspawned and not self.starts.pending:
+                self.phase(f"all {len(self.handles)} workers started")
+
+    def _take_started(self, started, teardown: bool = False) -> None:
+        failed = None
+        for h, proc, exc in started:
+            failed = failed or exc
+            if proc is None:
+                continue                       # its start failed, or teardown came first
+            h.started(proc)
+            if h.awake and not h.spawned_awake:
+                # woken while its start was in flight: the wake found no process to move
+                try:
+                    self.cgroups.wake(h.worker_id, proc.pid)
+                except OSError as exc:
+                    log.warning("moving worker %d to the active cgroup failed: %s", h.worker_id, exc)
+        if failed is not None and not teardown:
+            raise failed                       # as a failed start in the driver's own thread
+
+    def _retire(self, old: WorkerHandle) -> None:
+        """A generation's segment is about to go: keep what its worker counted there."""
+        self.errors.remove_log(old.worker_id)
+        self.lifecycle_dropped += old.views.load(H_LC_DROPPED)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def take_rings(self, now: float, poll_ms: int) -> list[SliceRef]:
+        """The doorbells rung since the last turn (waiting up to `poll_ms` for the first): the
+        awake workers' slices to serve. A dormant group's rings are parked until its wake."""
+        refs: list[SliceRef] = []
+        if not self.ready.poll(poll_ms):
+            return refs
+        while True:
+            try:
+                w, s, gen, seq = RING.unpack(self.ready.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return refs
+            h = self.by_id.get(w)
+            if h is None or gen != h.generation:
+                continue           # a replaced generation's late doorbell
+            ref = SliceRef(h, s, seq, gen)
+            if not h.awake:
+                h.parked.append(ref)   # dormant: built, not stepped until its wake
+                continue
+            refs.append(ref)
+            h.slice_seq[s] = seq
+            self.slice_seen[(w, s)] = now
+            if seq == 1 and s == 0:
+                self.services.lifecycle.record("worker_ready", worker_id=w, generation=gen,
+                                               detail={"since_spawn_s": round(now - h.spawned_at, 3)})
+                if self.chaos is not None and h.spawned_awake:
+                    self.chaos.heal_s = max(self.chaos.heal_s, now - h.spawned_at)
+            if seq > 0 and (w, s) not in self.slice_first_step:
+                self.slice_first_step[(w, s)] = now
+
+    @property
+    def all_slices_stepped(self) -> bool:
+        return len(self.slice_first_step) == self.n_slices
+
+    def wake_due(self, now: float) -> list[SliceRef]:
+        """Wake the groups the schedule says are due; return their parked rings."""
+        if self.schedule.all_awake:
+            return []
+        min_steps = {h.worker_id: min(h.slice_seq) for h in self.handles if h.awake}
+        refs = []
+        for k in self.schedule.due(min_steps):
+            h = self.handles[k]
+            h.awake = True
+            if h.views is not None:
+                h.views.store(H_AWAKE, 1)      # before the move: a worker still joining looks again
+            if h.alive():
+                try:
+                    self.cgroups.wake(k, h.proc.pid)
+                except OSError as exc:
+                    log.warning("moving worker %d to the active cgroup failed: %s", k, exc)
+            self.services.lifecycle.record("group_wake", worker_id=k, generation=h.generation,
+                                           detail={"envs": h.n, "wake": self.schedule.wakes})
+            refs.extend(h.parked)
+            h.parked = []
+        return refs
+
+    def check_workers(self, now: float, learner) -> None:
+        """Replace workers that exited, inject the configured faults, advance the watchdog and
+        replace the workers it has ended."""
+        for h in self.handles:
+            if h.worker_id in self.watchdog.pending or h.proc is None or h.proc.is_alive():
+                continue
+            h.proc.join()
+            code = h.proc.exitcode
+            reason = "rss" if code == EXIT_RECYCLE else "exited"
+            self._replace(h, reason, {"exitcode": code}, learner)
+        if self.chaos is not None:
+            self.chaos.tick(self.handles, now)
+        self.watchdog.scan(self.handles, now)
+        for rep in self.watchdog.reap(now):
+            self._replace(rep.handle, rep.reason, rep.detail, learner)
+
+    def _replace(self, h: WorkerHandle, reason: str, detail: dict, learner) -> None:
+        self.services.lifecycle.record("worker_restart", worker_id=h.worker_id, generation=h.generation,
+                                       detail={"reason": reason, **detail})
+        learner.drop_worker(h.worker_id)
+        for s in range(len(h.bounds)):
+            self.slice_seen.pop((h.worker_id, s), None)
+        self._spawn(h)
+
+    def live_worker_ids(self) -> list[int]:
+        """Workers running and not being replaced."""
+        return [h.worker_id for h in self.handles if h.alive() and h.worker_id not in self.watchdog.pending]
+
+    def active_envs(self, now: float) -> int:
+        return sum(h.bounds[s][1] - h.bounds[s][0]
+                   for h in self.handles if h.alive()
+                   for s in range(len(h.bounds))
+                   if now - self.slice_seen.get((h.worker_id, s), -1e9) <= ACTIVE_WINDOW_S)
+
+    def publish_epsilons(self, learner) -> None:
+        """The learner's exploration rates to each awake worker's channel."""
+        try:
+            pipe = self.services.rcli.pipeline(transaction=False)
+            for h in self.handles:
+                if h.awake:
+                    pipe.publish(epsilon_channel(self.run_id, h.worker_id),
+                                 pack_epsilons(h.env_lo, learner.epsilons(h.env_lo, h.env_hi)))
+            pipe.execute()
+        except redis.RedisError:
+            pass          # the next publish carries the rates; workers keep the last ones
+
+    # -- stop --------------------------------------------------------------------------------
+    def continue_stopped(self) -> None:
+        """Workers the chaos monkey SIGSTOPped and nobody replaced yet: let them hear STOP."""
+        for pid in self.chaos.stopped if self.chaos else ():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def stop_starts(self) -> None:
+        """Start no more dormant workers; take in those whose start was in flight."""
+        self._take_started(self.starts.close(), teardown=True)
+
+    def stop_workers(self) -> None:
+        stop_workers(self.handles)
+
+    def count_lifecycle_drops(self) -> None:
+        for h in self.handles:
+            if h.views is not None:
+                self.lifecycle_dropped += h.views.load(H_LC_DROPPED)
+
+    def release_steps(self) -> list:
+        """After the workers stopped: the teardown steps that free the fleet's cgroups,
+        segments and sockets; the caller guards each one."""
+        return [
+            lambda: self.cgroups.cleanup() if self.cgroups is not None else None,
+            lambda: [h.close() for h in self.handles],
+            lambda: self.ready.close() if self.ready is not None else None,
+        ]

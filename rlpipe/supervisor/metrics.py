@@ -1,0 +1,272 @@
+"""What the run reports: TensorBoard charts while it goes (losses, sps, returns, memory,
+health, reward statistics, scaling weights), the status line, and at the end `summary.json`,
+the hparams run, the health report and the one line printed on stdout."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from rlpipe.cadence import Every
+from rlpipe.config import RunSpec
+from rlpipe.envs import random_return
+from rlpipe.files import atomic_write
+from rlpipe.lifecycle import fault_counts
+from rlpipe.protocol import worker_key
+from rlpipe.supervisor.fleet import Fleet
+from rlpipe.supervisor.memory import PeakMemory
+from rlpipe.supervisor.services import Services
+from rlpipe.supervisor.workers import reward_stats_keys
+from rlpipe.telemetry.progress import Status
+from rlpipe.worker.rewardnorm import RewardNormalizer
+
+log = logging.getLogger("rlpipe")
+HEALTH_CHARTS_S = 10.0      # memory curves and the watchdog's health/ scalars
+REWARD_STATS_S = 10.0
+
+
+class RunMetrics:
+    def __init__(self, spec: RunSpec, run_dir: Path, run_id: str, t0: float, services: Services,
+                 fleet: Fleet, dist=None):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.t0 = t0
+        self.services = services
+        self.fleet = fleet
+        self.dist = dist
+        self.rnorm_keys = reward_stats_keys(spec, run_id)
+        self.memory = PeakMemory(os.getpid(), interval_s=1.0)
+        self.learner = None                 # learner.central.CentralLearner, once built
+        self.chart_mark = (0, t0)           # (env steps, time) of the last charts/sps sample
+        self.loss_std_marks: dict[str, float] = {}
+        self.health_timer = Every(HEALTH_CHARTS_S)
+        self.reward_stats_timer = Every(REWARD_STATS_S)
+        self.all_ready_at: float | None = None
+        self.loop_end: float | None = None   # monotonic end of the stepping loop
+        self.loop_end_steps = 0
+        self.active_envs_end: int | None = None
+
+    @property
+    def tb(self):
+        return self.services.tb
+
+    def progress(self) -> float:
+        spec = self.spec
+        fractions = []
+        if spec.run.total_env_steps:
+            fractions.append(self.learner.global_env_steps / spec.run.total_env_steps)
+        if spec.run.duration_s:
+            fractions.append((time.monotonic() - self.t0) / spec.run.duration_s)
+        return min(1.0, max(fractions))
+
+    # -- while the run goes ------------------------------------------------------------------
+    def log_update(self, stats) -> None:
+        if stats is None:
+            return
+        self.tb.scalars(self.learner.counters.env_steps, {
+            "losses/policy": stats.policy_loss, "losses/value": stats.value_loss,
+            "losses/entropy": stats.entropy, "losses/approx_kl": stats.approx_kl,
+            "losses/clipfrac": stats.clipfrac, "losses/total": stats.total_loss,
+            "charts/learning_rate": self.learner.learning_rate})
+        self._loss_std_marks(self.progress())
+
+    def _loss_std_marks(self, progress: float) -> None:
+        """Loss-std marks: the std of the total loss over the last window of updates when the
+        run passes each configured fraction (the original system's 12/24/36 h). summary.json
+        keeps its key `loss_std_checkpoints` for them (a public interface)."""
+        lc = self.spec.learner
+        losses = self.learner.counters.losses
+        for f in lc.loss_std_at:
+            key = f"{f:g}"
+            if key not in self.loss_std_marks and progress >= f and len(losses) >= 2:
+                window = [loss for _t, loss in losses[-lc.loss_std_window:]]
+                self.loss_std_marks[key] = round(float(np.std(window)), 6)
+                self.tb.scalars(self.learner.counters.env_steps,
+                                {f"losses/std_at_{key}": self.loss_std_marks[key]})
+
+    def charts(self, now: float) -> float:
+        """The periodic TensorBoard charts; returns the sps of the window since the last call."""
+        c = self.learner.counters
+        last_steps, last_t = self.chart_mark
+        sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9)
+        self.chart_mark = (c.env_steps, now)
+        values = {"charts/sps": sps, "envs/active": self.fleet.active_envs(now),
+                  "board/torn_retries": c.torn_retries, "charts/episodes": c.episodes,
+                  "learner/dropped_rollouts": c.dropped_rollouts,
+                  "learner/trained_samples": c.trained_samples}
+        for name, rets in self.learner.recent_returns.items():
+            if rets:
+                values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
+                rets.clear()
+        for name, (p50, p99) in self.learner.latency_percentiles().items():
+            values[f"latency/step_ms/{name}/p50"] = p50
+            values[f"latency/step_ms/{name}/p99"] = p99
+        self.tb.scalars(c.env_steps, values)
+        return sps
+
+    def status(self, now: float, sps: float) -> Status:
+        c = self.learner.counters
+        return Status(stage=self.spec.stage, elapsed_s=now - self.t0, env_steps=c.env_steps, sps=sps,
+                      updates=c.updates, env_count=self.spec.env_count, active=self.fleet.active_envs(now),
+                      dormant=sum(h.n for h in self.fleet.handles if not h.awake),
+                      memory_mb=self.memory.last_bytes / 2**20 if self.memory.last_bytes else None,
+                      returns={k: float(np.mean(v)) if v else None for k, v in c.returns.items()})
+
+    def health_charts(self, now: float) -> None:
+        """Every HEALTH_CHARTS_S: the memory curves and the watchdog's health/ scalars."""
+        if self.health_timer.due(now):
+            self._memory_curves()
+            self.tb.scalars(self.learner.counters.env_steps, self.fleet.watchdog.health_scalars())
+
+    def _memory_curves(self) -> None:
+        """Memory of the whole run (PSS, sampled by PeakMemory) and each worker's RSS from its
+        Redis beat: the original system's RSS curves, per worker group."""
+        values = {"memory/pss_mb": self.memory.last_bytes / 2**20}
+        try:
+            pipe = self.services.rcli.pipeline(transaction=False)
+            for h in self.fleet.handles:
+                pipe.hget(worker_key(self.fleet.run_id, h.worker_id), "rss_mb")
+            rss = [float(v) for v in pipe.execute() if v is not None]
+        except redis.RedisError:
+            rss = []      # Redis down: this sample has no worker RSS; PSS is read from /proc anyway
+        if rss:
+            values.update({"workers/rss_mb_max": max(rss), "workers/rss_mb_mean": float(np.mean(rss))})
+        self.tb.scalars(self.learner.counters.env_steps, values)
+
+    def error_report(self) -> None:
+        """The error aggregator's top stack traces, as TensorBoard text."""
+        self.tb.text("errors/top10", self.fleet.errors.text_for_tensorboard(), self.learner.counters.env_steps)
+
+    def reward_stats(self, now: float) -> None:
+        """Every REWARD_STATS_S: global reward statistics merged from the workers' synced states."""
+        if not self.reward_stats_timer.due(now):
+            return
+        try:
+            states = [v for v in self.services.rcli.mget(self.rnorm_keys) if v]
+        except redis.RedisError:
+            return        # Redis down: no reward_norm scalars this interval, the next one tries again
+        if states:
+            count, mean, var = RewardNormalizer.merge(states)
+            self.tb.scalars(self.learner.counters.env_steps, {
+                "reward_norm/count": count, "reward_norm/mean": mean, "reward_norm/std": var ** 0.5})
+
+    def scaling_charts(self) -> None:
+        """The learner's scaling weights: their histogram and each type's mean."""
+        step = self.learner.counters.env_steps
+        self.tb.histogram("scaling/weight", self.learner.weights(), step)
+        self.tb.scalars(step, {f"scaling/mean_weight/{k}": v
+                               for k, v in self.learner.weights_by_type().items()})
+
+    def loop_ended(self) -> None:
+        """The stepping loop is over: every rate of the summary stops here."""
+        self.loop_end = end = time.monotonic()
+        self.loop_end_steps = self.learner.counters.env_steps
+        self.active_envs_end = self.fleet.active_envs(end)
+        self.memory.sample()
+
+    # -- the end -----------------------------------------------------------------------------
+    def summary(self, teardown_end: float, resumed_from_step: int) -> dict:
+        """Every rate and the loss window stop at the end of the stepping loop; `teardown_s`
+        (worker stop, final checkpoint, export, services) is reported apart."""
+        end = self.loop_end
+        c = self.learner.counters
+        first = c.first_step_at
+        stepping_s = end - first if first else 0.0
+        half = self.t0 + (end - self.t0) / 2
+        late_losses = [loss for t, loss in c.losses if half <= t <= end]
+        faults = fault_counts(self.run_dir / "lifecycle.sqlite")
+        randoms = random_return.read_results(self.run_dir)
+        faults["lifecycle_dropped"] = self.fleet.lifecycle_dropped
+        steps = self.loop_end_steps
+        fleet = self.fleet
+        return {
+            "stage": self.spec.stage,
+            "env_count": self.spec.env_count,
+            "env_types": fleet.plan.counts(),
+            "active_envs_end": self.active_envs_end,
+            "env_steps": steps,
+            "wall_s": round(end - self.t0, 3),
+            # t0 on the wall clock (TensorBoard's time base): the origin of every *_s figure here
+            "started_at_unix": round(time.time() - (time.monotonic() - self.t0), 3),
+            "teardown_s": round(teardown_end - end, 3),
+            "sps": round((steps - resumed_from_step) / stepping_s, 1) if stepping_s > 0 else 0.0,
+            "startup_first_step_s": round(first - self.t0, 3) if first else None,
+            "all_envs_ready_s": round(self.all_ready_at - self.t0, 3) if self.all_ready_at else None,
+            "updates": c.updates,
+            "trained_samples": c.trained_samples,
+            "episodes": c.episodes,
+            "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None)
+                                    for k, v in c.returns.items()},
+            "random_return": {k: round(v["mean"], 3) for k, v in randoms.items() if v.get("mean") is not None},
+            "mean_return_first100": {k: (round(float(np.mean(v)), 3) if v else None)
+                                     for k, v in c.first_returns.items()},
+            "learned": {k: random_return.verdict(list(v), c.first_returns[k], c.episodes_by_type[k],
+                                                 randoms.get(k)) for k, v in c.returns.items()},
+            "peak_rss_mb": round(self.memory.peak_bytes / 2**20, 1),
+            "shm_bytes": sum(h.layout.size for h in fleet.handles if h.generation > 0),
+            "faults": faults,
+            "board": {"torn_retries": c.torn_retries},
+            "cgroup_driver": fleet.cgroups.name if fleet.cgroups else "none",
+            "redis": self.services.redis.mode,
+            "env_versions": {k: [v] for k, v in fleet.versions.items()},
+            "loss_std": round(float(np.std(late_losses)), 6) if len(late_losses) > 1 else None,
+            "loss_std_checkpoints": self.loss_std_marks,     # the public key keeps its name
+            "resumed_from_step": resumed_from_step,
+            "dist": self._dist(),
+        }
+
+    @staticmethod
+    def _dist() -> dict:
+        """Ranks as torch.distributed reports them (1 when no process group was initialized);
+        parameters are never compared across ranks here, so that figure stays null."""
+        import torch.distributed as dist
+        initialized = dist.is_available() and dist.is_initialized()
+        return {"world_size": dist.get_world_size() if initialized else 1, "params_in_sync": None}
+
+    def write(self, result: dict, stop_signal: int | None) -> None:
+        """summary.json, the hparams run (rank 0), the health report and the line on stdout."""
+        atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
+        if self.dist is None or self.dist.rank == 0:
+            self._hparams(result)
+        try:
+            from rlpipe.telemetry.health import write_health_report
+            write_health_report(self.run_dir)
+        except Exception:              # a report must never turn a finished run into a failure
+            log.exception("health report failed")
+        rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
+        how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
+        if self.dist is not None:
+            how = f"rank {self.dist.rank}/{self.dist.world} {how}"
+        print(f"rlpipe {how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
+              f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "
+              f"{self.run_dir / 'summary.json'}", flush=True)
+
+    def _hparams(self, result: dict) -> None:
+        """The run's knobs and outcome in its own TensorBoard run (the hparams tab compares
+        the jobs of a multirun side by side)."""
+        spec = self.spec
+        hparams = {"env_count": spec.env_count, "env_mix": "+".join(t.name for t in spec.env_types),
+                   "scaling": spec.scaling.enabled, "reward_norm": spec.reward_norm.mode,
+                   "buffer_sync": spec.buffer.sync, "learning_rate": spec.learner.learning_rate,
+                   "rollout_len": spec.learner.rollout_len, "stage": spec.stage or "-"}
+        metrics = {"hparams/sps": result["sps"], "hparams/updates": result["updates"],
+                   "hparams/loss_std": result["loss_std"] if result["loss_std"] is not None else float("nan")}
+        for name, value in result["mean_return_last100"].items():
+            if value is not None:
+                metrics[f"hparams/return/{name}"] = value
+                if name in result["random_return"]:
+                    metrics[f"hparams/return_over_random/{name}"] = value - result["random_return"][name]
+        from rlpipe.telemetry.tb import TbWriter
+        tb = TbWriter(self.run_dir, None)
+        tb.hparams(hparams, metrics)
+        tb.text("learning/per_type", "\n".join(
+            f"{name}: return {result['mean_return_last100'][name]}, random "
+            f"{result['random_return'].get(name, 'unknown')}: {verdict}"
+            for name, verdict in result["learned"].items()), result["env_steps"])
+        tb.close()
