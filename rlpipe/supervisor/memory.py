@@ -63,9 +63,14 @@ class PeakMemory:
 
     def _run(self) -> None:
         while not self._stop.wait(self.wait_s):
-            cpu = time.thread_time()
-            self.sample()
-            self.wait_s = max(self.interval_s, (time.thread_time() - cpu) / MAX_CPU_SHARE)
+            self.paced_sample()
+
+    def paced_sample(self) -> None:
+        """One sample; the wait before the next is its CPU cost / MAX_CPU_SHARE, at least
+        `interval_s`."""
+        cpu = time.thread_time()
+        self.sample()
+        self.wait_s = max(self.interval_s, (time.thread_time() - cpu) / MAX_CPU_SHARE)
 
     def stop(self) -> None:
         self._stop.set()
