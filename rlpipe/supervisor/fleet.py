@@ -1,5 +1,5 @@
 """The worker fleet as the driver runs it: one WorkerHandle per group of env ids, the hot ones
-started at once and the dormant ones a few per loop turn, woken by the schedule, replaced
+started at once and the dormant ones by background start threads, woken by the schedule, replaced
 when they exit or fall silent, and their doorbells taken in. What a worker process is started
 with is built in one place, `Fleet.worker_spec`."""
 from __future__ import annotations
