@@ -31,7 +31,9 @@ A run in which no window had every env active is an error (exit 1, named), not a
 PPO rows: `+stage=day4 learner.mode=ppo env_mix=cartpole`, every group hot: the learner
 settings of the stage that runs 7,000 envs (rollout_len 16, update_envs 512, minibatch 2048,
 4 epochs, gradient scaling and per-env reward normalization on; the same figures at 1,000 envs
-so the two rows compare). Overrides given on the command line apply to every engine run.
+so the two rows compare). Each backlog runs with the workers on every CPU, and again with
+`worker.cpu_affinity=learner_core` (one CPU kept for the PPO update thread, the workers on the
+rest). Overrides given on the command line apply to every engine run.
 """
 from __future__ import annotations
 
@@ -67,9 +69,12 @@ class NotSteady(RuntimeError):
 # --- the engine -------------------------------------------------------------------------------
 
 def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
-    """One engine run; mode is 'random' or 'hold'/'drop' (PPO with that learner.backlog)."""
+    """One engine run; mode is 'random', or 'hold'/'drop' (PPO with that learner.backlog), the
+    latter with '+core' for worker.cpu_affinity=learner_core (a CPU kept for the update)."""
+    backlog, _, core = mode.partition("+")
     learner = (["learner.mode=random"] if mode == "random"
-               else ["+stage=day4", "learner.mode=ppo", f"learner.backlog={mode}"])
+               else ["+stage=day4", "learner.mode=ppo", f"learner.backlog={backlog}"]
+               + (["worker.cpu_affinity=learner_core"] if core else []))
     with tempfile.TemporaryDirectory(prefix="rlb", dir="/tmp") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "env_mix=cartpole",
@@ -214,11 +219,14 @@ def fmt(x, spec=",.0f", width=10) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:>{width}{spec}}"
 
 
+PPO_MODES = ["hold", "drop", "hold+core", "drop+core"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", type=int, nargs="+", default=[1000, 7000])
     ap.add_argument("--ppo-counts", type=int, nargs="*", default=None,
-                    help="counts that also get the two PPO rows (default: all of --counts; none: empty)")
+                    help="counts that also get the PPO rows (default: all of --counts; none: empty)")
     ap.add_argument("--async-counts", type=int, nargs="*", default=None,
                     help="counts at which to try AsyncVectorEnv (default: all of --counts)")
     ap.add_argument("--seconds", type=float, default=60.0, help="engine run length (random rows)")
@@ -237,7 +245,7 @@ def main() -> int:
     probe = async_probe() if async_counts else None
     if probe:
         results["async_probe"] = probe
-    print(f"{'envs':>6}  {'what':<34} {'env steps/s':>11} {'trained/s':>10} {'vs Sync':>8} "
+    print(f"{'envs':>6}  {'what':<40} {'env steps/s':>11} {'trained/s':>10} {'vs Sync':>8} "
           f"{'vs Async':>8}  notes", flush=True)
     for n in args.counts:
         row: dict = {}
@@ -246,7 +254,7 @@ def main() -> int:
         sync_b = sync_windows(n, args.sync_seconds / 2)
         async_b = async_windows(n, args.async_seconds / 2) if async_skip is None else None
         runs = {}
-        for mode in ["random"] + (["hold", "drop"] if n in ppo_counts else []):
+        for mode in ["random"] + (PPO_MODES if n in ppo_counts else []):
             try:
                 runs[mode] = engine_run(n, args.seconds if mode == "random" else ppo_seconds, mode,
                                         args.overrides)
@@ -260,20 +268,21 @@ def main() -> int:
         row["async_vector_env"] = asy if asy else {"skipped": async_skip}
         s_sps = sync["env_sps_median"]
         a_sps = asy["env_sps_median"] if asy else None
-        print(f"{n:>6}  {'SyncVectorEnv':<34} {fmt(s_sps, width=11)} {fmt(None)} {'1.00x':>8} "
+        print(f"{n:>6}  {'SyncVectorEnv':<40} {fmt(s_sps, width=11)} {fmt(None)} {'1.00x':>8} "
               f"{fmt(ratio(s_sps, a_sps), '.2f', 7)}{'x' if a_sps else ' '}  before "
               f"{sync['median_before']:,.0f}, after {sync['median_after']:,.0f}", flush=True)
         if asy:
-            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<34} {fmt(a_sps, width=11)} {fmt(None)} "
+            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<40} {fmt(a_sps, width=11)} {fmt(None)} "
                   f"{fmt(ratio(a_sps, s_sps), '.2f', 7)}x {'1.00x':>8}  before "
                   f"{asy['median_before']:,.0f}, after {asy['median_after']:,.0f}", flush=True)
         else:
-            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<34} {'skipped':>11}  {async_skip}",
+            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<40} {'skipped':>11}  {async_skip}",
                   flush=True)
         for mode, r in runs.items():
-            name = "engine random actions" if mode == "random" else f"engine PPO backlog={mode}"
+            name = ("engine random actions" if mode == "random" else
+                    f"engine PPO backlog={mode.replace('+core', ', learner core')}")
             if r is None:
-                print(f"{n:>6}  {name:<34} {'FAILED':>11}  no window with every env active", flush=True)
+                print(f"{n:>6}  {name:<40} {'FAILED':>11}  no window with every env active", flush=True)
                 row[f"engine_{mode}"] = None
                 continue
             env = r["env_sps_median"] if mode == "random" else r["env_sps_mean"]
@@ -287,7 +296,7 @@ def main() -> int:
             note = (f"median of {r['windows']} windows" if mode == "random" else
                     f"mean over {r['windows']} windows ({r['window_s']} s), trained/Sync "
                     f"{r['trained_over_sync']}x, {r['updates']} updates")
-            print(f"{n:>6}  {name:<34} {fmt(env, width=11)} {fmt(trained)} "
+            print(f"{n:>6}  {name:<40} {fmt(env, width=11)} {fmt(trained)} "
                   f"{fmt(r['env_over_sync'], '.2f', 7)}x {fmt(r['env_over_async'], '.2f', 7)}"
                   f"{'x' if a_sps else ' '}  {note}; all ready {r['all_envs_ready_s']} s", flush=True)
     results["load_end"] = os.getloadavg()

@@ -107,7 +107,7 @@ class WorkerPoolSpec(_Section):
     doorbell_timeout_s: float = setting(positive)
     step_timeout_s: Optional[float] = setting(positive_or_null)
     max_rss_mb: Optional[float] = setting(positive_or_null)
-    cpu_affinity: Any = MISSING      # null | auto | [cpu, ...]; becomes None or a tuple of CPUs
+    cpu_affinity: Any = MISSING      # null | auto | learner_core | [cpu, ...]; becomes None or a tuple of CPUs
     sched_fifo: Optional[int] = setting(fifo)
 
     def __post_init__(self) -> None:
@@ -281,6 +281,9 @@ class RunSpec(_Section):
                  f"allowed is at least one env per type ({len(self.env_types)} types)")
         self.obs_keys = checks.obs_keys(self.buffer.keys)
         self.worker.slices = checks.slices(self.worker.slices, self.env_count, self.groups.size)
+        # learner_core: the workers' CPUs and the one kept for the PPO update thread
+        self.worker.cpu_affinity, self.learner_cpu = checks.learner_core(
+            self.worker.cpu_affinity, self.learner.mode, self.learner.device)
 
 
 def register_schema() -> None:

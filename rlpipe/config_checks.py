@@ -184,14 +184,34 @@ def slices(value: Any, env_count: int, group_size: int) -> int:
     return value
 
 
-def affinity(value: Any) -> Optional[tuple[int, ...]]:
-    """worker.cpu_affinity: null, every CPU we may use (auto), or a list of them."""
-    if value is None:
-        return None
+def affinity(value: Any) -> Optional[tuple[int, ...]] | str:
+    """worker.cpu_affinity: null, every CPU we may use (auto), learner_core (resolved with the
+    learner's settings by `learner_core`), or a list of CPUs."""
+    if value is None or value == LEARNER_CORE:
+        return value
     if value == "auto":
         return tuple(sorted(os.sched_getaffinity(0)))
     available = sorted(os.sched_getaffinity(0))
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, int) and c in available
                                                                     for c in value):
-        fail("worker.cpu_affinity", value, f"allowed is null, auto, or a list of CPUs among {available}")
+        fail("worker.cpu_affinity", value,
+             f"allowed is null, auto, {LEARNER_CORE}, or a list of CPUs among {available}")
     return tuple(value)
+
+
+LEARNER_CORE = "learner_core"
+
+
+def learner_core(value, mode: str, device: str) -> tuple[Optional[tuple[int, ...]], Optional[int]]:
+    """(the workers' CPUs, the CPU kept for the PPO update thread). worker.cpu_affinity=
+    learner_core keeps the first usable CPU for the update and gives the workers the rest,
+    when PPO trains here (not on CUDA) and there are two CPUs or more; otherwise the workers
+    get every CPU and the update is not pinned. Under CFS the update thread is one of a
+    hundred runnable worker processes and gets a hundredth of the machine; on a core of its
+    own it keeps up with the workers (docs/benchmarks.md, engine_sps)."""
+    if value != LEARNER_CORE:
+        return value, None
+    cpus = sorted(os.sched_getaffinity(0))
+    if mode != "ppo" or device == "cuda" or len(cpus) < 2:
+        return None, None
+    return tuple(cpus[1:]), cpus[0]

@@ -129,6 +129,21 @@ def test_worker_slices_auto_double_buffers_only_few_workers(monkeypatch):
     assert run_spec(compose_cfg(["env_count=7000", "worker.slices=3"])).worker.slices == 3
 
 
+def test_learner_core_keeps_one_cpu_for_the_update_when_ppo_trains_here(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2})
+    spec = run_spec(compose_cfg(["worker.cpu_affinity=learner_core"]))
+    assert spec.worker.cpu_affinity == (1, 2) and spec.learner_cpu == 0
+    for other in (["learner.mode=random"], ["learner.device=cuda"]):    # no update on these CPUs
+        spec = run_spec(compose_cfg(["worker.cpu_affinity=learner_core", *other]))
+        assert spec.worker.cpu_affinity is None and spec.learner_cpu is None
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0})
+    spec = run_spec(compose_cfg(["worker.cpu_affinity=learner_core"]))   # one CPU: nothing to keep
+    assert spec.worker.cpu_affinity is None and spec.learner_cpu is None
+    assert run_spec(compose_cfg()).learner_cpu is None
+    with pytest.raises(ConfigError, match="learner_core"):
+        run_spec(compose_cfg(["worker.cpu_affinity=learner"]))
+
+
 def test_cli_bad_value_is_one_paragraph_no_traceback(short_tmp):
     out = run_cli(short_tmp / "run", "env_count=0", timeout=60)
     assert out.returncode == 2

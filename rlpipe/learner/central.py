@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -357,6 +358,8 @@ class CentralLearner:
 
     def _train(self, batch: dict, lr: float) -> None:
         try:
+            if self.spec.learner_cpu is not None:     # worker.cpu_affinity=learner_core
+                os.sched_setaffinity(threading.get_native_id(), {self.spec.learner_cpu})
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator)
