@@ -193,23 +193,36 @@ def test_signal_stops_cleanly_with_its_exit_code(short_tmp, sig):
 
 def test_sigterm_while_dormant_workers_are_still_starting_leaves_nothing(short_tmp):
     """99 dormant workers are started by the driver's start threads in the background: a
-    SIGTERM in the middle of those starts must still reap every worker they started and
-    start no more."""
+    SIGTERM in the middle of those starts must still stop every worker they started (through
+    the driver, which records each exit) and start no more."""
     run_dir = short_tmp / "run"
     proc = subprocess.Popen(rlpipe_cmd(run_dir, "env_count=1400", "groups.size=14", "groups.hot=1",
                                        "learner.mode=random", "run.duration_s=300",
                                        "run.total_env_steps=null"),
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=driver_dies_with_pytest)
     log_file, deadline = run_dir / "app.log", time.monotonic() + 90
-    while not (log_file.exists() and "hot workers started" in log_file.read_text()):
+    while len(run_processes(proc.pid, run_dir)) < 12:     # its Redis and 11 workers attached
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
-        time.sleep(0.05)
-    time.sleep(0.5)                               # into the dormant starts (a second or more of them)
-    proc.send_signal(signal.SIGTERM)
-    _out, err = proc.communicate(timeout=120)
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)              # a few dormant workers are up, most are not
+    try:
+        _out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()                               # a hung teardown fails the test, leaving nothing
+        raise
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "all 100 workers started" not in log_file.read_text()      # it really was mid-start
     assert_nothing_left(run_dir, proc.pid)
+    # Every worker that came up was stopped by the driver while its lifecycle log still ran
+    # (a worker whose start the teardown did not take in would only notice the driver gone,
+    # with nobody left to record its exit).
+    with contextlib.closing(sqlite3.connect(run_dir / "lifecycle.sqlite")) as db:
+        rows = db.execute("SELECT kind, worker_id, generation FROM events "
+                          "WHERE kind IN ('worker_spawn', 'worker_exit')").fetchall()
+    spawned = {(w, g) for kind, w, g in rows if kind == "worker_spawn"}
+    exited = {(w, g) for kind, w, g in rows if kind == "worker_exit"}
+    assert len(spawned) > 1 and spawned <= exited, sorted(spawned - exited)
 
 
 def test_multirun_jobs_each_run_and_free_everything(short_tmp):

@@ -17,8 +17,15 @@ MAX_CPU_SHARE = 0.01     # of one core: the wait after a sample is at least its 
 
 
 def _pss_bytes(pid: int) -> int:
-    """smaps_rollup's Pss line (kB); it includes this process's share of mapped /dev/shm pages."""
-    with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+    """smaps_rollup's Pss line (kB); it includes this process's share of mapped /dev/shm pages.
+    A kernel without smaps_rollup (before 4.14): psutil's sum over /proc/<pid>/smaps."""
+    try:
+        f = open(f"/proc/{pid}/smaps_rollup", "rb")
+    except FileNotFoundError:
+        if not psutil.pid_exists(pid):
+            raise
+        return psutil.Process(pid).memory_full_info().pss
+    with f:
         for line in f:
             if line.startswith(b"Pss:"):
                 return int(line.split()[1]) * 1024
@@ -35,7 +42,7 @@ def run_pss_bytes(root_pid: int) -> int:
     for pid in pids:
         try:
             total += _pss_bytes(pid)
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except (FileNotFoundError, ProcessLookupError, PermissionError, psutil.Error):
             continue                  # exited (or not ours) between the listing and the read
     return total
 
