@@ -17,6 +17,15 @@ lone process pays them too; planning describes one env per type) plus the build 
 (`serial_loop_s`); not the interpreter's start or composing the config. Its memory column is
 that process's peak RSS (ru_maxrss), not PSS. The table prints
 `all_envs_ready_s / serial_build_s` for each engine run (2 cores: 0.5 is the ideal).
+
+`worker_build_cpu_s`, in the same process, before its serial loop: the engine's own build
+work. After the imports (as the forkserver holds them), one child is forked per worker group
+(`groups.size` envs), one after another, and builds its envs as a worker does; the figure is
+the children's CPU seconds, summed. It exceeds `serial_loop_s` by what every process pays
+again: each type's first env in a process (pybullet's ~25 ms, minigrid's ~11 ms) and its page
+faults. `cpu_floor_s` = worker_build_cpu_s / CPUs: the fastest the fleet could build on this
+machine with every CPU building and nothing else running (`floor/serial` beside
+`ready/serial`).
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 SECONDS = {1000: 40, 3000: 55, 5000: 70, 7000: 80}
 
 SERIAL = r"""
-import importlib, json, resource, sys, time
+import importlib, json, os, resource, sys, time
 import numpy as np
 from hydra import compose, initialize_config_dir
 from rlpipe.config import conf_dir, register_schema, run_spec
@@ -48,16 +57,33 @@ for m in preload_modules(spec.env_types):
     importlib.import_module(m)
 t1 = time.perf_counter()
 n = spec.env_count
+factories = [make_factory(t.node) for t in spec.env_types]
+c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+for lo in range(0, n, spec.groups.size):         # one worker group at a time, as forked workers
+    hi = min(lo + spec.groups.size, n)
+    pid = os.fork()
+    if pid == 0:
+        rows = [np.zeros((hi - lo,) + k.shape, dtype=k.dtype) for k in plan.obs_keys]
+        group = EnvTable(lo, plan.env_type[lo:hi], plan.names, plan.specs, factories, plan.obs_keys,
+                         rows, spec.run.seed)
+        for i in range(hi - lo):
+            group.start(i)
+        os._exit(0)
+    os.waitpid(pid, 0)
+c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+worker_cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+t_loop = time.perf_counter()                     # the serial figures leave the section above out
 staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in plan.obs_keys]
-table = EnvTable(0, plan.env_type, plan.names, plan.specs,
-                 [make_factory(t.node) for t in spec.env_types], plan.obs_keys, staging, spec.run.seed)
+table = EnvTable(0, plan.env_type, plan.names, plan.specs, factories, plan.obs_keys, staging, spec.run.seed)
 for i in range(n):
     table.start(i)
 t2 = time.perf_counter()
 faults = len(table.faults)
 table.close_all()
-print(json.dumps({"serial_import_s": round(t1 - t0, 3), "serial_loop_s": round(t2 - t1, 3),
-                  "serial_build_s": round(t2 - t0, 3), "serial_build_faults": faults,
+cpus = len(os.sched_getaffinity(0))
+print(json.dumps({"worker_build_cpu_s": round(worker_cpu, 3), "cpu_floor_s": round(worker_cpu / cpus, 3),
+                  "serial_import_s": round(t1 - t0, 3), "serial_loop_s": round(t2 - t_loop, 3),
+                  "serial_build_s": round(t1 - t0 + t2 - t_loop, 3), "serial_build_faults": faults,
                   "serial_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
 """
 
@@ -102,6 +128,10 @@ def main() -> None:
               f"{serial['serial_build_s']:>15} {'':>13}  (imports {serial['serial_import_s']} s + "
               f"build loop {serial['serial_loop_s']} s, {serial['serial_build_faults']} build faults)",
               flush=True)
+        serial["floor_over_serial_build"] = round(serial["cpu_floor_s"] / serial["serial_build_s"], 3)
+        print(f"{n:>6} {'floor':>8} {'':>13} {serial['cpu_floor_s']:>12} {'':>7} {'':>12} "
+              f"{serial['serial_build_s']:>15} {serial['floor_over_serial_build']:>13}  (the groups' "
+              f"builds in forked workers: {serial['worker_build_cpu_s']} CPU s, over every CPU)", flush=True)
         for cgroup in args.cgroups:
             r = run(n, cgroup, args.overrides)
             ready = r["all_envs_ready_s"]
