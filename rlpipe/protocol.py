@@ -1,5 +1,5 @@
 """What the driver, the learner and the workers agree on, in one place: the doorbell frames
-they send over ZMQ (small fixed structs, never pickles), how a worker's envs split into slices,
+they send (small fixed structs, never pickles; the sockets are `rlpipe.doorbell`'s), how a worker's envs split into slices,
 what the learner may use of a worker to serve its slices, and the names of the Redis keys and
 channels they share. Every side imports these; none spells them out."""
 from __future__ import annotations
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 # worker -> learner: "slice `slice` of worker `worker` (generation) has published step `seq`"
 RING = struct.Struct("<IIIQ")
+HELLO_SLICE = 0xFFFFFFFF   # a RING with this slice: a worker's first frame on its connection
 # learner -> worker: "actions for step `seq` of slice `slice` are in the action arrays"
 ACT = struct.Struct("<IQ")
 STOP_SLICE = 0xFFFFFFFF

@@ -10,12 +10,12 @@ import signal
 from typing import Callable
 
 import redis
-import zmq
 
 from rlpipe.config import RunSpec
+from rlpipe.doorbell import DoorbellServer
 from rlpipe.envs.registry import MixPlan, preload_modules
 from rlpipe.learner.slices import SliceRef
-from rlpipe.protocol import RING, epsilon_channel
+from rlpipe.protocol import HELLO_SLICE, RING, epsilon_channel
 from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
@@ -31,6 +31,7 @@ from rlpipe.worker.spec import WorkerSpec
 
 log = logging.getLogger("rlpipe")
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
+DOORBELL_SOCKET = "doorbell.sock"   # in the run's socket dir
 
 
 def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
@@ -54,7 +55,7 @@ class Fleet:
         self.plan: MixPlan | None = None
         self.versions: dict[str, str] = {}
         self.ctx = None                     # the multiprocessing context workers start from
-        self.ready: zmq.Socket | None = None   # the doorbell every worker rings
+        self.doorbells: DoorbellServer | None = None   # every worker's doorbell connection
         self.handles: list[WorkerHandle] = []
         self.by_id: dict[int, WorkerHandle] = {}
         self.n_slices = 0
@@ -74,10 +75,7 @@ class Fleet:
         """The doorbell, the groups' cgroups, schedule and watchdog, and the hot workers."""
         spec, services = self.spec, self.services
         self.plan, self.versions = plan, versions
-        self.ready = services.zctx.socket(zmq.PULL)
-        self.ready.setsockopt(zmq.LINGER, 0)
-        self.ready.setsockopt(zmq.RCVHWM, 100_000)
-        self.ready.bind(services.endpoint("ready"))
+        self.doorbells = DoorbellServer(services.sock_dir / DOORBELL_SOCKET)
         multiprocessing_temp_dir(self.run_id)
         self.ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
         g = spec.groups
@@ -93,7 +91,7 @@ class Fleet:
         self.chaos = Chaos(spec.chaos, spec.run.seed, self.t0, services.lifecycle, services.redis,
                            self.watchdog.pending, quiet) if spec.chaos.enabled else None
         for k, (lo, hi) in enumerate(ranges):
-            h = WorkerHandle(k, lo, hi, spec, plan, self.run_id, services.zctx, services.endpoint(f"act_w{k}"))
+            h = WorkerHandle(k, lo, hi, spec, plan, self.run_id)
             h.awake = self.schedule.awake[k]
             h.on_retire = self._retire
             self.handles.append(h)
@@ -114,7 +112,6 @@ class Fleet:
         return WorkerSpec(
             worker_id=h.worker_id, generation=h.generation, run_id=self.run_id, env_lo=h.env_lo,
             type_index=plan.env_type[h.env_lo:h.env_hi].copy(), segment_name=h.segment.name,
-            act_endpoint=h.act_endpoint,
             cgroup_paths=tuple([] if h.awake else self.cgroups.dormant_paths(h.worker_id)),
             active_cgroup_paths=tuple(self.cgroups.active_paths()),
             type_names=plan.names,
@@ -124,7 +121,7 @@ class Fleet:
             obs_keys=plan.obs_keys, cont_dim=plan.actions.cont_dim,
             locked_board=spec.buffer.sync == "lock", slices=spec.worker.slices,
             threads=spec.worker.threads, seed=spec.run.seed,
-            ready_endpoint=services.endpoint("ready"), lifecycle_endpoint=services.endpoint("lifecycle"),
+            doorbell_path=str(services.sock_dir / DOORBELL_SOCKET), lifecycle_endpoint=services.endpoint("lifecycle"),
             redis_url=services.redis.url, heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
             heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
             step_timeout_s=spec.worker.step_timeout_s, max_rss_mb=spec.worker.max_rss_mb,
@@ -188,16 +185,16 @@ class Fleet:
         """The doorbells rung since the last turn (waiting up to `poll_ms` for the first): the
         awake workers' slices to serve. A dormant group's rings are parked until its wake."""
         refs: list[SliceRef] = []
-        if not self.ready.poll(poll_ms):
-            return refs
-        while True:
-            try:
-                w, s, gen, seq = RING.unpack(self.ready.recv(zmq.NOBLOCK))
-            except zmq.Again:
-                return refs
+        for conn, frame in self.doorbells.poll(poll_ms):
+            if len(frame) != RING.size:
+                continue           # not one of our workers
+            w, s, gen, seq = RING.unpack(frame)
             h = self.by_id.get(w)
             if h is None or gen != h.generation:
                 continue           # a replaced generation's late doorbell
+            if s == HELLO_SLICE:
+                h.conn = conn      # the driver can ring (or stop) this process from now on
+                continue
             ref = SliceRef(h, s, seq, gen)
             if not h.awake:
                 h.parked.append(ref)   # dormant: built, not stepped until its wake
@@ -212,6 +209,7 @@ class Fleet:
                     self.chaos.heal_s = max(self.chaos.heal_s, now - h.spawned_at)
             if seq > 0 and (w, s) not in self.slice_first_step:
                 self.slice_first_step[(w, s)] = now
+        return refs
 
     @property
     def all_slices_stepped(self) -> bool:
@@ -312,5 +310,5 @@ class Fleet:
         return [
             lambda: self.cgroups.cleanup() if self.cgroups is not None else None,
             lambda: [h.close() for h in self.handles],
-            lambda: self.ready.close() if self.ready is not None else None,
+            lambda: self.doorbells.close() if self.doorbells is not None else None,
         ]

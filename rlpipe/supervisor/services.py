@@ -76,7 +76,7 @@ class Services:
         self.redis_down_since: float | None = None    # wall time of a Redis restart not yet healed
 
     def endpoint(self, name: str) -> str:
-        """The ipc:// address of one of the run's sockets."""
+        """The ipc:// address of one of the run's ZMQ sockets."""
         return f"ipc://{self.sock_dir}/{name}.ipc"
 
     # -- start -------------------------------------------------------------------------------

@@ -7,14 +7,14 @@ import threading
 import time
 
 import numpy as np
-import zmq
 
 from rlpipe.config import RunSpec
+from rlpipe.doorbell import send_act
 from rlpipe.envs.registry import MixPlan
 from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.segment import Segment, segment_name
-from rlpipe.protocol import ACT, STOP_SLICE, reward_stats_key, slice_bounds
+from rlpipe.protocol import STOP_SLICE, reward_stats_key, slice_bounds
 from rlpipe.worker.process import run_worker
 from rlpipe.worker.spec import WorkerSpec
 
@@ -43,7 +43,7 @@ def reward_stats_keys(spec: RunSpec, run_id: str) -> list[str]:
 
 class WorkerHandle:
     def __init__(self, worker_id: int, env_lo: int, env_hi: int, spec: RunSpec, plan: MixPlan,
-                 run_id: str, zctx: zmq.Context, act_endpoint: str):
+                 run_id: str):
         self.worker_id = worker_id
         self.env_lo, self.env_hi = env_lo, env_hi
         self.n = env_hi - env_lo
@@ -54,11 +54,7 @@ class WorkerHandle:
         self.bounds = slice_bounds(self.n, spec.worker.slices)
         # env type index of each slice's envs (the learner's per-round lookups, made once)
         self.slice_types = [plan.env_type[env_lo + lo:env_lo + hi].astype(np.int64) for lo, hi in self.bounds]
-        self.act_endpoint = act_endpoint
-        self.act = zctx.socket(zmq.PUSH)
-        self.act.setsockopt(zmq.LINGER, 0)
-        self.act.setsockopt(zmq.SNDHWM, 64)
-        self.act.bind(act_endpoint)
+        self.conn = None          # this generation's doorbell connection, from its HELLO
         self.generation = 0
         self.segment: Segment | None = None
         self.views: WorkerViews | None = None
@@ -98,6 +94,7 @@ class WorkerHandle:
         self.generation += 1
         self._new_segment()
         self.views.store(H_AWAKE, int(self.awake))
+        self.conn = None                       # the new process says HELLO on its own
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
 
@@ -115,24 +112,18 @@ class WorkerHandle:
         self.spawned_wall = time.time()
 
     def ring(self, slice_index: int, seq: int) -> bool:
-        try:
-            self.act.send(ACT.pack(slice_index, seq), zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False     # no live peer: the watchdog deals with the worker, not the learner
+        # False: no live peer; the watchdog deals with the worker, not the learner
+        return send_act(self.conn, slice_index, seq)
 
-    def request_stop(self) -> None:
-        for _ in range(len(self.bounds) + 1):
-            try:
-                self.act.send(ACT.pack(STOP_SLICE, 0), zmq.NOBLOCK)
-            except zmq.Again:
-                break
+    def request_stop(self) -> bool:
+        """STOP over the doorbell; False if the worker cannot hear it (not connected yet)."""
+        return send_act(self.conn, STOP_SLICE, 0)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
     def close(self) -> None:
-        self.act.close()
+        self.conn = None          # the doorbell server closes the connections
         if self.error_log is not None:
             self.error_log.release()
             self.error_log = None
@@ -202,10 +193,11 @@ class BackgroundStarts:
 
 
 def stop_workers(handles: list[WorkerHandle], grace_s: float = 5.0) -> None:
-    """Ask politely (STOP doorbell), then SIGTERM, then SIGKILL; reap everything."""
+    """Ask politely (STOP doorbell; SIGTERM, which a worker also ends on cleanly, to one not
+    connected yet), then SIGTERM, then SIGKILL; reap everything."""
     for h in handles:
-        if h.alive():
-            h.request_stop()
+        if h.alive() and not h.request_stop():
+            h.proc.terminate()
     deadline = time.monotonic() + grace_s
     for h in handles:
         if h.proc is not None:

@@ -19,7 +19,8 @@ from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
 from rlpipe.procs import pid_alive
-from rlpipe.protocol import (ACT, RING, STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
+from rlpipe.doorbell import DoorbellClient
+from rlpipe.protocol import (STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
                              worker_key)
 from rlpipe.shm.layout import (H_AWAKE, H_BUILT, H_GENERATION, H_LC_DROPPED, H_OS_BEAT_NS, H_PID, H_READY,
                                 H_STEPS, WorkerLayout, WorkerViews)
@@ -68,8 +69,7 @@ class Worker:
         self.errors: ErrorLog | None = None
         self.zctx: zmq.Context | None = None
         self.lifecycle: LifecycleClient | None = None
-        self.ready: zmq.Socket | None = None
-        self.act: zmq.Socket | None = None
+        self.doorbell: DoorbellClient | None = None
         self.staging: list[np.ndarray] = []
         self.ptrs: list[int] = []
         self.row_strides: list[int] = []
@@ -135,15 +135,7 @@ class Worker:
         self.lifecycle = LifecycleClient(args.lifecycle_endpoint, self.zctx, worker_id=args.worker_id,
                                          generation=args.generation)
         set_scheduling(args.cpu_affinity, args.sched_fifo, self.lifecycle)
-        self.ready = self.zctx.socket(zmq.PUSH)
-        self.ready.setsockopt(zmq.LINGER, 0)
-        self.ready.setsockopt(zmq.SNDHWM, 1000)
-        self.ready.setsockopt(zmq.SNDTIMEO, 1000)
-        self.ready.connect(args.ready_endpoint)
-        self.act = self.zctx.socket(zmq.PULL)
-        self.act.setsockopt(zmq.LINGER, 0)
-        self.act.setsockopt(zmq.RCVHWM, 1000)
-        self.act.connect(args.act_endpoint)
+        self.doorbell = DoorbellClient(args.doorbell_path, args.worker_id, args.generation)
 
     # -- build: what stepping needs (envs themselves are built one by one in the loop) --------
     def build(self) -> None:
@@ -180,9 +172,9 @@ class Worker:
     def wait_for_wake(self) -> None:
         """A dormant group idles (in its throttled cgroup) until the driver wakes it: its envs
         are built only then, so a hundred dormant groups cost next to nothing."""
-        act, views, stopping = self.act, self.views, self.stopping
+        doorbell, views, stopping = self.doorbell, self.views, self.stopping
         while not views.load(H_AWAKE) and not stopping:
-            if act.poll(100) and ACT.unpack(act.recv())[0] == STOP_SLICE:
+            if doorbell.wait(100) and doorbell.recv()[0] == STOP_SLICE:
                 stopping.append(True)
             elif not pid_alive(self.args.driver_pid):
                 stopping.append(True)
@@ -192,15 +184,15 @@ class Worker:
     def loop(self) -> None:
         """Envs are built slice by slice, between doorbells: a slice rings (seq 0) as soon as
         its own envs are up, so stepping starts while the rest of the group still builds."""
-        act, views, stopping, n = self.act, self.views, self.stopping, self.n
+        doorbell, views, stopping, n = self.doorbell, self.views, self.stopping, self.n
         generation, driver_pid = self.generation, self.args.driver_pid
         timeout_ms = int(self.args.doorbell_timeout_s * 1000)
         while not stopping:
-            if self.built < n and not act.poll(0):
+            if self.built < n and not doorbell.wait(0):
                 self.build_next_env()
                 continue
-            if act.poll(timeout_ms):
-                s, seq = ACT.unpack(act.recv())
+            if doorbell.wait(timeout_ms):
+                s, seq = doorbell.recv()
                 if s == STOP_SLICE or not self.step_slice(s, seq):
                     break
             elif not pid_alive(driver_pid):
@@ -226,7 +218,7 @@ class Worker:
                 if not self.publish(lo, hi):
                     self.stopping.append(True)
                     break
-                self.ready.send(RING.pack(self.worker_id, s, self.generation, 0))
+                self.doorbell.ring(s, 0)       # not heard: the loop checks on the driver
         if built == self.n:
             self.views.store(H_READY, self.n)
             self.startup_beat.stop()
@@ -264,10 +256,7 @@ class Worker:
             return False                   # replaced: a successor owns these env ids now
         self.steps += hi - lo
         views.store(H_STEPS, self.steps)
-        try:
-            self.ready.send(RING.pack(self.worker_id, s, self.generation, seq + 1))
-        except zmq.Again:
-            pass                           # the learner is gone or drowning; the loop checks
+        self.doorbell.ring(s, seq + 1)     # not heard: the learner is gone or drowning; the loop checks
         if table.faults:
             self.report_faults()
         return True
@@ -343,8 +332,7 @@ class Worker:
         self.views.store(H_LC_DROPPED, self.lifecycle.dropped)
         self.lifecycle.close()
         self.heartbeat.close()
-        self.ready.close()
-        self.act.close()
+        self.doorbell.close()
         self.zctx.term()
         self.errors.release()
         self.views.release()

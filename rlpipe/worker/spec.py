@@ -23,13 +23,12 @@ class WorkerSpec:
     env_lo: int
     type_index: np.ndarray          # env type index of each of this worker's envs
     segment_name: str
-    act_endpoint: str
     cgroup_paths: tuple[str, ...]   # cgroup.procs files of the group's dormant cgroup (empty: none)
     active_cgroup_paths: tuple[str, ...]   # ... and of the active one, for a wake that raced us
     # -- this run: its driver and services
     run_id: str
     driver_pid: int                 # a worker whose driver is gone stops
-    ready_endpoint: str
+    doorbell_path: str              # the driver's doorbell socket (rlpipe.doorbell)
     lifecycle_endpoint: str
     redis_url: str                  # the live service (embedded, or redis.url)
     # -- this run: env types and board
