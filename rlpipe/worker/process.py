@@ -15,11 +15,11 @@ import redis
 import zmq
 
 from rlpipe.cadence import Every
+from rlpipe.doorbell import DoorbellClient
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
 from rlpipe.procs import pid_alive
-from rlpipe.doorbell import DoorbellClient
 from rlpipe.protocol import (STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
                              worker_key)
 from rlpipe.shm.layout import (H_AWAKE, H_BUILT, H_GENERATION, H_LC_DROPPED, H_OS_BEAT_NS, H_PID, H_READY,
