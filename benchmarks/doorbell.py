@@ -43,6 +43,37 @@ def _step_all(envs, rng) -> None:
             env.reset()
 
 
+class _Clock:
+    """Counts env steps from the rings, over `seconds` once every worker has said hello and
+    WARMUP_S has passed."""
+
+    def __init__(self, n_workers: int, n_envs: int, seconds: float):
+        self.n_workers, self.n_envs, self.seconds = n_workers, n_envs, seconds
+        self.started, self.steps, self.t_start, self.t_end = 0, 0, None, None
+
+    def count(self, seq: int) -> None:
+        self.started += seq == 0
+        self.steps += self.n_envs * (seq == 1)
+
+    def running(self) -> bool:
+        now = time.perf_counter()
+        if self.t_start is None and self.started == self.n_workers:
+            self.t_start = now + WARMUP_S
+        if self.t_start is not None and self.t_end is None and now >= self.t_start:
+            self.steps, self.t_end = 0, now + self.seconds
+        return self.t_end is None or now < self.t_end
+
+    def rate(self) -> float:
+        return self.steps / self.seconds
+
+
+def _start(target, n_workers: int, n_envs: int, d: str) -> list:
+    procs = [mp.get_context("fork").Process(target=target, args=(k, n_envs, d)) for k in range(n_workers)]
+    for p in procs:
+        p.start()
+    return procs
+
+
 def _zmq_worker(k: int, n_envs: int, d: str) -> None:
     import zmq
     envs, rng = _envs(n_envs), np.random.default_rng(k)
@@ -69,11 +100,9 @@ def _zmq(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
         s = ctx.socket(zmq.PUSH)
         s.bind(f"ipc://{d}/act{k}")
         acts.append(s)
-    procs = [mp.get_context("fork").Process(target=_zmq_worker, args=(k, n_envs, d)) for k in range(n_workers)]
-    for p in procs:
-        p.start()
-    started, steps, t_start, t_end = 0, 0, None, None
-    while t_end is None or time.perf_counter() < t_end:
+    procs = _start(_zmq_worker, n_workers, n_envs, d)
+    clock = _Clock(n_workers, n_envs, seconds)
+    while clock.running():
         if not ready.poll(10):
             continue
         while True:
@@ -81,13 +110,8 @@ def _zmq(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
                 k, seq = FRAME.unpack(ready.recv(zmq.NOBLOCK))
             except zmq.Again:
                 break
-            started += seq == 0
-            steps += n_envs * (seq == 1)
+            clock.count(seq)
             acts[k].send(FRAME.pack(k, 1))
-        if t_start is None and started == n_workers:
-            t_start = time.perf_counter() + WARMUP_S
-        if t_start is not None and t_end is None and time.perf_counter() >= t_start:
-            steps, t_end = 0, time.perf_counter() + seconds
     for s in acts:
         s.send(FRAME.pack(0, -1))
     for p in procs:
@@ -95,7 +119,7 @@ def _zmq(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
     for s in acts + [ready]:
         s.close(0)
     ctx.term()
-    return steps / seconds
+    return clock.rate()
 
 
 def _seq_worker(k: int, n_envs: int, d: str) -> None:
@@ -115,17 +139,15 @@ def _seqpacket(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(f"{d}/doorbell")
     listener.listen(4096)
-    procs = [mp.get_context("fork").Process(target=_seq_worker, args=(k, n_envs, d)) for k in range(n_workers)]
-    for p in procs:
-        p.start()
+    procs = _start(_seq_worker, n_workers, n_envs, d)
     conns, ep = {}, select.epoll()
     for _ in range(n_workers):
         c, _ = listener.accept()
         c.setblocking(False)
         conns[c.fileno()] = c
         ep.register(c.fileno(), select.EPOLLIN)
-    started, steps, t_start, t_end = 0, 0, None, None
-    while t_end is None or time.perf_counter() < t_end:
+    clock = _Clock(n_workers, n_envs, seconds)
+    while clock.running():
         for fd, _ev in ep.poll(0.01):
             c = conns[fd]
             while True:
@@ -133,13 +155,8 @@ def _seqpacket(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
                     k, seq = FRAME.unpack(c.recv(64))
                 except BlockingIOError:
                     break
-                started += seq == 0
-                steps += n_envs * (seq == 1)
+                clock.count(seq)
                 c.send(FRAME.pack(k, 1))
-        if t_start is None and started == n_workers:
-            t_start = time.perf_counter() + WARMUP_S
-        if t_start is not None and t_end is None and time.perf_counter() >= t_start:
-            steps, t_end = 0, time.perf_counter() + seconds
     for c in conns.values():
         c.setblocking(True)
         c.send(FRAME.pack(0, -1))
@@ -149,7 +166,7 @@ def _seqpacket(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
         c.close()
     ep.close()
     listener.close()
-    return steps / seconds
+    return clock.rate()
 
 
 def main() -> None:

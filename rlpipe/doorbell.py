@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rlpipe.protocol import ACT, HELLO_SLICE, RING, STOP_SLICE
 
+SOCKET_NAME = "doorbell.sock"   # in the run's socket dir
 FRAME_MAX = 64          # bigger than any frame: a short read would mean a foreign peer
 SEND_TIMEOUT_S = 1.0    # a worker's ring waits this long for room (a drowning driver), then gives up
 

@@ -1,7 +1,7 @@
 """What the driver, the learner and the workers agree on, in one place: the doorbell frames
-they send (small fixed structs, never pickles; the sockets are `rlpipe.doorbell`'s), how a worker's envs split into slices,
-what the learner may use of a worker to serve its slices, and the names of the Redis keys and
-channels they share. Every side imports these; none spells them out."""
+they send (small fixed structs, never pickles; the sockets are `rlpipe.doorbell`'s), how a
+worker's envs split into slices, what the learner may use of a worker to serve its slices,
+and the names of the Redis keys and channels they share. Every side imports these; none spells them out."""
 from __future__ import annotations
 
 import struct

@@ -12,7 +12,7 @@ from typing import Callable
 import redis
 
 from rlpipe.config import RunSpec
-from rlpipe.doorbell import DoorbellServer
+from rlpipe.doorbell import SOCKET_NAME as DOORBELL_SOCKET, DoorbellServer
 from rlpipe.envs.registry import MixPlan, preload_modules
 from rlpipe.learner.slices import SliceRef
 from rlpipe.protocol import HELLO_SLICE, RING, epsilon_channel
@@ -31,7 +31,6 @@ from rlpipe.worker.spec import WorkerSpec
 
 log = logging.getLogger("rlpipe")
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
-DOORBELL_SOCKET = "doorbell.sock"   # in the run's socket dir
 
 
 def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
@@ -121,7 +120,7 @@ class Fleet:
             obs_keys=plan.obs_keys, cont_dim=plan.actions.cont_dim,
             locked_board=spec.buffer.sync == "lock", slices=spec.worker.slices,
             threads=spec.worker.threads, seed=spec.run.seed,
-            doorbell_path=str(services.sock_dir / DOORBELL_SOCKET), lifecycle_endpoint=services.endpoint("lifecycle"),
+            doorbell_path=str(self.doorbells.path), lifecycle_endpoint=services.endpoint("lifecycle"),
             redis_url=services.redis.url, heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
             heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
             step_timeout_s=spec.worker.step_timeout_s, max_rss_mb=spec.worker.max_rss_mb,

@@ -15,6 +15,7 @@ import redis
 import zmq
 
 from rlpipe.cadence import Every
+from rlpipe.doorbell import SOCKET_NAME as DOORBELL_SOCKET
 from rlpipe.lifecycle import LifecycleWriter
 from rlpipe.procs import pid_alive
 from rlpipe.protocol import run_key
@@ -29,7 +30,8 @@ REDIS_CHECK_S = 5.0         # how often a dead embedded Redis is looked for
 
 def socket_dir(run_dir: Path, run_id: str) -> Path:
     """The run dir when its socket paths fit in sun_path, else a short private dir in /tmp."""
-    if len(str(run_dir / "act_w99999.ipc")) <= IPC_PATH_MAX:
+    names = ("lifecycle.ipc", "redis.sock", DOORBELL_SOCKET)      # every socket of the run
+    if all(len(str(run_dir / name)) <= IPC_PATH_MAX for name in names):
         return run_dir
     path = Path("/tmp") / f"rlpipe_{run_id}"
     path.mkdir(mode=0o700)

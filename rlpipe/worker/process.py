@@ -78,7 +78,8 @@ class Worker:
         self.bounds = slice_bounds(self.n, args.slices)
         self.rnorm: RewardNormalizer | None = None
         self.rnorm_key = reward_stats_key(args.run_id, args.worker_id)
-        self.rnorm_sync = Every(args.reward_norm_sync_every * self.n, first_at=args.reward_norm_sync_every * self.n)
+        sync_every = args.reward_norm_sync_every * self.n
+        self.rnorm_sync = Every(sync_every, first_at=sync_every)
         self.tracker: StabilityTracker | None = None
         self.explore: EpsilonGreedy | None = None
         self.feed: EpsilonFeed | None = None
@@ -157,7 +158,8 @@ class Worker:
                     self.rnorm.load(saved)
                 self.spawn_detail["reward_count_restored"] = int(self.rnorm.count.sum())
             except (redis.RedisError, ValueError) as exc:
-                self.lifecycle.event("worker_spawn", detail={"warning": f"reward statistics not restored: {exc}"})
+                self.lifecycle.event("worker_spawn",
+                                     detail={"warning": f"reward statistics not restored: {exc}"})
         if args.scaling_enabled:
             self.tracker = StabilityTracker(n, window=args.scaling_window)
             specs = [args.type_specs[t] for t in args.type_index]
