@@ -1,4 +1,5 @@
-"""Build hook: compile rlpipe/native/*.pyx (the seqlock board, the worker step loop) with Cython."""
+"""Build hook: compile rlpipe/native/*.pyx (the seqlock board, the worker step loop, the
+worker's per-slice statistics) with Cython."""
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -11,7 +12,7 @@ extensions = [
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
-    for name in ("board", "steploop")
+    for name in ("board", "steploop", "slicestats")
 ]
 
 setup(ext_modules=cythonize(extensions, language_level=3))

@@ -195,6 +195,55 @@ def test_stability_tracker_envs():
     assert tr3.scores(0, 1)[0] < 0.01
 
 
+def _two_pass_terms(reward_hist: list[list[float]], ends: list[list[tuple[float, bool]]], window: int,
+                    episodes: int, scale: float) -> np.ndarray:
+    """The module doc's terms from each env's full history, in plain numpy: population std of
+    its last `window` rewards over the reference scale, cv of its last `episodes` episode
+    lengths (0 below two), share of those that were cut."""
+    out = []
+    for rs, es in zip(reward_hist, ends):
+        r = np.array(rs[-window:], dtype=np.float64)
+        last = es[-episodes:]
+        lengths = np.array([length for length, _ in last], dtype=np.float64)
+        cv = lengths.std() / max(lengths.mean(), 1.0) if len(last) >= 2 else 0.0
+        cut = sum(c for _, c in last) / len(last) if last else 0.0
+        out.append((r.std() / scale if len(r) else 0.0, cv, cut))
+    return np.array(out)
+
+
+def test_stability_tracker_matches_a_two_pass_reference():
+    """The C ring buffers and scores against the formula computed from each env's whole
+    history: partly filled windows, wrapped windows, normal ends, cuts, two slices."""
+    rng = np.random.default_rng(11)
+    n, window, episodes, scale = 6, 16, 4, 2.5
+    tr = StabilityTracker(n, window=window, episodes=episodes, reward_scale=scale)
+    hist: list[list[float]] = [[] for _ in range(n)]
+    ends: list[list[tuple[float, bool]]] = [[] for _ in range(n)]
+    since = np.zeros(n, dtype=np.int64)
+    for t in range(70):
+        rewards = (rng.normal(0, 1 + np.arange(n)) * 10).astype(np.float32)   # float32, as the board
+        ep_len = np.where(rng.random(n) < 0.15, rng.integers(1, 40, n), 0).astype(np.int32)
+        cut = (rng.random(n) < 0.08) & (ep_len == 0)
+        for i in range(n):
+            hist[i].append(float(rewards[i]))
+            since[i] += 1
+            if ep_len[i] > 0 or cut[i]:
+                ends[i].append((float(ep_len[i]) if ep_len[i] > 0 else float(since[i]), bool(cut[i])))
+                since[i] = 0
+        tr.update(0, 3, rewards[:3], ep_len[:3], cut[:3])
+        tr.update(3, n, rewards[3:], ep_len[3:], cut[3:])
+        if t in (1, 5, 15, 16, 40, 69):
+            spread, len_cv, cut_frac, enough = tr.terms(0, n)
+            ref = _two_pass_terms(hist, ends, window, episodes, scale)
+            np.testing.assert_allclose(np.stack([spread, len_cv, cut_frac], 1), ref, rtol=1e-12, atol=1e-12)
+            expect = np.where(enough, stability_score(*ref.T), 1.0).astype(np.float32)
+            out = np.full(n, -1.0, dtype=np.float32)
+            assert tr.scores(0, n, out=out) is out
+            np.testing.assert_allclose(out, expect, rtol=1e-6)
+            np.testing.assert_array_equal(tr.scores(2, 5), out[2:5])
+            assert enough.tolist() == [t + 1 >= tr.min_steps] * n
+
+
 def test_score_to_weight_and_epsilon_bounds():
     s = np.array([-1.0, 0.0, 0.25, 0.5, 1.0, 2.0], dtype=np.float32)
     w = score_to_weight(s, 0.3)

@@ -15,7 +15,9 @@ continuous env the uniform density over [-1, 1]^d of its d valid dims: 2^-d if e
 of a lies in [-1, 1], else 0. The behaviour distribution lives on the unclipped action space:
 a Gaussian sample outside the cube (which the env then clips) has u(a) = 0 and
 log mu = log(1 - eps) + log pi(a); the stored and re-evaluated action is the unclipped one,
-as in CleanRL. eps = 0 returns log pi bit for bit.
+as in CleanRL. eps = 0 returns log pi bit for bit. `EpsilonGreedy.apply` computes this in C
+(rlpipe/native/slicestats.pyx) with numpy's logaddexp; `mixture_logp` below is the formula in
+numpy, and rlpipe.learner.scaling its torch twin.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import math
 import struct
 
 import numpy as np
+
+from rlpipe.native.slicestats import explore_mix
 
 LOG2 = math.log(2.0)
 
@@ -69,6 +73,7 @@ class EpsilonGreedy:
         self.rng = np.random.default_rng(seed)
         self._log_u_disc = -np.log(self.n_valid.astype(np.float64))
         self._log_u_cont = -self.n_valid.astype(np.float64) * LOG2
+        self._is_cont_u8 = self.is_cont.view(np.uint8)      # as the C kernel takes them
         self._dims: dict[int, np.ndarray] = {}     # D -> [n, D] valid-dim mask of continuous envs
 
     def set_epsilon(self, epsilon: np.ndarray | float, lo: int = 0) -> None:
@@ -92,20 +97,27 @@ class EpsilonGreedy:
         m = hi - lo
         if not eps.any():
             return a_disc, a_cont, np.asarray(logp, dtype=np.float32), np.zeros(m, dtype=bool)
-        explored = self.rng.random(m) < eps
-        ex_disc = np.where(explored, alt_disc, a_disc)
-        ex_cont = np.where(explored[:, None], alt_cont, a_cont) if np.ndim(a_cont) == 2 else a_cont
-        pi_logp = np.where(explored, alt_logp, logp)
-        log_u = self._log_u_disc[lo:hi]
-        is_cont = self.is_cont[lo:hi]
-        if is_cont.any():                          # u(a) = 2^-d inside [-1, 1]^d, else 0
-            D = ex_cont.shape[1]
-            dims = self._dims.get(D)
-            if dims is None:
-                dims = self._dims[D] = (np.arange(D) < self.n_valid[:, None]) & self.is_cont[:, None]
-            outside = ((np.abs(ex_cont) > 1.0) & dims[lo:hi]).any(axis=1)
-            log_u = np.where(is_cont, np.where(outside, -np.inf, self._log_u_cont[lo:hi]), log_u)
-        return ex_disc, ex_cont, mixture_logp(pi_logp, eps, log_u).astype(np.float32), explored
+        draw = self.rng.random(m)
+        a_cont, alt_cont = (np.ascontiguousarray(np.reshape(x, (m, -1)), dtype=np.float32)
+                            for x in (a_cont, alt_cont))
+        D = a_cont.shape[1]
+        dims = self._dims.get(D)
+        if dims is None:         # [n, D]: the valid dims of continuous envs
+            dims = self._dims[D] = ((np.arange(D) < self.n_valid[:, None]) & self.is_cont[:, None]).view(np.uint8)
+        ex_disc, ex_cont = np.empty(m, dtype=np.int32), np.empty((m, D), dtype=np.float32)
+        behaviour_logp, explored = np.empty(m, dtype=np.float32), np.empty(m, dtype=np.bool_)
+        explore_mix(draw, eps, _int32(a_disc), a_cont, _float32(logp), _int32(alt_disc), alt_cont,
+                    _float32(alt_logp), self._is_cont_u8[lo:hi], dims[lo:hi], self._log_u_disc[lo:hi],
+                    self._log_u_cont[lo:hi], ex_disc, ex_cont, behaviour_logp, explored.view(np.uint8))
+        return ex_disc, ex_cont, behaviour_logp, explored
+
+
+def _int32(x) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.int32)
+
+
+def _float32(x) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 # -- the exploration-rate message (learner -> workers over Redis pub/sub) -------------------------

@@ -253,7 +253,7 @@ class Worker:
         if tracker is not None:
             ep_len = results["ep_len"][lo:hi]
             tracker.update(lo, hi, raw, ep_len, cut=results["truncated"][lo:hi].astype(bool) & (ep_len == 0))
-            results["score"][lo:hi] = tracker.scores(lo, hi)
+            tracker.scores(lo, hi, out=results["score"][lo:hi])
         if not self.publish(lo, hi):
             return False                   # replaced: a successor owns these env ids now
         self.steps += hi - lo

@@ -12,7 +12,8 @@ Per env, from the last `window` (scaling.window, default 100) rewards and the la
                                                    hang or quarantine (rebuild)
     score = (1 - c) / (1 + s_r + cv_L)             in [0, 1]
 
-- std is the population std over the window (two-pass, float64). `reward_scale` (default
+- std is the population std over the window (two-pass, float64; computed in C by
+  rlpipe/native/slicestats.pyx). `reward_scale` (default
   1.0, a scalar or one value per env) is the reward size considered normal; the original system's
   ground truth is "95% of envs reward in [-1, 1]", so an env whose per-step rewards spread
   over +-100 scores ~0.01 and one with a constant reward scores 1. The reward term is not
@@ -33,6 +34,10 @@ Per env, from the last `window` (scaling.window, default 100) rewards and the la
 from __future__ import annotations
 
 import numpy as np
+
+from rlpipe.native.slicestats import tracker_scores, tracker_terms, tracker_update
+
+_NO_CUT = np.zeros(0, dtype=np.uint8)     # no cut reported this step
 
 
 def stability_score(reward_spread: np.ndarray, len_cv: np.ndarray, cut_frac: np.ndarray) -> np.ndarray:
@@ -67,65 +72,35 @@ class StabilityTracker:
         self.cuts = np.zeros((n, episodes), dtype=np.bool_)
         self.len_pos = np.zeros(n, dtype=np.int64)
         self.len_filled = np.zeros(n, dtype=np.int64)
-        self._rows = np.arange(n)
-        self._cols = np.arange(window)
+        self._cuts_u8 = self.cuts.view(np.uint8)      # the same memory, as the C kernels take it
 
     def update(self, lo: int, hi: int, rewards: np.ndarray, ep_len: np.ndarray,
                cut: np.ndarray | None = None) -> None:
         """Record one step of envs [lo, hi): raw rewards [m]; ep_len [m] (> 0 where an episode
         ended normally, with its length); cut [m] bool (episode cut by crash/hang/rebuild:
         `truncated & (ep_len == 0)` in EnvTable's results) or None."""
-        rows = self._rows[lo:hi]
-        pos = self.pos[lo:hi]
-        self.rewards[rows, pos] = rewards
-        pos += 1
-        pos %= self.window
-        filled = self.filled[lo:hi]
-        np.minimum(filled + 1, self.window, out=filled)
-        cur = self.cur_len[lo:hi]
-        cur += 1
-        ep_len = np.asarray(ep_len)
-        ended = ep_len > 0
-        if cut is not None:
-            ended = ended | np.asarray(cut, dtype=bool)
-        if not ended.any():
-            return
-        j = np.flatnonzero(ended)
-        e = lo + j
-        lp = self.len_pos[e]
-        self.lengths[e, lp] = np.where(ep_len[j] > 0, ep_len[j], cur[j])
-        self.cuts[e, lp] = ep_len[j] <= 0           # ended without a normal length: a cut
-        self.len_pos[e] = (lp + 1) % self.episodes
-        self.len_filled[e] = np.minimum(self.len_filled[e] + 1, self.episodes)
-        self.cur_len[e] = 0
+        rewards = np.ascontiguousarray(rewards)
+        if rewards.dtype not in (np.float32, np.float64):
+            rewards = rewards.astype(np.float64)
+        ep_len = np.ascontiguousarray(ep_len)
+        if ep_len.dtype not in (np.int32, np.int64):
+            ep_len = ep_len.astype(np.int64)
+        cut = _NO_CUT if cut is None else np.ascontiguousarray(cut, dtype=np.bool_).view(np.uint8)
+        tracker_update(self.rewards, self.pos, self.filled, self.cur_len, self.lengths, self._cuts_u8,
+                       self.len_pos, self.len_filled, lo, rewards, ep_len, cut)
 
     def terms(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(reward spread s_r, episode-length cv_L, cut fraction c, has-data mask) per env."""
-        f = self.filled[lo:hi]
-        r = self.rewards[lo:hi]
-        cnt = np.maximum(f, 1).astype(np.float64)
-        mean = r.sum(axis=1) / cnt                  # columns not yet written hold 0.0
-        dev = r - mean[:, None]
-        if (f < self.window).any():                 # partly filled windows: mask the unwritten
-            dev *= self._cols < f[:, None]
-        spread = np.sqrt(np.einsum("ij,ij->i", dev, dev) / cnt) * self.inv_scale[lo:hi]
+        spread, len_cv, cut_frac = (np.empty(hi - lo) for _ in range(3))
+        tracker_terms(self.rewards, self.filled, self.lengths, self._cuts_u8, self.len_filled,
+                      self.inv_scale, lo, spread, len_cv, cut_frac)
+        return spread, len_cv, cut_frac, self.filled[lo:hi] >= self.min_steps
 
-        lf = self.len_filled[lo:hi]
-        L = self.lengths[lo:hi]
-        lcnt = np.maximum(lf, 1).astype(np.float64)
-        lmean = L.sum(axis=1) / lcnt                # unwritten slots hold 0 (and no cut)
-        ldev = L - lmean[:, None]
-        if (lf < self.episodes).any():
-            ldev *= np.arange(self.episodes) < lf[:, None]
-        lstd = np.sqrt(np.einsum("ij,ij->i", ldev, ldev) / lcnt)
-        len_cv = lstd / np.maximum(lmean, 1.0)      # lengths are >= 1 when recorded
-        len_cv[lf < 2] = 0.0
-        cut_frac = self.cuts[lo:hi].sum(axis=1) / lcnt
-        return spread, len_cv, cut_frac, f >= self.min_steps
-
-    def scores(self, lo: int, hi: int) -> np.ndarray:
-        """Stability scores of envs [lo, hi): float32 in [0, 1] (formula in the module doc)."""
-        spread, len_cv, cut_frac, enough = self.terms(lo, hi)
-        score = ((1.0 - cut_frac) / (1.0 + spread + len_cv)).astype(np.float32)   # all terms >= 0
-        score[~enough] = self.neutral
-        return score
+    def scores(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Stability scores of envs [lo, hi): float32 in [0, 1] (formula in the module doc),
+        written into `out` (float32 [hi - lo], the results board's rows) when given."""
+        if out is None:
+            out = np.empty(hi - lo, dtype=np.float32)
+        tracker_scores(self.rewards, self.filled, self.lengths, self._cuts_u8, self.len_filled,
+                       self.inv_scale, lo, self.min_steps, self.neutral, out)
+        return out
