@@ -84,16 +84,21 @@ class TypeOrder(NamedTuple):
 
 
 class _SigmoidTanh(torch.autograd.Function):
-    """tanh(x) as 2 * sigmoid(2x) - 1, to within 2e-7 absolute (float32 tanh: 3e-8).
+    """tanh(x) as 2 * sigmoid(2x) - 1, to within 2e-7 absolute (float32 tanh: 3e-8), computed
+    in place on x.
 
     This torch's CPU tanh kernel is not vectorized (about 2.6 ns per element here, against
     0.4 for sigmoid), which made tanh the largest single cost of a PPO update of the
-    CartPole-sized towers and a quarter of an inference round; this form runs ~3.5x faster.
-    The backward is tanh's own, from the output."""
+    CartPole-sized towers and a quarter of an inference round; this form runs ~3.5x faster,
+    and in place (no two fresh [B, hidden] tensors per call) ~1.6x faster again. In place is
+    safe because every caller passes a layer's fresh output that nothing else holds: Linear's
+    backward keeps its input and weight, not its output. The backward is tanh's own, from
+    the output."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = torch.sigmoid(x * 2.0).mul_(2.0).sub_(1.0)
+        y = _tanh_in_place(x)
+        ctx.mark_dirty(y)
         ctx.save_for_backward(y)
         return y
 
@@ -103,12 +108,21 @@ class _SigmoidTanh(torch.autograd.Function):
         return torch.ops.aten.tanh_backward(grad, y)
 
 
+def _tanh_in_place(x: torch.Tensor) -> torch.Tensor:
+    return x.mul_(2.0).sigmoid_().mul_(2.0).sub_(1.0)
+
+
 class Tanh(nn.Module):
-    """nn.Tanh through _SigmoidTanh: every tower's activation, in acting and in training alike
-    (the behaviour log-probs the workers report and the ones PPO recomputes must agree)."""
+    """nn.Tanh through _SigmoidTanh, in place on its input (a layer's fresh output): every
+    tower's activation, in acting and in training alike (the behaviour log-probs the workers
+    report and the ones PPO recomputes must agree). Without gradients (acting) the same
+    arithmetic runs without the autograd Function's Python round trip."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SigmoidTanh.apply(x)
+        if torch.is_grad_enabled() and x.requires_grad:
+            # autograd refuses in-place writes to a leaf (a tensor no layer produced)
+            return _SigmoidTanh.apply(x.clone() if x.is_leaf else x)
+        return _tanh_in_place(x)
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -204,6 +218,10 @@ class Policy(nn.Module):
         self.register_buffer("cont_mask", torch.from_numpy(cont_mask))
         self.register_buffer("is_cont", torch.from_numpy(is_cont))
         self.key_names = [k.name for k in obs_keys]
+        # Masks that change nothing are skipped (the same numbers, fewer ops per forward): a
+        # mix whose types all produce every key, and all use every discrete action.
+        self.every_type_every_key = bool(key_mask.all())
+        self.every_type_every_action = bool(disc_mask.all())
         self.critic = Tower(n_types, n_feat, hidden, 1, out_std=1.0)
         self.popart = PopArt(n_types)
         self.actor_disc = Tower(n_types, n_feat, hidden, self.disc_n, out_std=0.01) if self.disc_n else None
@@ -212,6 +230,11 @@ class Policy(nn.Module):
 
     # -- encoders ------------------------------------------------------------------------------
     def features(self, obs: dict[str, torch.Tensor], types: torch.Tensor) -> torch.Tensor:
+        if self.every_type_every_key:     # no key to mask: the obs as they are, in the masks' dtype
+            dtype = self.key_mask.dtype
+            parts = [self._rgb_features(obs[name], None) if name == "rgb"
+                     else obs[name].to(dtype).reshape(len(types), -1) for name in self.key_names]
+            return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         mask = self.key_mask[types]                      # [B, n_keys]
         parts = []
         for j, name in enumerate(self.key_names):
@@ -221,10 +244,10 @@ class Policy(nn.Module):
                 parts.append(obs[name].float().reshape(len(types), -1) * mask[:, j:j + 1])
         return torch.cat(parts, dim=1)
 
-    def _rgb_features(self, rgb: torch.Tensor, has_rgb: torch.Tensor) -> torch.Tensor:
-        """The CNN runs only on rows whose env type renders rgb: in a mixed run most rows
-        would feed it zeros, and the CNN is the policy's dominant cost."""
-        if bool(has_rgb.all()):
+    def _rgb_features(self, rgb: torch.Tensor, has_rgb: torch.Tensor | None) -> torch.Tensor:
+        """The CNN runs only on rows whose env type renders rgb (has_rgb None: every row): in
+        a mixed run most rows would feed it zeros, and the CNN is the policy's dominant cost."""
+        if has_rgb is None or bool(has_rgb.all()):
             return self.rgb(rgb)
         out = torch.zeros(len(rgb), self.rgb.out, device=rgb.device)
         rows = has_rgb.nonzero(as_tuple=True)[0]
@@ -237,14 +260,19 @@ class Policy(nn.Module):
         return self.critic(feat, order).squeeze(-1)
 
     def _dists(self, feat: torch.Tensor, order: TypeOrder):
+        """The per-row distributions. validate_args=False: their arguments are the towers' own
+        outputs and the actions they sampled; torch's checks of them were a dozen small ops
+        per call (a NaN in the logits still fails loudly, in sampling)."""
         types = order.types
         disc = cont = None
         if self.actor_disc is not None:
-            logits = self.actor_disc(feat, order).masked_fill(~self.disc_mask[types], MASKED_LOGIT)
-            disc = Categorical(logits=logits)
+            logits = self.actor_disc(feat, order)
+            if not self.every_type_every_action:
+                logits = logits.masked_fill(~self.disc_mask[types], MASKED_LOGIT)
+            disc = Categorical(logits=logits, validate_args=False)
         if self.actor_cont is not None:
             mean = self.actor_cont(feat, order)
-            cont = Normal(mean, self.log_std[types].exp())
+            cont = Normal(mean, self.log_std[types].exp(), validate_args=False)
         return disc, cont
 
     def _logp_entropy(self, disc, cont, types, a_disc, a_cont):

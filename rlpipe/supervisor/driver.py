@@ -172,10 +172,19 @@ class Driver:
                 if self._should_stop(now):
                     break
                 poll_ms = 10
-                if held and learner.updating:
+                if held and learner.updating and learner.backlogged:
                     # everything waits for the running update: return the moment it ends
                     # rather than at the end of a doorbell poll (doorbells keep in the socket)
                     learner.wait_update(0.01)
+                    poll_ms = 0
+                # A finished update hands its weights to the actor and the waiting batch
+                # starts training at once: neither waits for the next doorbell poll.
+                metrics.log_update(learner.poll_update())
+                if self.dist is not None and learner.take_checkpoint():
+                    self.checkpoints.timer.restart(now)
+                    self._checkpoint()          # every rank, right after the same round
+                if learner.update_due:
+                    learner.start_update()
                     poll_ms = 0
                 refs = fleet.take_rings(now, poll_ms)
                 fleet.spawn_some()
@@ -193,10 +202,6 @@ class Driver:
                         metrics.all_ready_at = time.monotonic()
                 if learner.update_due:
                     learner.start_update()
-                metrics.log_update(learner.poll_update())
-                if self.dist is not None and learner.take_checkpoint():
-                    self.checkpoints.timer.restart(now)
-                    self._checkpoint()          # every rank, right after the same round
                 if self.supervise_timer.due(now):
                     self._supervise(now)
                 if self.charts_timer.due(now):
