@@ -34,6 +34,13 @@ settings of the stage that runs 7,000 envs (rollout_len 16, update_envs 512, min
 so the two rows compare). Each backlog runs with the workers on every CPU, and again with
 `worker.cpu_affinity=learner_core` (one CPU kept for the PPO update thread, the workers on the
 rest). Overrides given on the command line apply to every engine run.
+
+Process layouts (`--layouts`): each engine row runs once per layout. `70` is the default and
+day4's: groups of 70 envs, one worker process each, one slice (100 processes at 7,000 envs).
+`350x5` is groups of 350 in 5 slices of 70 (20 processes at 7,000 envs): the same slices,
+doorbells and rollout blocks of 70 envs (so PPO batches are the same size), in a fifth of
+the processes. On 2 cores each process switch refills the caches with that process's own
+interpreter and env objects; the fewer, larger workers pay that less often.
 """
 from __future__ import annotations
 
@@ -68,9 +75,23 @@ class NotSteady(RuntimeError):
 
 # --- the engine -------------------------------------------------------------------------------
 
+def layout_overrides(layout: str) -> list[str]:
+    """'G' or 'GxS': groups of G envs (one worker process each), in S slices."""
+    size, _, slices = layout.partition("x")
+    if not size.isdigit() or (slices and not slices.isdigit()):
+        raise SystemExit(f"--layouts: {layout!r} is not GROUP_SIZE or GROUP_SIZExSLICES (e.g. 70, 350x5)")
+    return [f"groups.size={size}"] + ([f"worker.slices={slices}"] if slices else [])
+
+
+def layout_name(layout: str) -> str:
+    size, _, slices = layout.partition("x")
+    return f"groups of {size}" + (f" x {slices} slices" if slices else "")
+
+
 def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
     """One engine run; mode is 'random', or 'hold'/'drop' (PPO with that learner.backlog), the
-    latter with '+core' for worker.cpu_affinity=learner_core (a CPU kept for the update)."""
+    latter with '+core' for worker.cpu_affinity=learner_core (a CPU kept for the update).
+    `extra`: the layout's overrides and the command line's."""
     backlog, _, core = mode.partition("+")
     learner = (["learner.mode=random"] if mode == "random"
                else ["+stage=day4", "learner.mode=ppo", f"learner.backlog={backlog}"]
@@ -234,6 +255,8 @@ def main() -> int:
                     "default --seconds)")
     ap.add_argument("--sync-seconds", type=float, default=16.0, help="split before/after the engine")
     ap.add_argument("--async-seconds", type=float, default=8.0, help="split before/after the engine")
+    ap.add_argument("--layouts", nargs="+", default=["70", "350x5"],
+                    help="process layouts, GROUP_SIZE or GROUP_SIZExSLICES: each engine row runs once per layout")
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for the engine")
     args = ap.parse_args()
@@ -245,7 +268,7 @@ def main() -> int:
     probe = async_probe() if async_counts else None
     if probe:
         results["async_probe"] = probe
-    print(f"{'envs':>6}  {'what':<40} {'env steps/s':>11} {'trained/s':>10} {'vs Sync':>8} "
+    print(f"{'envs':>6}  {'what':<64} {'env steps/s':>11} {'trained/s':>10} {'vs Sync':>8} "
           f"{'vs Async':>8}  notes", flush=True)
     for n in args.counts:
         row: dict = {}
@@ -254,13 +277,14 @@ def main() -> int:
         sync_b = sync_windows(n, args.sync_seconds / 2)
         async_b = async_windows(n, args.async_seconds / 2) if async_skip is None else None
         runs = {}
-        for mode in ["random"] + (PPO_MODES if n in ppo_counts else []):
-            try:
-                runs[mode] = engine_run(n, args.seconds if mode == "random" else ppo_seconds, mode,
-                                        args.overrides)
-            except NotSteady as exc:
-                errors.append(str(exc))
-                runs[mode] = None
+        for layout in args.layouts:
+            for mode in ["random"] + (PPO_MODES if n in ppo_counts else []):
+                try:
+                    runs[mode, layout] = engine_run(n, args.seconds if mode == "random" else ppo_seconds,
+                                                    mode, layout_overrides(layout) + args.overrides)
+                except NotSteady as exc:
+                    errors.append(f"{exc} ({layout_name(layout)})")
+                    runs[mode, layout] = None
         async_a = async_windows(n, args.async_seconds / 2) if async_skip is None else None
         sync = halves(sync_b, sync_windows(n, args.sync_seconds / 2))
         asy = halves(async_b, async_a) if async_skip is None else None
@@ -268,22 +292,24 @@ def main() -> int:
         row["async_vector_env"] = asy if asy else {"skipped": async_skip}
         s_sps = sync["env_sps_median"]
         a_sps = asy["env_sps_median"] if asy else None
-        print(f"{n:>6}  {'SyncVectorEnv':<40} {fmt(s_sps, width=11)} {fmt(None)} {'1.00x':>8} "
+        print(f"{n:>6}  {'SyncVectorEnv':<64} {fmt(s_sps, width=11)} {fmt(None)} {'1.00x':>8} "
               f"{fmt(ratio(s_sps, a_sps), '.2f', 7)}{'x' if a_sps else ' '}  before "
               f"{sync['median_before']:,.0f}, after {sync['median_after']:,.0f}", flush=True)
         if asy:
-            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<40} {fmt(a_sps, width=11)} {fmt(None)} "
+            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<64} {fmt(a_sps, width=11)} {fmt(None)} "
                   f"{fmt(ratio(a_sps, s_sps), '.2f', 7)}x {'1.00x':>8}  before "
                   f"{asy['median_before']:,.0f}, after {asy['median_after']:,.0f}", flush=True)
         else:
-            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<40} {'skipped':>11}  {async_skip}",
+            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<64} {'skipped':>11}  {async_skip}",
                   flush=True)
-        for mode, r in runs.items():
+        for (mode, layout), r in runs.items():
             name = ("engine random actions" if mode == "random" else
                     f"engine PPO backlog={mode.replace('+core', ', learner core')}")
+            name = f"{name}, {layout_name(layout)}"
+            key = f"engine_{mode}@{layout}"
             if r is None:
-                print(f"{n:>6}  {name:<40} {'FAILED':>11}  no window with every env active", flush=True)
-                row[f"engine_{mode}"] = None
+                print(f"{n:>6}  {name:<64} {'FAILED':>11}  no window with every env active", flush=True)
+                row[key] = None
                 continue
             env = r["env_sps_median"] if mode == "random" else r["env_sps_mean"]
             r["env_over_sync"] = ratio(env, s_sps)
@@ -291,12 +317,12 @@ def main() -> int:
             if mode != "random":
                 r["trained_over_sync"] = ratio(r["trained_per_s"], s_sps)
                 r["trained_over_env"] = ratio(r["trained_per_s"], r["env_sps_mean"])
-            row[f"engine_{mode}"] = r
+            row[key] = r
             trained = None if mode == "random" else r["trained_per_s"]
             note = (f"median of {r['windows']} windows" if mode == "random" else
                     f"mean over {r['windows']} windows ({r['window_s']} s), trained/Sync "
                     f"{r['trained_over_sync']}x, {r['updates']} updates")
-            print(f"{n:>6}  {name:<40} {fmt(env, width=11)} {fmt(trained)} "
+            print(f"{n:>6}  {name:<64} {fmt(env, width=11)} {fmt(trained)} "
                   f"{fmt(r['env_over_sync'], '.2f', 7)}x {fmt(r['env_over_async'], '.2f', 7)}"
                   f"{'x' if a_sps else ' '}  {note}; all ready {r['all_envs_ready_s']} s", flush=True)
     results["load_end"] = os.getloadavg()
