@@ -11,7 +11,11 @@ The layers, each timed over the same number of env-steps (the median of 5 repeat
 - `stepper_inline`: the worker's inline path, the C StepLoop with the step deadline armed;
 - `stepper_pool`: the helper-thread pool of worker.threads=2 (CartPole holds the GIL, so
   this is the pool's hand-off cost, not a gain);
-- `sync_vector_env`: Gymnasium's SyncVectorEnv over the same number of envs.
+- `sync_vector_env`: Gymnasium's SyncVectorEnv over the same number of envs;
+- `ppo_bookkeeping`: what a slice adds in PPO mode with `+stage=day4`'s scaling and per-env
+  reward normalization, stepping aside: epsilon-greedy's executed action and behaviour
+  log-prob, reward normalization, the stability tracker's update and scores (run it with
+  PYTHONPATH set to another checkout to time that checkout's versions of them).
 
 Caches are warm here (one slice, stepped over and over). In the engine, 100 workers share
 2 cores, so every layer costs more; engine_sps.py measures that whole.
@@ -30,6 +34,9 @@ import numpy as np
 from rlpipe.spec import ObsKey
 from rlpipe.envs.classic import GymnasiumEnv
 from rlpipe.worker.envtable import EnvTable
+from rlpipe.worker.exploration import EpsilonGreedy
+from rlpipe.worker.rewardnorm import RewardNormalizer
+from rlpipe.worker.stability import StabilityTracker
 from rlpipe.worker.stepper import Stepper
 
 RESULT_FIELDS = (("reward", np.float32), ("terminated", np.uint8), ("truncated", np.uint8),
@@ -54,6 +61,33 @@ def make_table(n: int) -> tuple[EnvTable, dict]:
     for i in range(n):
         table.start(i)
     return table, {name: np.zeros(n, dtype) for name, dtype in RESULT_FIELDS}
+
+
+def ppo_bookkeeping(n: int, rounds: int, rng: np.random.Generator):
+    """A loop of `rounds` slices' PPO-mode bookkeeping, as Worker.step_slice calls it, on
+    CartPole-like data: exploration rates of up to 0.1, rewards of 1 with an episode end now
+    and then, the tracker's window full."""
+    explore = EpsilonGreedy(np.zeros(n, dtype=bool), np.full(n, 2), seed=1)
+    explore.set_epsilon(rng.uniform(0.0, 0.1, n))
+    rnorm = RewardNormalizer(n, "per_env", 10.0, 0.99, np.zeros(n, dtype=np.int64))
+    tracker = StabilityTracker(n, window=100)
+    a = rng.integers(0, 2, n).astype(np.int32)
+    a_cont = np.zeros((n, 1), np.float32)
+    logp = rng.normal(-0.7, 0.1, n).astype(np.float32)
+    reward = np.ones(n, np.float32)
+    ep_len = np.where(rng.random(n) < 0.05, 40, 0).astype(np.int32)
+    cut = np.zeros(n, dtype=bool)
+    done = ep_len > 0
+    for _ in range(tracker.window):
+        tracker.update(0, n, reward, ep_len, cut)
+
+    def loop():
+        for _ in range(rounds):
+            explore.apply(0, n, a, a_cont, logp, 1 - a, a_cont, logp - 0.1)
+            rnorm.normalize(0, n, reward, done)
+            tracker.update(0, n, reward, ep_len, cut)
+            tracker.scores(0, n)
+    return loop
 
 
 def main() -> None:
@@ -109,6 +143,8 @@ def main() -> None:
     sync.reset(seed=0)
     results["sync_vector_env"] = per_step_us(lambda: [sync.step(disc) for _ in range(rounds)], steps)
     sync.close()
+
+    results["ppo_bookkeeping"] = per_step_us(ppo_bookkeeping(n, rounds, rng), steps)
 
     for name, us in results.items():
         print(f"{name:>16}: {us:6.2f} µs per env-step", flush=True)
