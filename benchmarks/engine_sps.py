@@ -77,8 +77,8 @@ class NotSteady(RuntimeError):
 
 def layout_overrides(layout: str) -> list[str]:
     """'G' or 'GxS': groups of G envs (one worker process each), in S slices."""
-    size, _, slices = layout.partition("x")
-    if not size.isdigit() or (slices and not slices.isdigit()):
+    size, x, slices = layout.partition("x")
+    if not size.isdigit() or (x and not slices.isdigit()):
         raise SystemExit(f"--layouts: {layout!r} is not GROUP_SIZE or GROUP_SIZExSLICES (e.g. 70, 350x5)")
     return [f"groups.size={size}"] + ([f"worker.slices={slices}"] if slices else [])
 
