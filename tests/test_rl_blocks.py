@@ -242,6 +242,20 @@ def test_stability_tracker_matches_a_two_pass_reference():
             np.testing.assert_allclose(out, expect, rtol=1e-6)
             np.testing.assert_array_equal(tr.scores(2, 5), out[2:5])
             assert enough.tolist() == [t + 1 >= tr.min_steps] * n
+    # the C kernels index without bounds checks: a range or an array that does not fit is refused
+    with pytest.raises(ValueError, match=r"envs \[4, 7\) of a tracker over 6 envs"):
+        tr.update(4, 7, np.ones(3), np.zeros(3, dtype=np.int32))
+    with pytest.raises(ValueError, match=r"arrays of lengths \[2, 3\]"):
+        tr.update(0, 3, np.ones(2), np.zeros(3, dtype=np.int32))
+    with pytest.raises(ValueError):
+        tr.scores(0, 3, out=np.empty(2, dtype=np.float32))
+    eg = EpsilonGreedy(np.zeros(4, dtype=bool), np.full(4, 2), seed=0)
+    eg.set_epsilon(0.5)
+    a, c, lp = np.zeros(3, np.int32), np.zeros((3, 1), np.float32), np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match=r"envs \[2, 5\) of 4"):
+        eg.apply(2, 5, a, c, lp, a, c, lp)
+    with pytest.raises(ValueError, match="alternatives of 2"):
+        eg.apply(0, 3, a, c, lp, a, np.zeros((3, 2), np.float32), lp)
 
 
 def test_score_to_weight_and_epsilon_bounds():

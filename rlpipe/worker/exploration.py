@@ -93,14 +93,20 @@ class EpsilonGreedy:
         alternative (alt_disc, alt_cont, alt_logp = log pi(alt)). Out: executed (a_disc,
         a_cont), behaviour log-prob float32 [m], explored bool [m]. With every eps 0 the
         inputs come back as they are (logp unchanged, no random draw)."""
-        eps = self.epsilon[lo:hi]
         m = hi - lo
+        if not 0 <= lo <= hi <= self.n or any(len(x) != m for x in (a_disc, a_cont, logp, alt_disc,
+                                                                     alt_cont, alt_logp)):
+            raise ValueError(f"envs [{lo}, {hi}) of {self.n}, arrays of lengths "
+                             f"{[len(x) for x in (a_disc, a_cont, logp, alt_disc, alt_cont, alt_logp)]}")
+        eps = self.epsilon[lo:hi]
         if not eps.any():
             return a_disc, a_cont, np.asarray(logp, dtype=np.float32), np.zeros(m, dtype=bool)
         draw = self.rng.random(m)
         a_cont, alt_cont = (np.ascontiguousarray(np.reshape(x, (m, -1)), dtype=np.float32)
                             for x in (a_cont, alt_cont))
         D = a_cont.shape[1]
+        if alt_cont.shape[1] != D:
+            raise ValueError(f"continuous actions of {D} dims but alternatives of {alt_cont.shape[1]}")
         dims = self._dims.get(D)
         if dims is None:         # [n, D]: the valid dims of continuous envs
             dims = self._dims[D] = ((np.arange(D) < self.n_valid[:, None]) & self.is_cont[:, None]).view(np.uint8)

@@ -79,6 +79,7 @@ class StabilityTracker:
         """Record one step of envs [lo, hi): raw rewards [m]; ep_len [m] (> 0 where an episode
         ended normally, with its length); cut [m] bool (episode cut by crash/hang/rebuild:
         `truncated & (ep_len == 0)` in EnvTable's results) or None."""
+        self._check(lo, hi, rewards, ep_len, *(() if cut is None else (cut,)))
         rewards = np.ascontiguousarray(rewards)
         if rewards.dtype not in (np.float32, np.float64):
             rewards = rewards.astype(np.float64)
@@ -91,6 +92,7 @@ class StabilityTracker:
 
     def terms(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(reward spread s_r, episode-length cv_L, cut fraction c, has-data mask) per env."""
+        self._check(lo, hi)
         spread, len_cv, cut_frac = (np.empty(hi - lo) for _ in range(3))
         tracker_terms(self.rewards, self.filled, self.lengths, self._cuts_u8, self.len_filled,
                       self.inv_scale, lo, spread, len_cv, cut_frac)
@@ -101,6 +103,13 @@ class StabilityTracker:
         written into `out` (float32 [hi - lo], the results board's rows) when given."""
         if out is None:
             out = np.empty(hi - lo, dtype=np.float32)
+        self._check(lo, hi, out)
         tracker_scores(self.rewards, self.filled, self.lengths, self._cuts_u8, self.len_filled,
                        self.inv_scale, lo, self.min_steps, self.neutral, out)
         return out
+
+    def _check(self, lo: int, hi: int, *per_env: np.ndarray) -> None:
+        """The C kernels index without bounds checks: the range and the arrays must fit."""
+        if not 0 <= lo <= hi <= self.n or any(len(a) != hi - lo for a in per_env):
+            raise ValueError(f"envs [{lo}, {hi}) of a tracker over {self.n} envs, arrays of lengths "
+                             f"{[len(a) for a in per_env]}")
