@@ -1,6 +1,7 @@
 """Shared test helpers: compose the real Hydra config, run the real CLI, check for leftovers."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +19,14 @@ register_schema()
 def compose_cfg(overrides: list[str] | None = None):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return compose(config_name="config", overrides=overrides or [], return_hydra_config=False)
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def rlpipe_cmd(run_dir: Path, *overrides: str) -> list[str]:

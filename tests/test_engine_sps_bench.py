@@ -3,24 +3,15 @@ accepts, the 350x5 layout keeps the 70-env slices (so PPO batches keep their siz
 malformed one is refused with the flag and what is allowed."""
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from conftest import REPO, compose_cfg
+from conftest import compose_cfg, load_benchmark
 
 from rlpipe.config import run_spec
 from rlpipe.protocol import slice_bounds
 
 
-def _engine_sps_module():
-    spec = importlib.util.spec_from_file_location("engine_sps_bench", REPO / "benchmarks" / "engine_sps.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_layouts_compose_into_the_same_slices_in_fewer_processes():
-    bench = _engine_sps_module()
+    bench = load_benchmark("engine_sps")
     assert bench.layout_overrides("70") == ["groups.size=70"]
     assert bench.layout_overrides("350x5") == ["groups.size=350", "worker.slices=5"]
     assert bench.layout_name("350x5") == "groups of 350 x 5 slices"
@@ -36,4 +27,4 @@ def test_layouts_compose_into_the_same_slices_in_fewer_processes():
 @pytest.mark.parametrize("bad", ["70x", "x5", "big", "350x5x2", "-70"])
 def test_a_malformed_layout_names_the_flag_and_the_form(bad):
     with pytest.raises(SystemExit, match=r"--layouts: .* is not GROUP_SIZE or GROUP_SIZExSLICES"):
-        _engine_sps_module().layout_overrides(bad)
+        load_benchmark("engine_sps").layout_overrides(bad)

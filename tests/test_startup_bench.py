@@ -2,22 +2,13 @@
 worker group) is really measured, and left out of the serial figures."""
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _startup_module():
-    spec = importlib.util.spec_from_file_location("startup_bench", REPO / "benchmarks" / "startup.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_benchmark
 
 
 def test_worker_builds_are_measured_apart_from_the_serial_build():
-    out = _startup_module().serial_build(700, ["env_mix=cartpole", "groups.size=350"])
+    out = load_benchmark("startup").serial_build(700, ["env_mix=cartpole", "groups.size=350"])
     cpus = len(os.sched_getaffinity(0))
     # two forked groups built the same 700 CartPoles: about the serial loop's CPU (each also
     # pays its first env again; the loop is timed on the wall clock, so a busy machine inflates

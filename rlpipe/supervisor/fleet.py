@@ -21,7 +21,7 @@ from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
 from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
-from rlpipe.supervisor.services import Services, multiprocessing_temp_dir
+from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import (BackgroundStarts, WorkerHandle, group_ranges, stop_workers,
                                        worker_context)
@@ -120,7 +120,7 @@ class Fleet:
             obs_keys=plan.obs_keys, cont_dim=plan.actions.cont_dim,
             locked_board=spec.buffer.sync == "lock", slices=spec.worker.slices,
             threads=spec.worker.threads, seed=spec.run.seed,
-            doorbell_path=str(self.doorbells.path), lifecycle_endpoint=services.endpoint("lifecycle"),
+            doorbell_path=str(self.doorbells.path), lifecycle_endpoint=services.endpoint(LIFECYCLE_ENDPOINT),
             redis_url=services.redis.url, heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
             heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
             step_timeout_s=spec.worker.step_timeout_s, max_rss_mb=spec.worker.max_rss_mb,

@@ -28,9 +28,13 @@ IPC_PATH_MAX = 100          # sun_path is 108 bytes; keep a margin for "ipc://" 
 REDIS_CHECK_S = 5.0         # how often a dead embedded Redis is looked for
 
 
+REDIS_SOCKET = "redis.sock"        # the embedded redis-server's, in the run's socket dir
+LIFECYCLE_ENDPOINT = "lifecycle"   # the lifecycle feed's ZMQ endpoint name (`Services.endpoint`)
+
+
 def socket_dir(run_dir: Path, run_id: str) -> Path:
     """The run dir when its socket paths fit in sun_path, else a short private dir in /tmp."""
-    names = ("lifecycle.ipc", "redis.sock", DOORBELL_SOCKET)      # every socket of the run
+    names = (f"{LIFECYCLE_ENDPOINT}.ipc", REDIS_SOCKET, DOORBELL_SOCKET)      # every socket of the run
     if all(len(str(run_dir / name)) <= IPC_PATH_MAX for name in names):
         return run_dir
     path = Path("/tmp") / f"rlpipe_{run_id}"
@@ -85,13 +89,13 @@ class Services:
     def start_redis(self, url: str | None, run_fields: dict) -> None:
         """Redis up (embedded or reached), and the run's hash in it, state `starting`."""
         self.sock_dir = socket_dir(self.run_dir, self.run_id)
-        self.redis = RedisService(url, self.sock_dir / "redis.sock", self.run_dir)
+        self.redis = RedisService(url, self.sock_dir / REDIS_SOCKET, self.run_dir)
         self.redis.start()
         self.rcli = redis_client(self.redis.url)
         self.rcli.hset(run_key(self.run_id), mapping=run_fields)
 
     def start_lifecycle(self) -> None:
-        self.lifecycle = LifecycleWriter(self.run_dir / "lifecycle.sqlite", self.endpoint("lifecycle"),
+        self.lifecycle = LifecycleWriter(self.run_dir / "lifecycle.sqlite", self.endpoint(LIFECYCLE_ENDPOINT),
                                          self.run_id, self.zctx)
         self.lifecycle.start()
 
@@ -154,4 +158,4 @@ class Services:
         else:
             for p in self.sock_dir.glob("*.ipc"):
                 p.unlink(missing_ok=True)
-            (self.sock_dir / "redis.sock").unlink(missing_ok=True)
+            (self.sock_dir / REDIS_SOCKET).unlink(missing_ok=True)
