@@ -26,11 +26,18 @@ again: each type's first env in a process (pybullet's ~25 ms, minigrid's ~11 ms)
 faults. `cpu_floor_s` = worker_build_cpu_s / CPUs: the fastest the fleet could build on this
 machine with every CPU building and nothing else running (`floor/serial` beside
 `ready/serial`).
+
+The `work` row of each engine run: the CPU seconds its driver (every thread), live workers and
+their forkserver had used when every env had stepped (summary.json `startup_cpu_s`), over the CPUs: all the
+work that start-up did (builds, process starts, the awake groups' steps, inference and
+updates, the driver's own start), at perfect packing. It is the least `all_envs_ready_s`
+could be with that work, and the gap to `floor` is what the run did besides building.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -107,8 +114,8 @@ def run(n: int, cgroup: str, extra: list[str]) -> dict:
         if out.returncode != 0:
             raise RuntimeError(f"run failed ({n} envs, cgroup {cgroup}):\n{out.stderr[-3000:]}")
         s = json.loads((run_dir / "summary.json").read_text())
-        return {k: s[k] for k in ("startup_first_step_s", "all_envs_ready_s", "active_envs_end",
-                                  "peak_rss_mb", "sps", "cgroup_driver")}
+        return {k: s[k] for k in ("startup_first_step_s", "all_envs_ready_s", "startup_cpu_s",
+                                  "active_envs_end", "peak_rss_mb", "sps", "cgroup_driver")}
 
 
 def main() -> None:
@@ -118,6 +125,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    cpus = len(os.sched_getaffinity(0))
     results = {}
     print(f"{'envs':>6} {'cgroups':>8} {'first step s':>13} {'all ready s':>12} {'active':>7} "
           f"{'peak PSS MB':>12} {'serial build s':>15} {'ready/serial':>13}", flush=True)
@@ -141,6 +149,18 @@ def main() -> None:
             print(f"{n:>6} {r['cgroup_driver']:>8} {r['startup_first_step_s']:>13} "
                   f"{ready!s:>12} {r['active_envs_end']:>7} {r['peak_rss_mb']:>12} "
                   f"{serial['serial_build_s']:>15} {r['ready_over_serial_build']!s:>13}", flush=True)
+            cpu = r["startup_cpu_s"]
+            if cpu:
+                # all the work done by then, spread over every CPU: the least that start-up,
+                # done this way, could have taken
+                work = sum(cpu.values())
+                r["work_floor_s"] = round(work / cpus, 3)
+                r["work_floor_over_serial_build"] = round(r["work_floor_s"] / serial["serial_build_s"], 3)
+                print(f"{n:>6} {'work':>8} {'':>13} {r['work_floor_s']:>12} {'':>7} {'':>12} "
+                      f"{serial['serial_build_s']:>15} {r['work_floor_over_serial_build']:>13}  (CPU used "
+                      f"by then: driver {cpu['driver']} s + workers {cpu['workers']} s + forkserver "
+                      f"{cpu['forkserver']} s, over {cpus} CPUs)",
+                      flush=True)
     if args.json:
         print(json.dumps(results))
 

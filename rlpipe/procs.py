@@ -1,9 +1,11 @@
 """Is a process alive? One answer for every caller (sweeps, workers watching their driver,
-checkpoint temp files): a zombie is not alive."""
+checkpoint temp files): a zombie is not alive. And how much CPU has a process used?"""
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def pid_alive(pid: int) -> bool:
@@ -22,3 +24,23 @@ def pid_alive(pid: int) -> bool:
         return True                      # no procfs: trust the signal probe
     state = stat[stat.rfind(")") + 2:][:1]   # the command name may hold spaces and ')'
     return state not in ("Z", "X")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from its 3rd field (state) on; None when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process, every thread (0.0 when it is gone)."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS if fields else 0.0
+
+
+def parent_pid(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sqlite3
 import subprocess
@@ -14,9 +15,9 @@ import pytest
 from conftest import REPO, compose_cfg, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_cli, run_leftovers
 
 SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps", "wall_s", "teardown_s", "sps",
-                "startup_first_step_s", "all_envs_ready_s", "updates", "trained_samples", "episodes",
-                "mean_return_last100", "random_return", "learned", "peak_rss_mb", "shm_bytes", "faults", "board",
-                "cgroup_driver", "redis", "env_versions", "loss_std", "loss_std_checkpoints",
+                "startup_first_step_s", "all_envs_ready_s", "startup_cpu_s", "updates", "trained_samples",
+                "episodes", "mean_return_last100", "random_return", "learned", "peak_rss_mb", "shm_bytes", "faults",
+                "board", "cgroup_driver", "redis", "env_versions", "loss_std", "loss_std_checkpoints",
                 "resumed_from_step", "dist"}
 
 
@@ -112,6 +113,11 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     # Run figures: taken at the end of the stepping loop, teardown apart.
     first, ready, wall = summary["startup_first_step_s"], summary["all_envs_ready_s"], summary["wall_s"]
     assert 0 < first <= ready <= wall
+    # CPU seconds used by the time every env stepped: both sides worked, within what the
+    # machine's CPUs could give (the driver's count starts with its interpreter, before t0)
+    cpu = summary["startup_cpu_s"]
+    assert cpu["driver"] > 0 and cpu["workers"] > 0 and cpu["forkserver"] > 0      # it imported the envs
+    assert sum(cpu.values()) <= (ready + 5) * len(os.sched_getaffinity(0)), cpu
     assert 0 < summary["teardown_s"] and wall + summary["teardown_s"] <= elapsed
     stepping_rate = summary["env_steps"] / (wall - first)
     assert abs(summary["sps"] - stepping_rate) <= 0.2 * stepping_rate

@@ -200,6 +200,7 @@ class Driver:
                     if metrics.all_ready_at is None and fleet.all_slices_stepped:
                         # after the serve that counted them: never before the learner's first step
                         metrics.all_ready_at = time.monotonic()
+                        metrics.startup_cpu = fleet.cpu_seconds()
                 if learner.update_due:
                     learner.start_update()
                 if self.supervise_timer.due(now):

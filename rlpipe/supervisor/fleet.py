@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 from typing import Callable
 
@@ -15,6 +16,7 @@ from rlpipe.config import RunSpec
 from rlpipe.doorbell import SOCKET_NAME as DOORBELL_SOCKET, DoorbellServer
 from rlpipe.envs.registry import MixPlan, preload_modules
 from rlpipe.learner.slices import SliceRef
+from rlpipe.procs import cpu_seconds, parent_pid
 from rlpipe.protocol import HELLO_SLICE, RING, epsilon_channel
 from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
@@ -259,6 +261,16 @@ class Fleet:
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
         self._spawn(h)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far by the driver (every thread), its live workers and the
+        forkserver they were forked from (their parent, when it is not the driver)."""
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        live = [h.proc.pid for h in self.handles if h.alive()]
+        server = parent_pid(live[0]) if live else None
+        return {"driver": round(ru.ru_utime + ru.ru_stime, 2),
+                "workers": round(sum(cpu_seconds(pid) for pid in live), 2),
+                "forkserver": round(cpu_seconds(server), 2) if server not in (None, os.getpid()) else 0.0}
 
     def live_worker_ids(self) -> list[int]:
         """Workers running and not being replaced."""

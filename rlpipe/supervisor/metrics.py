@@ -48,6 +48,7 @@ class RunMetrics:
         self.health_timer = Every(HEALTH_CHARTS_S)
         self.reward_stats_timer = Every(REWARD_STATS_S)
         self.all_ready_at: float | None = None
+        self.startup_cpu: dict[str, float] | None = None   # CPU seconds used by then (fleet.cpu_seconds)
         self.loop_end: float | None = None   # monotonic end of the stepping loop
         self.loop_end_steps = 0
         self.active_envs_end: int | None = None
@@ -198,6 +199,7 @@ class RunMetrics:
             "sps": round((steps - resumed_from_step) / stepping_s, 1) if stepping_s > 0 else 0.0,
             "startup_first_step_s": round(first - self.t0, 3) if first else None,
             "all_envs_ready_s": round(self.all_ready_at - self.t0, 3) if self.all_ready_at else None,
+            "startup_cpu_s": self.startup_cpu,
             "updates": c.updates,
             "trained_samples": c.trained_samples,
             "episodes": c.episodes,
