@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -236,6 +237,11 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
+def torchrun_temp_dirs() -> set[Path]:
+    """torchrun's per-job directories in the temp dir (made when no --log-dir is given)."""
+    return set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
+
+
 def _rank_pids(torchrun_pid: int) -> dict[int, int]:
     """rank -> driver pid of a running torchrun job (from the children's environments)."""
     import psutil
@@ -272,7 +278,9 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
     driver: torchrun names it, rank 0 says why it stops, and no process, segment or socket
     dir of the job is left."""
     run = short_tmp / "run"                    # removed by the fixture whatever happens
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "rlpipe", f"hydra.run.dir={run}",
+    elastic_before = torchrun_temp_dirs()
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", f"--log-dir={short_tmp / 'torchrun'}",
+           "-m", "rlpipe", f"hydra.run.dir={run}",
            "env_count=12", "groups.size=3", "run.duration_s=300", "run.total_env_steps=10000000",
            "logging.random_return_episodes=0", "logging.progress_interval_s=1"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -318,6 +326,7 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
     for pid in ranks.values():
         assert not list(Path("/dev/shm").glob(f"rlpipe_{pid}-*"))
         assert not list(Path("/tmp").glob(f"rlpipe_{pid}-*"))
+    assert torchrun_temp_dirs() <= elastic_before          # torchrun's files went under short_tmp
 
 
 def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync(short_tmp):
@@ -327,7 +336,8 @@ def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync(short_tmp):
     (measured), env steps and SPS summed over ranks in rank 0's summary, rank 1's outputs
     under rank1/, nothing of either attempt left in /dev/shm."""
     run = short_tmp / "run"                    # removed by the fixture whatever happens
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1", "-m", "rlpipe",
+    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+           f"--log-dir={short_tmp / 'torchrun'}", "-m", "rlpipe",
            f"hydra.run.dir={run}", "env_count=8", "groups.size=4", "run.total_env_steps=12000",
            "run.duration_s=200", "learner.update_envs=8", "learner.checkpoint_interval_s=1",
            "logging.random_return_episodes=0"]
