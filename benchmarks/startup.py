@@ -28,9 +28,9 @@ machine with every CPU building and nothing else running (`floor/serial` beside
 `ready/serial`).
 
 The `work` row of each engine run: the CPU seconds its driver (every thread), live workers and
-their forkserver had used when every env had stepped (summary.json `startup_cpu_s`), over the CPUs: all the
-work that start-up did (builds, process starts, the awake groups' steps, inference and
-updates, the driver's own start), at perfect packing. It is the least `all_envs_ready_s`
+their forkserver had used when every env had stepped (summary.json `startup_cpu_s`), over the
+CPUs: all the work that start-up did (builds, process starts, the awake groups' steps,
+inference and updates, the driver's own start), at perfect packing. It is the least `all_envs_ready_s`
 could be with that work, and the gap to `floor` is what the run did besides building.
 """
 from __future__ import annotations

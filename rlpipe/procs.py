@@ -18,21 +18,20 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return True                      # no procfs: trust the signal probe
-    state = stat[stat.rfind(")") + 2:][:1]   # the command name may hold spaces and ')'
-    return state not in ("Z", "X")
+    return fields[0] not in ("Z", "X")
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat from its 3rd field (state) on; None when the process is gone."""
+    """/proc/<pid>/stat from its 3rd field (state) on; None when it cannot be read (the
+    process is gone, or there is no procfs)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rfind(")") + 2:].split()
+    return stat[stat.rfind(")") + 2:].split()    # the command name may hold spaces and ')'
 
 
 def cpu_seconds(pid: int) -> float:
@@ -42,5 +41,6 @@ def cpu_seconds(pid: int) -> float:
 
 
 def parent_pid(pid: int) -> int | None:
+    """The parent's pid of a live process (None when it is gone)."""
     fields = _stat_fields(pid)
     return int(fields[1]) if fields else None

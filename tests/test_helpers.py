@@ -1,5 +1,5 @@
-"""The shared helpers: atomic writes (rlpipe/files.py), the process-alive check
-(rlpipe/procs.py) and the periodic timer (rlpipe/cadence.py)."""
+"""The shared helpers: atomic writes (rlpipe/files.py), the process-alive check and CPU
+count (rlpipe/procs.py) and the periodic timer (rlpipe/cadence.py)."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ import pytest
 
 from rlpipe.cadence import Every
 from rlpipe.files import atomic_write
-from rlpipe.procs import pid_alive
+from rlpipe.procs import cpu_seconds, parent_pid, pid_alive
 
 
 def test_atomic_write_text_bytes_and_writer(tmp_path):
@@ -55,6 +55,25 @@ def test_a_zombie_is_not_alive():
             child.kill()
             child.wait()
     assert not pid_alive(child.pid)
+
+
+def test_cpu_seconds_and_parent_of_a_child():
+    """A child that spins until its own CPU clock reads 0.3 s shows about that much (/proc
+    counts in clock ticks); its parent is us; once reaped, both answers say it is gone."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                              "while time.process_time() < 0.3: pass\nsys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while cpu_seconds(child.pid) < 0.25:
+            assert time.monotonic() < deadline, cpu_seconds(child.pid)
+            time.sleep(0.05)
+        assert cpu_seconds(child.pid) < 0.3 + 5          # it idles on stdin after its spin
+        assert parent_pid(child.pid) == os.getpid()
+    finally:
+        child.kill()
+        child.wait()
+    assert cpu_seconds(child.pid) == 0.0 and parent_pid(child.pid) is None
 
 
 def test_every_is_due_once_per_interval_counted_from_the_check():
