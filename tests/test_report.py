@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, read_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -45,6 +45,16 @@ def test_multirun_comparison_has_a_row_per_job_and_overlay_plots(multirun):
     assert {"comparison_returns.png", "comparison_sps.png", "comparison_loss.png"} <= {p.name for p in pngs}
     for p in pngs:
         assert p.read_bytes()[:8] == PNG_MAGIC and f"]({p.name})" in md
+
+
+def test_a_later_job_counts_its_own_startup_cpu(multirun):
+    """Job 1 runs in job 0's driver process and forks from job 0's forkserver: its
+    startup_cpu_s counts from its own start. Job 0's also holds the interpreter's start and
+    the imports (the driver's, and the forkserver's preload), which job 1 never pays."""
+    cpu0, cpu1 = (read_summary(multirun / job)["startup_cpu_s"] for job in ("0", "1"))
+    assert 0 < cpu1["driver"] < cpu0["driver"], (cpu0, cpu1)
+    assert 0 <= cpu1["forkserver"] < cpu0["forkserver"], (cpu0, cpu1)
+    assert cpu1["workers"] > 0
 
 
 def test_runs_log_watchdog_health_to_tensorboard(multirun):

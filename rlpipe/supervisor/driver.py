@@ -72,7 +72,7 @@ class Driver:
         global _first_job_in_process
         since_start = max(0.0, time.time() - psutil.Process().create_time())
         self.t0 = time.monotonic() - (since_start if _first_job_in_process else 0.0)
-        _first_job_in_process = False
+        first_job, _first_job_in_process = _first_job_in_process, False
         self.run_id = new_run_id(dist.rank if dist is not None else None)
         self.stop_signal: int | None = None
         self.plan: MixPlan | None = None
@@ -80,7 +80,7 @@ class Driver:
         self.random_probe = None    # the child measuring each type's random-action return
         self.started = False        # services and workers up: a final checkpoint makes sense
         self.services = Services(run_dir, self.run_id)
-        self.fleet = Fleet(spec, self.run_id, self.t0, self.services, self._phase)
+        self.fleet = Fleet(spec, self.run_id, self.t0, self.services, self._phase, first_job)
         self.checkpoints = Checkpoints(spec, run_dir, self.run_id, config_yaml, self.t0)
         self.metrics = RunMetrics(spec, run_dir, self.run_id, self.t0, self.services, self.fleet, dist)
         self.supervise_timer = Every(SUPERVISE_S)

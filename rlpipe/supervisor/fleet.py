@@ -35,6 +35,11 @@ log = logging.getLogger("rlpipe")
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
 
 
+def _own_cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
     """The rings still worth serving: a replaced generation's are dropped (its slot was held or
     parked while the worker was replaced) and each slice is served once, at its newest ring."""
@@ -47,7 +52,7 @@ def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
 
 class Fleet:
     def __init__(self, spec: RunSpec, run_id: str, t0: float, services: Services,
-                 phase: Callable[[str], None]):
+                 phase: Callable[[str], None], first_job: bool = True):
         self.spec = spec
         self.run_id = run_id
         self.t0 = t0
@@ -70,6 +75,12 @@ class Fleet:
         self.slice_seen: dict[tuple[int, int], float] = {}
         self.slice_first_step: dict[tuple[int, int], float] = {}
         self.lifecycle_dropped = 0      # workers' lifecycle events dropped at the ZMQ high-water mark
+        # `cpu_seconds` counts from the job's start: a later job of a multirun shares the
+        # driver process and the forkserver with the jobs before it, so what they had used by
+        # then is taken off (the forkserver's at this job's first fork).
+        self.forkserver_pid: int | None = None
+        self.cpu_before = {"driver": 0.0 if first_job else _own_cpu_seconds(), "forkserver": 0.0}
+        self.first_job = first_job
 
     # -- start -------------------------------------------------------------------------------
     def start(self, plan: MixPlan, versions: dict[str, str]) -> None:
@@ -104,6 +115,11 @@ class Fleet:
         for h in self.handles:
             if h.awake:
                 self._spawn(h)
+        server = parent_pid(self.handles[0].proc.pid)      # group 0 is always hot
+        if server is not None and server != os.getpid():     # spawn: the driver is the parent
+            self.forkserver_pid = server
+            if not self.first_job:
+                self.cpu_before["forkserver"] = cpu_seconds(server)
         self.phase(f"{len(self.handles) - len(self.unspawned)} hot workers started")
 
     def worker_spec(self, h: WorkerHandle) -> WorkerSpec:
@@ -263,14 +279,12 @@ class Fleet:
         self._spawn(h)
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds used so far by the driver (every thread), its live workers and the
-        forkserver they were forked from (their parent, when it is not the driver)."""
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        live = [h.proc.pid for h in self.handles if h.alive()]
-        server = parent_pid(live[0]) if live else None
-        return {"driver": round(ru.ru_utime + ru.ru_stime, 2),
-                "workers": round(sum(cpu_seconds(pid) for pid in live), 2),
-                "forkserver": round(cpu_seconds(server), 2) if server not in (None, os.getpid()) else 0.0}
+        """CPU seconds this job has used so far: the driver (every thread), its live workers
+        and the forkserver they were forked from (0 under spawn)."""
+        server = cpu_seconds(self.forkserver_pid) if self.forkserver_pid is not None else 0.0
+        return {"driver": round(_own_cpu_seconds() - self.cpu_before["driver"], 2),
+                "workers": round(sum(cpu_seconds(h.proc.pid) for h in self.handles if h.alive()), 2),
+                "forkserver": round(max(0.0, server - self.cpu_before["forkserver"]), 2)}
 
     def live_worker_ids(self) -> list[int]:
         """Workers running and not being replaced."""
