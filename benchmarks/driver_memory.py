@@ -6,7 +6,8 @@ Builds, in this one process and in the driver's order, what the driver holds, an
 process's RSS (smaps_rollup) after each part, so every row is a measured increment, not an
 estimate: the interpreter with numpy; torch and the env modules imported; the learner
 (policy, its acting copy, the inference batch buffers, written as gathers write them); every
-slice's rollout storage filled for T steps as `serve` fills it; one PPO update on a full
+slice's rollout storage filled for T steps as `serve` fills it (each key kept only for the envs
+whose type produces it); one PPO update on a full
 batch of those rollouts (its peak: the concatenated batch, the policy's activations and
 gradients, Adam's moments). Beside them the nominal bytes of each part from the layout and
 the config, and the board: the worker segments the driver maps, whose pages count in its
@@ -85,14 +86,18 @@ def main() -> int:
     for lo, hi in ranges:
         for s_lo, s_hi in slice_bounds(hi - lo, spec.worker.slices):
             k = s_hi - s_lo
-            ro = SliceRollout(k, T, plan.obs_keys, plan.actions.cont_dim, spec.scaling.enabled)
+            slice_types = plan.env_type[lo + s_lo:lo + s_hi].astype(np.int64)
+            ro = SliceRollout(k, T, plan.obs_keys, plan.actions.cont_dim, spec.scaling.enabled,
+                              key_rows=learner._key_rows(slice_types))
             for _t in range(T):
                 ro.add_step({key.name: np.ones((k,) + key.shape, dtype=key.dtype) for key in plan.obs_keys},
                             np.zeros(k, np.int64), np.zeros((k, max(plan.actions.cont_dim, 1)), np.float32),
                             np.zeros(k, np.float32), np.zeros(k, np.float32))
                 ro.add_outcome(np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool), lc.gamma)
             rollouts.append(ro)
-    mark(f"rollout storage: {len(rollouts)} slices x T={T}", T * n * row_bytes)
+    stored = sum(a.nbytes for ro in rollouts for a in ro.obs.values())
+    mark(f"rollout storage: {len(rollouts)} slices x T={T} (obs {stored / MB:,.0f} MB of "
+         f"{T * n * row_bytes / MB:,.0f} MB if every env kept every key)", stored)
 
     types = []
     taken = 0
@@ -106,7 +111,8 @@ def main() -> int:
         taken += ro.n * T
     learner.ready_types.extend(types)
     learner.ready_samples = taken
-    mark(f"ready blocks: {taken:,} transitions (one update's batch)", taken * row_bytes)
+    mark(f"ready blocks: {taken:,} transitions (one update's batch)",
+         sum(a.nbytes for b in learner.ready_blocks for a in b["obs"].values()))
     before_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     learner.start_update()
     learner.poll_update(wait=True)

@@ -182,11 +182,13 @@ class CentralLearner:
         for (ref, lo, hi, row), res, fv in zip(rows, outcomes, final_values):
             key = (ref.handle.worker_id, ref.slice_index)
             ro = self.rollouts.get(key)
+            sl = slice(row, row + hi - lo)
             if ro is None or ref.seq == 0:
                 # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
                 ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
                                                        self.plan.actions.cont_dim, self.scaling.enabled,
-                                                       first_len=self._first_len(ref))
+                                                       first_len=self._first_len(ref),
+                                                       key_rows=self._key_rows(types_np[sl]))
             else:
                 ro.add_outcome(res["reward"], res["terminated"], res["truncated"], cfg.gamma, fv)
                 if self.scaling.enabled:
@@ -194,7 +196,6 @@ class CentralLearner:
                     self.scores[ref.handle.env_lo + lo:ref.handle.env_lo + hi] = score
                     ro.add_behaviour(res["exec_discrete"], res["exec_continuous"], res["behaviour_logp"],
                                      score_to_weight(score, self.scaling.min_weight))
-            sl = slice(row, row + hi - lo)
             if ro.full:
                 length = ro.length
                 self.ready_blocks.append(ro.finish(value[sl], cfg.gamma, cfg.gae_lambda))
@@ -202,6 +203,16 @@ class CentralLearner:
                 self.ready_samples += length * (hi - lo)
             ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
                         logp[sl], value[sl])
+
+    def _key_rows(self, types: np.ndarray) -> dict[str, np.ndarray]:
+        """For each obs key that only some of these envs' types produce, those envs' rows: the
+        rollout stores nothing for the others (SliceRollout's `key_rows`)."""
+        out = {}
+        for k in self.plan.obs_keys:
+            produces = np.array([k.name in self.plan.specs[t].obs for t in types])
+            if not produces.all():
+                out[k.name] = np.flatnonzero(produces)
+        return out
 
     def _first_len(self, ref: SliceRef) -> int:
         """Length of a new slice rollout's first block: T - (slice ordinal mod T), so the
