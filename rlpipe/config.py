@@ -298,7 +298,11 @@ def register_schema() -> None:
 
 def run_spec(cfg: DictConfig) -> RunSpec:
     """The composed config as a checked RunSpec (raises ConfigError, or OmegaConf's error for a
-    wrong type). A config read back from a file (a run's .hydra/config.yaml) is typed first."""
+    wrong type). A config read back from a file (a run's .hydra/config.yaml) is typed first
+    (a run's from before buffer.sizing gets `fixed`, the board it ran on)."""
     if OmegaConf.get_type(cfg) is not RunSpec:
         cfg = OmegaConf.merge(OmegaConf.structured(RunSpec), cfg)
+        if OmegaConf.is_missing(cfg.buffer, "sizing"):
+            # saved before buffer.sizing existed: every board then was used as written
+            cfg.buffer.sizing = "fixed"
     return OmegaConf.to_object(cfg)

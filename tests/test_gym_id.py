@@ -69,6 +69,13 @@ def test_sized_rgb_is_the_types_own_shape_when_they_agree():
         _plan(["env_mix=images", "env_mix.types.atari.rgb_shape=null"])
 
 
+def test_a_run_config_saved_before_buffer_sizing_reads_back_as_fixed():
+    saved = OmegaConf.create(OmegaConf.to_yaml(compose_cfg(["buffer=small"])))   # as .hydra/config.yaml
+    del saved.buffer["sizing"]
+    assert run_spec(saved).buffer.sizing == "fixed"
+    assert run_spec(OmegaConf.create(OmegaConf.to_yaml(compose_cfg()))).buffer.sizing == "auto"
+
+
 def _stage_buffer(stage: str | None) -> str | None:
     """The buffer a stage picks itself (`override /buffer: X` in its defaults), else None."""
     if stage is None:
