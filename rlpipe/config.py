@@ -6,15 +6,15 @@ same dataclasses (`OmegaConf.to_object`): plain Python objects, so no hot loop t
 OmegaConf. Each dataclass checks its values in `__post_init__` (the check of a single value is
 declared beside its field with `setting(...)`; checks across fields follow it) and raises
 ConfigError with one paragraph naming the key and what is allowed. Values derived from
-several keys (the env types and their names, the obs keys, `worker.slices` resolved from `auto`, the CPUs of
-`worker.cpu_affinity`) are computed there once.
+several keys (the env types and their names, the obs keys, `worker.slices` resolved from
+`auto`, the CPUs of `worker.cpu_affinity`) are computed there once.
 
 Defaults live in `conf/` only: a field's default is MISSING, so a key that no YAML file sets
 is an error when the spec is built instead of silently taking a second, Python-side default.
 The exceptions are keys that only some files set: `env_mix.id` and `env_mix.name` (only
 env_mix=gym names an id, and a type after it) and the dtype of a buffer key added on the
-command line. tests/test_conf_keys.py checks
-this, and that every key in `conf/` is read by some code.
+command line. tests/test_conf_keys.py checks this, and that every key in `conf/` is read by
+some code.
 
 The dataclasses are not frozen: OmegaConf makes a frozen dataclass's node read-only, and Hydra
 could then not merge the YAML files and command-line overrides into the schema. Code treats

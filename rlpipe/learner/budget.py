@@ -48,7 +48,7 @@ def check_memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, in
     if need > usable:
         keys = ", ".join(f"{k.name} {list(k.shape)} {k.dtype}" for k in plan.obs_keys)
         if spec.buffer.sizing == "auto":     # say where shapes nobody wrote down come from
-            keys += ", the board buffer=auto sized to the mix"
+            keys += "; buffer=auto sized these to the mix"
         T, n = spec.learner.rollout_len, spec.env_count
         raise ConfigError(
             f"This config needs {_fmt(need)} for the board and the learner's rollouts, more than "
