@@ -295,7 +295,7 @@ def test_slices_started_together_finish_their_blocks_spread_over_T_rounds():
 
 def _learner(*overrides: str) -> CentralLearner:
     spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", *overrides]))
-    return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys))
+    return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
 
 
 def test_learning_rate_anneals_by_env_steps_not_time():

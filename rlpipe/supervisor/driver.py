@@ -103,7 +103,7 @@ class Driver:
         spec, services, dist = self.spec, self.services, self.dist
         sweep_dead_segments()
         sweep_dead_socket_dirs()
-        self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+        self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
         commit = git_commit()
