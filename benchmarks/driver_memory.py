@@ -66,7 +66,7 @@ def main() -> int:
     for module in preload_modules(spec.env_types):
         __import__(module)
     torch.set_num_threads(spec.learner.torch_threads)
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     mark("torch, the env modules, the mix planned")
 
     n, lc = spec.env_count, spec.learner
