@@ -115,7 +115,7 @@ class Evaluation:
         with open(self.run_dir / STDERR, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                          start_new_session=True, close_fds=True)
-        self.started_at = now
+        self.started_at = time.monotonic()
         log.info("eval: round started at %d env steps (pid %d)", env_steps, self.proc.pid)
 
     def poll(self) -> None:
