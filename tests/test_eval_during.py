@@ -1,7 +1,8 @@
 """Evaluation during training (eval.interval_s): a real run's rounds in eval/history.jsonl and
 TensorBoard, the health report's section and plot, no child left after SIGTERM; the driver's
-hook on its own with real child processes (a skipped round, a killed one, a failing one, stop
-mid-round); the per-type time budget of `play`; bad values as one-paragraph config errors."""
+hook on its own with real child processes (a skipped round, a killed one, a failing one, one
+past its time limit, stop mid-round); the per-type time budget of `play`; bad values as
+one-paragraph config errors."""
 from __future__ import annotations
 
 import json
@@ -166,6 +167,12 @@ def test_the_hook_skips_counts_survives_a_crash_and_stops_clean(eval_hook, caplo
     finish(ev)
     assert ev.rounds == 2 and len(history(run_dir)) == 2
 
+    ev.limit_s = 0.5                                # a round past its limit (hung in C code)
+    next_round()
+    slow = ev.proc
+    finish(ev)
+    assert slow.returncode is not None and ev.failed == 3 and "round still running after" in caplog.text
+
     next_round()                                    # teardown mid-round
     child = ev.proc
     ev.stop()
@@ -175,7 +182,7 @@ def test_the_hook_skips_counts_survives_a_crash_and_stops_clean(eval_hook, caplo
     ev.services.tb.writer.flush()
     scalars = read_scalars(run_dir / "tb")
     assert scalars["eval/cartpole"].steps.tolist() == [0, 0]
-    assert scalars["eval_rounds/skipped"].last == 1 and scalars["eval_rounds/failed"].last == 2
+    assert scalars["eval_rounds/skipped"].last == 1 and scalars["eval_rounds/failed"].last == 3
 
 
 def test_play_cuts_the_episodes_a_type_budget_does_not_cover():

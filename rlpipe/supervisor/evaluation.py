@@ -37,8 +37,11 @@ log = logging.getLogger("rlpipe")
 HISTORY = "eval/history.jsonl"
 SNAPSHOT = "eval/policy_snapshot.pt"
 STDERR = "eval/.round.stderr"
-# Interpreter, torch, the run's config and env descriptions, at nice 19 on a busy machine.
-START_ALLOWANCE_S = 120.0
+# Interpreter, torch (2 s of CPU), the run's config and env descriptions, at nice 19: on a
+# machine the workers keep busy (day4) that is minutes, and a round killed for being slow
+# would never chart. Past it (and every type's budget) the child is taken as hung in C code,
+# where its SIGALRM budget cannot reach, and stopped so the next round can run.
+START_ALLOWANCE_S = 600.0
 STOP_GRACE_S = 5.0
 
 
@@ -94,7 +97,8 @@ class Evaluation:
         self.env_steps = learner.counters.env_steps
         if self.proc is not None:
             self.skipped += 1
-            log.info("eval: a round is due while the last one still runs: skipped (%d so far)", self.skipped)
+            log.info("eval: a round is due while the last one (started %.0f s ago) still runs: skipped "
+                     "(%d so far)", time.monotonic() - self.started_at, self.skipped)
             self._chart_counts()
             return
         self._start(now, learner)
