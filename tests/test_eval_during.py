@@ -1,8 +1,8 @@
 """Evaluation during training (eval.interval_s): a real run's rounds in eval/history.jsonl and
-TensorBoard, the health report's section and plot, no child left after SIGTERM; the driver's
-hook on its own with real child processes (a skipped round, a killed one, a failing one, one
-past its time limit, stop mid-round); the per-type time budget of `play`; bad values as
-one-paragraph config errors."""
+TensorBoard, the health report's section and plot, no child left after SIGTERM or SIGINT; the
+driver's hook on its own with real child processes (a skipped round, a killed one, a failing
+one, one past its time limit, stop mid-round); the per-type time budget of `play`; bad values
+as one-paragraph config errors."""
 from __future__ import annotations
 
 import json
@@ -48,8 +48,10 @@ def wait_for(what, timeout_s: float, every_s: float = 0.2):
     return what()
 
 
-def test_a_training_run_evaluates_every_interval_and_sigterm_leaves_no_child(short_tmp):
-    """64 CartPoles with a round every 3 s: SIGTERM once two rounds are in and a third runs."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_training_run_evaluates_every_interval_and_a_signal_leaves_no_child(short_tmp, sig):
+    """64 CartPoles with a round every 3 s, stopped by a signal once two rounds are in and a
+    third runs (a run that ends by itself goes through the same teardown)."""
     run_dir = short_tmp / "run"
     run_dir.mkdir()
     with open(short_tmp / "out.txt", "w") as out, open(short_tmp / "err.txt", "w") as err:
@@ -64,14 +66,14 @@ def test_a_training_run_evaluates_every_interval_and_sigterm_leaves_no_child(sho
         child = running[0]
         assert child.ppid() == driver.pid
         assert wait_for(lambda: child.nice() == 19, 10)       # it lowers itself first thing
-        driver.send_signal(signal.SIGTERM)
+        driver.send_signal(sig)
         code = driver.wait(90)
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait()
     stderr = (short_tmp / "err.txt").read_text()
-    assert code == 128 + signal.SIGTERM, stderr[-3000:]
+    assert code == 128 + sig, stderr[-3000:]
     assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
     assert eval_children(run_dir) == []
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["history.jsonl"]   # no snapshot, no temp
