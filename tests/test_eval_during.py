@@ -187,6 +187,39 @@ def test_the_hook_skips_counts_survives_a_crash_and_stops_clean(eval_hook, caplo
     assert scalars["eval_rounds/skipped"].last == 1 and scalars["eval_rounds/failed"].last == 3
 
 
+def test_a_round_ends_with_its_driver_even_after_sigkill(eval_hook):
+    """A driver killed with -9 runs no teardown: the round notices its parent is gone and ends
+    without writing its line (2,000 episodes: it is still loading or building envs when its
+    parent dies, and would be for seconds more)."""
+    import shutil
+    import sys
+    ev, next_round, run_dir = eval_hook
+    next_round()
+    weights = run_dir / "weights.pt"
+    shutil.copy(run_dir / "eval" / "policy_snapshot.pt", weights)
+    ev.stop()
+    history_file = run_dir / "other_history.jsonl"
+    # a stand-in driver: a parent process that starts the round as the driver does, then waits
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-m', '{CHILD}', {str(run_dir)!r}, '--weights', {str(weights)!r}, "
+        f"'--history', {str(history_file)!r}, '--episodes', '2000', '--budget-s', '60', '--max-steps', '5000', "
+        "'--wall-s', '1', '--driver-pid', str(os.getpid())], start_new_session=True)\n"
+        "print(p.pid, flush=True)\ntime.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    assert wait_for(lambda: child.nice() == 19, 20)
+    parent.kill()
+    parent.wait()
+
+    def gone() -> bool:
+        try:
+            return child.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+    assert wait_for(gone, 15)
+    assert not history_file.exists()
+
+
 def test_play_cuts_the_episodes_a_type_budget_does_not_cover():
     from rlpipe.envs.registry import make_factory, plan_mix
     from rlpipe.eval.play import play
