@@ -101,7 +101,14 @@ class Evaluation:
                      "(%d so far)", time.monotonic() - self.started_at, self.skipped)
             self._chart_counts()
             return
-        self._start(now, learner)
+        try:
+            self._start(now, learner)
+        except OSError as exc:          # a full disk or no fork: that round is lost, never the run
+            self.failed += 1
+            log.warning("eval: round could not start (%s: %s); the next round tries again",
+                        type(exc).__name__, exc)
+            self._chart_counts()
+            self._clean()
 
     def _start(self, now: float, learner) -> None:
         import torch
@@ -124,17 +131,20 @@ class Evaluation:
 
     def poll(self) -> None:
         """Reap a finished round (or end one past its limit) and chart the new lines."""
+        if not self.on:
+            return
         if self.proc is not None:
             code = self.proc.poll()
+            how = f"exit {code}"
             if code is None and time.monotonic() - self.started_at > self.limit_s:
                 log.warning("eval: round still running after %.0f s (every type's budget and %.0f s "
                             "to start): stopped", self.limit_s, START_ALLOWANCE_S)
                 self._end_child()
-                code = "limit"
+                code, how = self.proc.returncode, "stopped at its time limit"
             if code is not None:
                 if code != 0:
                     self.failed += 1
-                    log.warning("eval: round failed (exit %s); the next round tries again:\n%s", code,
+                    log.warning("eval: round failed (%s); the next round tries again:\n%s", how,
                                 self._stderr_tail())
                     self._chart_counts()
                 self._clean()
@@ -142,6 +152,8 @@ class Evaluation:
 
     def stop(self) -> None:
         """Teardown: end a running round, chart what arrived, leave no file of ours behind."""
+        if not self.on:
+            return
         if self.proc is not None:
             if self.proc.poll() is None:
                 log.info("eval: the round in progress is stopped with the run (its line is not written)")
