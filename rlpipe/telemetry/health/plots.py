@@ -94,8 +94,6 @@ def plot_returns(scalars: dict[str, Series], path: Path, eval_rounds: list[dict]
         if name in evals:
             steps, means = evals[name]
             ax.plot(steps, means, marker="o", markersize=4, color="tab:orange", label="eval (deterministic)")
-        if i == 0 and evals:
-            ax.legend(fontsize=7)
         ax.set_title(name, fontsize=10)
         ax.tick_params(labelsize=7)
         # x labels under the lowest panel of each column only (the axis is shared)
@@ -103,6 +101,11 @@ def plot_returns(scalars: dict[str, Series], path: Path, eval_rounds: list[dict]
         ax.tick_params(axis="x", labelbottom=True)
     for ax in axes[len(names):]:
         ax.set_visible(False)
+    if evals:     # both curves named in the first panel, even where it holds only one of them
+        from matplotlib.lines import Line2D
+        axes[0].legend([Line2D([], [], color="tab:blue", marker="."),
+                        Line2D([], [], color="tab:orange", marker="o", markersize=4)],
+                       ["training", "eval (deterministic)"], fontsize=7)
     fig.supylabel(RETURN_LABEL + (";\neval: mean of a round's episodes" if evals else ""), fontsize=9)
     fig.suptitle("Episodic return per env type (TensorBoard charts/episodic_return/<type>"
                  + (")\nand the deterministic eval rounds (eval/history.jsonl)" if evals else ")"), fontsize=11)
