@@ -44,3 +44,17 @@ def parent_pid(pid: int) -> int | None:
     """The parent's pid of a live process (None when it is gone)."""
     fields = _stat_fields(pid)
     return int(fields[1]) if fields else None
+
+
+def thread_count(pid: int) -> int:
+    """Threads of a live process (0 when it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[17]) if fields else 0
+
+
+def open_fd_count(pid: int) -> int:
+    """Open file descriptors of a live process of ours (0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rlpipe.bounded import Thinned
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
@@ -37,6 +38,7 @@ POLICY_LAYOUT = "typed-towers-popart-1"
 
 # Episodes per type behind the "first 100" window the learned verdicts compare with.
 FIRST_EPISODES = 100
+LOSS_HISTORY_POINTS = 4096   # (time, loss) samples kept over the whole run for the late-loss std
 
 # What the learner reads of a slice's last step (copied before the slice is rung again).
 OUTCOME_FIELDS = ("reward", "terminated", "truncated", "ep_return", "ep_len", "step_ms")
@@ -55,7 +57,10 @@ class Counters:
     returns: dict = field(default_factory=dict)     # type name -> deque of last 100 returns
     first_returns: dict = field(default_factory=dict)   # type name -> its first 100 returns of this run
     episodes_by_type: dict = field(default_factory=dict)
-    losses: list = field(default_factory=list)      # (time, total loss) per update
+    # (time, total loss) of the updates, thinned evenly over the run so six days of updates
+    # stay a few thousand entries (summary.json's loss_std of the second half)
+    losses: Thinned = field(default_factory=lambda: Thinned(LOSS_HISTORY_POINTS))
+    recent_losses: collections.deque = field(default_factory=collections.deque)   # the last loss_std_window
 
 
 def pick_device(name: str) -> torch.device:
@@ -92,7 +97,8 @@ class CentralLearner:
         self.update_samples = min(self.cfg.update_envs, spec.env_count) * self.cfg.rollout_len
         self.counters = Counters(returns={n: collections.deque(maxlen=100) for n in plan.names},
                                  first_returns={n: [] for n in plan.names},
-                                 episodes_by_type={n: 0 for n in plan.names})
+                                 episodes_by_type={n: 0 for n in plan.names},
+                                 recent_losses=collections.deque(maxlen=self.cfg.loss_std_window))
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
         # env step() latencies since the last chart, per type (ms; the workers time each call)
@@ -390,7 +396,8 @@ class CentralLearner:
         self.actor.load_state_dict(self.policy.state_dict())
         self.counters.updates += 1
         self.counters.trained_samples += result.samples
-        self.counters.losses.append((time.monotonic(), result.total_loss))
+        self.counters.losses.add((time.monotonic(), result.total_loss))
+        self.counters.recent_losses.append(result.total_loss)
         self.last_stats = result
         return result
 

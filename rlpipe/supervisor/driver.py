@@ -128,7 +128,7 @@ class Driver:
                 self.fleet.ctx, {t.name: t.node for t in spec.env_types}, self.run_dir,
                 spec.logging.random_return_episodes, spec.logging.random_return_budget_s,
                 spec.run.seed + 99)
-        self.metrics.memory.start()
+        self.metrics.resources.start()
         services.set_state("running")
         self.started = True
 
@@ -264,7 +264,7 @@ class Driver:
             lambda: self._checkpoint() if final and not learner.random else None,
             lambda: self._export() if (final and self.spec.learner.export
                                        and (self.dist is None or self.dist.rank == 0)) else None,
-            self.metrics.memory.stop,
+            self.metrics.resources.stop,
             *fleet.release_steps(),
             *self.services.stop_steps(),
         ]
