@@ -2,9 +2,10 @@
 the run directory (the day6 stage, docs/architecture.md).
 
 Everything in it is read back from the run's own files (summary.json, tb/, lifecycle.sqlite,
-errors_top10.md, checkpoints/, .hydra/overrides.yaml, eval/history.jsonl): never from config. An input that is
-missing is said to be missing; a section that cannot be built says why and the rest of the
-report is still written, so `write_health_report` can be called at the end of every run.
+errors_top10.md, checkpoints/, .hydra/overrides.yaml, eval/history.jsonl): never from config.
+An input that is missing is said to be missing; a section that cannot be built says why and
+the rest of the report is still written, so `write_health_report` can be called at the end of
+every run.
 
 The package: inputs.py reads the files, plots.py draws, sections.py writes the sections,
 verdicts.py draws the checks, markdown.py formats; this module puts the report together.
