@@ -234,6 +234,25 @@ def test_play_cuts_the_episodes_a_type_budget_does_not_cover():
     assert (len(some.returns), some.cut) == (3, 0)
 
 
+def test_a_type_whose_steps_hang_is_cut_at_its_budget_not_its_step_timeout():
+    """web_sim with every step blocked until the env is closed: the round's time on it is the
+    type's budget (1 s), not the worker's step timeout (30 s) per episode."""
+    from rlpipe.envs.registry import make_factory, plan_mix
+    from rlpipe.eval.play import play
+    from rlpipe.learner.policy import Policy
+    spec = run_spec(compose_cfg(["env_mix=seed12", "env_count=12", "env_mix.types.web_sim.hang_rate=1.0",
+                                 "env_mix.types.web_sim.hang_s=null"]))
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    policy = Policy(plan, plan.obs_keys, spec.learner.hidden, spec.learner.cnn_channels, spec.learner.cnn_out)
+    web = plan.names.index("web_sim")
+    t0 = time.monotonic()
+    eps = play(policy, plan, web, make_factory(spec.env_types[web].node), 2, True, 0, 5000,
+               spec.worker.step_timeout_s, budget_s=1.0)
+    took = time.monotonic() - t0
+    assert spec.worker.step_timeout_s == 30 and (len(eps.returns), eps.cut) == (0, 2)
+    assert took < 8, took
+
+
 def test_health_report_of_eval_rounds_alone(short_tmp):
     """A run dir holding only its eval history (the run was killed before anything else): the
     section lists the last round beside the first, a line cut off mid-write is counted."""
