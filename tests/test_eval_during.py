@@ -34,8 +34,10 @@ def eval_children(run_dir: Path) -> list[psutil.Process]:
 
 
 def history(run_dir: Path) -> list[dict]:
+    """The whole lines of the run's eval history (one may be mid-write while the run goes)."""
     path = run_dir / "eval" / "history.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    text = path.read_text() if path.is_file() else ""
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
 
 
 def wait_for(what, timeout_s: float, every_s: float = 0.2):
