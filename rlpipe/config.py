@@ -249,6 +249,18 @@ class LoggingSpec(_Section):
 
 
 @dataclass
+class EvalSpec(_Section):
+    """`eval:`, evaluation during training (rlpipe/supervisor/evaluation.py): every
+    `interval_s` a child at nice 19 plays `episodes` deterministic episodes of each env type on
+    envs of its own, with the policy's weights of that moment."""
+    _key = "eval"
+    interval_s: Optional[float] = setting(positive_or_null)   # null: no evaluation during training
+    episodes: int = setting(positive_int)          # deterministic episodes per type and round
+    budget_s: float = setting(positive)            # the most seconds a round spends on one type
+    max_steps: int = setting(positive_int)         # an episode still running after this many steps is cut
+
+
+@dataclass
 class DistSpec(_Section):
     """Multi-rank training under torchrun (rlpipe.dist); ignored in a single process."""
     _key = "dist"
@@ -275,6 +287,7 @@ class RunSpec(_Section):
     chaos: ChaosSpec = MISSING
     run: RunControlSpec = MISSING
     logging: LoggingSpec = MISSING
+    eval: EvalSpec = MISSING
     dist: DistSpec = MISSING
     env_count: int = setting(positive_int)
     stage: Optional[str] = MISSING
