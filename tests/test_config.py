@@ -231,3 +231,19 @@ def test_over_budget_config_is_refused_with_the_arithmetic(short_tmp):
     assert "rollout storage env_count 7000 x learner.rollout_len 64" in out.stderr
     assert "GiB usable here" in out.stderr
     assert not (short_tmp / "run" / "summary.json").exists()
+
+
+def test_a_config_saved_by_an_older_rlpipe_reads_back_with_todays_defaults_for_newer_keys(tmp_path):
+    """rlpipe.eval and rlpipe.report read a run's .hydra/config.yaml: a run saved before the
+    eval group and the resource settings existed still loads, those keys at conf/'s defaults."""
+    from omegaconf import OmegaConf
+
+    from rlpipe.config import run_spec
+    saved = OmegaConf.to_container(compose_cfg(["env_count=16"]), resolve=False)
+    del saved["eval"], saved["logging"]["resources_interval_s"], saved["logging"]["project_to_s"]
+    path = tmp_path / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(saved)))
+    spec = run_spec(OmegaConf.load(path))
+    assert spec.env_count == 16
+    assert spec.eval.interval_s is None and spec.eval.episodes == 5
+    assert spec.logging.resources_interval_s == 1.0 and spec.logging.project_to_s == 518400.0
