@@ -322,7 +322,7 @@ class Fleet:
         self._take_started(self.starts.close(), teardown=True)
 
     def stop_workers(self) -> None:
-        stop_workers(self.handles)
+        stop_workers(self.handles, self.spec.heartbeat.term_grace_s)
 
     def count_lifecycle_drops(self) -> None:
         for h in self.handles:

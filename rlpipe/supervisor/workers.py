@@ -192,9 +192,10 @@ class BackgroundStarts:
         return self.finished()
 
 
-def stop_workers(handles: list[WorkerHandle], grace_s: float = 5.0) -> None:
+def stop_workers(handles: list[WorkerHandle], grace_s: float) -> None:
     """Ask politely (STOP doorbell; SIGTERM, which a worker also ends on cleanly, to one not
-    connected yet), then SIGTERM, then SIGKILL; reap everything."""
+    connected yet), wait up to `grace_s` (heartbeat.term_grace_s), then SIGTERM, then SIGKILL;
+    reap everything."""
     for h in handles:
         if h.alive() and not h.request_stop():
             h.proc.terminate()
