@@ -15,11 +15,14 @@ from rlpipe.envs.registry import ActionSpace, MixPlan
 from rlpipe.learner.checkpoint import (CheckpointError, checkpoint_files, load_latest, rng_state,
                                        save_checkpoint, set_rng_state)
 from rlpipe.learner.policy import Policy
-from rlpipe.learner.scaling import (mixture_logp, score_to_epsilon,
-                                    score_to_weight, uniform_logp, weighted_ppo_terms)
+from rlpipe.learner.scaling import score_to_epsilon, score_to_weight, weighted_ppo_terms
 from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.worker.exploration import EpsilonGreedy, pack_epsilons, unpack_epsilons
-from rlpipe.worker.stability import StabilityTracker, stability_score
+from rlpipe.worker.stability import StabilityTracker
+
+# The reward-norm settings a run passes: reward_norm.clip (conf/reward_norm/per_env.yaml) and
+# learner.gamma (conf/learner/ppo.yaml).
+CLIP, GAMMA = 10.0, 0.99
 
 # (loc, scale) of the reward streams: unit, huge, huge offset with a small spread, tiny.
 SCALES = [(0.0, 1.0), (3e8, 1e8), (1e8, 1.0), (3e-8, 1e-8), (-1e-8, 1e-8)]
@@ -36,6 +39,62 @@ def _stream(rng, loc, scale, shape):
     return loc + scale * rng.standard_t(5, size=shape)
 
 
+# -- reference code: the formulas the C kernels of rlpipe/native/slicestats.pyx compute, in numpy
+# and torch, written plainly so the kernels can be checked against them ---------------------------
+
+def stability_score(reward_spread: np.ndarray, len_cv: np.ndarray, cut_frac: np.ndarray) -> np.ndarray:
+    """score = (1 - c) / (1 + s_r + cv_L), inputs clipped to their domains; float32 in [0, 1]
+    (rlpipe/worker/stability.py's formula)."""
+    s_r = np.maximum(np.nan_to_num(reward_spread, nan=0.0, posinf=1e30), 0.0)
+    cv = np.maximum(np.nan_to_num(len_cv, nan=0.0, posinf=1e30), 0.0)
+    c = np.clip(np.nan_to_num(cut_frac, nan=0.0), 0.0, 1.0)
+    return np.clip((1.0 - c) / (1.0 + s_r + cv), 0.0, 1.0).astype(np.float32)
+
+
+def uniform_logp_np(is_cont: np.ndarray, n_valid: np.ndarray, a_cont: np.ndarray | None = None) -> np.ndarray:
+    """log u(a) of the exploration uniform: -log(n_valid) for discrete envs; for continuous
+    envs -d log 2 when the valid dims of a_cont [m, D] lie in [-1, 1], else -inf."""
+    is_cont = np.asarray(is_cont, dtype=bool)
+    n_valid = np.asarray(n_valid, dtype=np.float64)
+    out = -np.log(np.maximum(n_valid, 1.0))
+    if is_cont.any():
+        a = np.asarray(a_cont).reshape(len(is_cont), -1)
+        dims = np.arange(a.shape[1]) < n_valid[:, None]
+        inside = ((np.abs(a) <= 1.0) | ~dims).all(axis=1)
+        out = np.where(is_cont, np.where(inside, -n_valid * math.log(2.0), -np.inf), out)
+    return out
+
+
+def mixture_logp_np(policy_logp: np.ndarray, epsilon: np.ndarray | float, log_u: np.ndarray) -> np.ndarray:
+    """log((1 - eps) exp(policy_logp) + eps exp(log_u)) in float64; exactly policy_logp
+    where eps == 0."""
+    lp = np.asarray(policy_logp, dtype=np.float64)
+    eps = np.broadcast_to(np.asarray(epsilon, dtype=np.float64), lp.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mixed = np.logaddexp(np.log1p(-eps) + lp, np.log(eps) + np.asarray(log_u, dtype=np.float64))
+    return np.where(eps > 0, mixed, lp)
+
+
+def uniform_logp_torch(is_cont: torch.Tensor, n_valid: torch.Tensor, a_cont: torch.Tensor) -> torch.Tensor:
+    """`uniform_logp_np` in torch."""
+    n = n_valid.to(torch.float32)
+    out = -torch.log(n.clamp_min(1.0))
+    if bool(is_cont.any()):
+        dims = torch.arange(a_cont.shape[1], device=a_cont.device) < n_valid[:, None]
+        inside = ((a_cont.abs() <= 1.0) | ~dims).all(dim=1)
+        cont = torch.where(inside, -n * math.log(2.0), torch.full_like(n, -math.inf))
+        out = torch.where(is_cont, cont, out)
+    return out
+
+
+def mixture_logp_torch(policy_logp: torch.Tensor, epsilon, log_u) -> torch.Tensor:
+    """`mixture_logp_np` in torch (the dtype of policy_logp)."""
+    eps = torch.as_tensor(epsilon, dtype=policy_logp.dtype, device=policy_logp.device).expand_as(policy_logp)
+    log_u = torch.as_tensor(log_u, dtype=policy_logp.dtype, device=policy_logp.device).expand_as(policy_logp)
+    mixed = torch.logaddexp(torch.log1p(-eps) + policy_logp, torch.log(eps) + log_u)
+    return torch.where(eps > 0, mixed, policy_logp)
+
+
 # -- reward normalization --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("loc,scale", SCALES)
@@ -43,7 +102,7 @@ def test_welford_per_env_matches_float64_reference(loc, scale):
     rng = np.random.default_rng(1)
     n, steps = 12, 400
     x = _stream(rng, loc, scale, (steps, n)) * rng.uniform(0.5, 2.0, n)   # per-env scale
-    norm = RewardNormalizer(n, "mean_std", clip=None)
+    norm = RewardNormalizer(n, "mean_std", None, GAMMA)
     half = n // 2
     for t in range(steps):                          # two slices, one step at a time
         norm.normalize(0, half, x[t, :half])
@@ -65,8 +124,8 @@ def test_welford_blocks_and_global_match_reference(loc, scale):
     n = 7
     blocks = [_stream(rng, loc, scale, (T, n)) for T in (1, 5, 33, 2, 60)]
     x = np.concatenate(blocks)
-    per_env = RewardNormalizer(n, "mean_std")
-    glob = RewardNormalizer(n, "global")
+    per_env = RewardNormalizer(n, "mean_std", CLIP, GAMMA)
+    glob = RewardNormalizer(n, "global", CLIP, GAMMA)
     for b in blocks:                                  # [T, m] blocks (Chan combine)
         per_env.normalize(0, n, b)
         for row in b:                                 # global statistics: two slices a step
@@ -80,24 +139,25 @@ def test_welford_blocks_and_global_match_reference(loc, scale):
 
 
 def test_float32_input_and_clip_and_off():
-    norm = RewardNormalizer(3, "mean_std", clip=10.0)
+    norm = RewardNormalizer(3, "mean_std", CLIP, GAMMA)
     r = np.zeros(3, dtype=np.float32)
     for _ in range(500):
         out = norm.normalize(0, 3, r + np.float32(1.0))
     assert out.dtype == np.float32 and np.all(out == 0.0)      # constant reward -> 0
     out = norm.normalize(0, 3, np.array([1e6, -1e6, 1.0], dtype=np.float32))
     assert out[0] == 10.0 and out[1] == -10.0                  # documented clip (raw: ~22 sigma)
-    off = RewardNormalizer(3, "off")
+    off = RewardNormalizer(3, "off", CLIP, GAMMA)
     raw = np.array([5.0, -3.0, 1e9], dtype=np.float32)
     np.testing.assert_array_equal(off.normalize(0, 3, raw), raw)
-    assert RewardNormalizer.from_state(off.state()).mode == "off"
+    assert RewardNormalizer.from_state(off.state(), CLIP, GAMMA).mode == "off"
     with pytest.raises(ValueError, match="mode"):
-        RewardNormalizer(3, "per-env")
+        RewardNormalizer(3, "per-env", CLIP, GAMMA)
 
 
 def test_state_round_trip_merge_and_errors():
     rng = np.random.default_rng(3)
-    workers = [RewardNormalizer(5, "mean_std"), RewardNormalizer(4, "mean_std"), RewardNormalizer(6, "global")]
+    workers = [RewardNormalizer(5, "mean_std", CLIP, GAMMA), RewardNormalizer(4, "mean_std", CLIP, GAMMA),
+               RewardNormalizer(6, "global", CLIP, GAMMA)]
     seen = []
     for w in workers:
         x = rng.normal(rng.uniform(-50, 50), rng.uniform(0.1, 30), (80, w.n))
@@ -106,19 +166,19 @@ def test_state_round_trip_merge_and_errors():
         seen.append(x.ravel())
     states = [w.state() for w in workers]
     assert len(states[0]) == 16 + 24 * 5 and len(states[2]) == 16 + 24
-    count, mean, var = RewardNormalizer.merge(states + [RewardNormalizer(2, "off").state()])
+    count, mean, var = RewardNormalizer.merge(states + [RewardNormalizer(2, "off", CLIP, GAMMA).state()])
     allx = np.concatenate(seen)
     assert count == allx.size
     assert mean == pytest.approx(allx.mean(), rel=1e-12)
     assert var == pytest.approx(allx.var(), rel=1e-10)
     # a restarted worker restores its statistics exactly
-    fresh = RewardNormalizer(5, "mean_std")
+    fresh = RewardNormalizer(5, "mean_std", CLIP, GAMMA)
     fresh.load(states[0])
     np.testing.assert_array_equal(fresh.mean, workers[0].mean)
     np.testing.assert_array_equal(fresh.m2, workers[0].m2)
     np.testing.assert_array_equal(fresh.count, workers[0].count)
     assert fresh.stats() == workers[0].stats()
-    assert RewardNormalizer.from_state(states[1]).stats()["count"] == 80 * 4
+    assert RewardNormalizer.from_state(states[1], CLIP, GAMMA).stats()["count"] == 80 * 4
     bad = {
         "magic": b"XXXX" + states[0][4:],
         "truncated": states[0][:-3],
@@ -275,10 +335,6 @@ def test_score_to_weight_and_epsilon_bounds():
 
 # -- epsilon-greedy behaviour log-prob -------------------------------------------------------------
 
-def uniform_logp_np_disc(n):
-    return np.array([-math.log(n)])
-
-
 def _plan():
     specs = (EnvSpec({"state": ((6,), "float32")}, "discrete", 3),
              EnvSpec({"state": ((6,), "float32")}, "discrete", 5),
@@ -344,13 +400,16 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
     assert outside_seen
     # the discrete mixture is a distribution: it sums to one over the valid actions
     for i in np.flatnonzero(~is_cont)[:8]:
-        lps = [mixture_logp(np.array([math.log(probs[i, a])]), eps[i], uniform_logp_np_disc(n_valid[i]))[0]
+        log_u = uniform_logp_np(np.array([False]), np.array([n_valid[i]]))
+        lps = [mixture_logp_np(np.array([math.log(probs[i, a])]), eps[i], log_u)[0]
                for a in range(n_valid[i])]
         assert sum(math.exp(v) for v in lps) == pytest.approx(1.0, rel=1e-9)
-    # torch twin agrees with the worker's numpy computation
+    # the worker's C kernel agrees with the reference formula, in numpy and in torch
     lp_exec = np.where(explored, out.alt_logp.numpy(), out.logp.numpy())
-    lu = uniform_logp(torch.from_numpy(is_cont), torch.from_numpy(n_valid), torch.from_numpy(ex_cont))
-    tb = mixture_logp(torch.from_numpy(lp_exec), torch.from_numpy(eps), lu)
+    ref = mixture_logp_np(lp_exec, eps, uniform_logp_np(is_cont, n_valid, ex_cont))
+    np.testing.assert_allclose(ref, blp, rtol=1e-5, atol=1e-5)
+    lu = uniform_logp_torch(torch.from_numpy(is_cont), torch.from_numpy(n_valid), torch.from_numpy(ex_cont))
+    tb = mixture_logp_torch(torch.from_numpy(lp_exec), torch.from_numpy(eps), lu)
     np.testing.assert_allclose(tb.numpy(), blp, rtol=1e-5, atol=1e-5)
 
 
@@ -426,7 +485,7 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
         _train_step(model, opt, gen)
     np_rng = np.random.default_rng(11)
     np_rng.random(5)
-    norm = RewardNormalizer(4, "per_env")
+    norm = RewardNormalizer(4, "per_env", CLIP, GAMMA)
     norm.normalize(0, 4, np.array([1.0, 2.0, -3.0, 1e8]))
     random.random()
     np.random.seed(5)
@@ -458,7 +517,7 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
     for k, v in payload["policy"].items():
         assert torch.equal(p["policy"][k], v)
     assert p["counters"] == payload["counters"]
-    norm2 = RewardNormalizer(4, "per_env")
+    norm2 = RewardNormalizer(4, "per_env", CLIP, GAMMA)
     norm2.load(p["reward_norm"]["w0"])
     assert norm2.state() == norm.state()
     set_rng_state(p["rng"], {"learner": np_rng2}, {"ppo": gen2})

@@ -83,11 +83,6 @@ def normalize_per_type(adv: torch.Tensor, types: torch.Tensor, n_types: int) -> 
     return centered / (var.sqrt()[types] + 1e-8)
 
 
-def minibatches(n: int, size: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """A fresh permutation cut into ceil(n / size) near-equal parts: every sample once."""
-    return torch.tensor_split(torch.randperm(n, generator=generator), max(math.ceil(n / size), 1))
-
-
 def normalize_per_type_sums(adv: torch.Tensor, types: torch.Tensor, count: torch.Tensor,
                             total: torch.Tensor, total_sq: torch.Tensor) -> torch.Tensor:
     """`normalize_per_type` with each type's count, sum and sum of squares given (float64,

@@ -2,14 +2,15 @@
 
 Stability scores (rlpipe.worker.stability, in [0, 1]) arrive with the step results. Here:
 
-- weight  w = min_weight + (1 - min_weight) * score        (scaling.min_weight, default 0.3)
+- weight  w = min_weight + (1 - min_weight) * score        (scaling.min_weight)
   linear and monotone: score 1 -> 1.0, score 0 -> min_weight. scaling=off: weight 1 (pass
   weights=None to `weighted_ppo_terms` to reproduce the unweighted loss bit for bit).
 - epsilon eps = eps_min + (eps_max - eps_min) * (1 - score)
   Choice: the LESS stable an env, the MORE it explores. Instability (reward spread, erratic
   episode lengths) says the policy has not settled on that env; those envs are also the ones
   whose samples carry the smallest gradient weight, so their off-policy exploratory samples
-  move the update least, while stable envs (full weight) stay on-policy (eps_min, default 0).
+  move the update least, while stable envs (full weight) stay on-policy (scaling.eps_min: 0 in
+  conf/).
   Passing eps_max < eps_min inverts the direction (stable envs explore more).
 - behaviour log-prob under epsilon-greedy: log((1 - eps) pi(a) + eps u(a)); see the worker
   module for u(a) (1/n_valid discrete; 2^-d inside [-1, 1]^d continuous, 0 outside) and for
@@ -23,61 +24,31 @@ Functions taking scores accept numpy arrays or torch tensors and return the same
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rlpipe.worker.exploration import mixture_logp as mixture_logp_np
-from rlpipe.worker.exploration import uniform_logp as uniform_logp_np
-
-__all__ = ["score_to_weight", "score_to_epsilon", "mixture_logp", "mixture_logp_np",
-           "uniform_logp", "uniform_logp_np", 
-           "weighted_ppo_terms", "PPOTerms"]
+__all__ = ["score_to_weight", "score_to_epsilon", "weighted_ppo_terms", "PPOTerms"]
 
 
 def _clip01(x):
     return x.clamp(0.0, 1.0) if isinstance(x, torch.Tensor) else np.clip(np.asarray(x, dtype=np.float32), 0.0, 1.0)
 
 
-def score_to_weight(scores, min_weight: float = 0.3):
+def score_to_weight(scores, min_weight: float):
     """Gradient weight in [min_weight, 1], linear and monotone in the score."""
     if not 0.0 <= min_weight <= 1.0:
         raise ValueError(f"scaling.min_weight must be in [0, 1], got {min_weight}")
     return min_weight + (1.0 - min_weight) * _clip01(scores)
 
 
-def score_to_epsilon(scores, eps_max: float = 0.1, eps_min: float = 0.0):
+def score_to_epsilon(scores, eps_max: float, eps_min: float):
     """Exploration rate: eps_max at score 0, eps_min at score 1 (linear)."""
     for name, v in (("eps_max", eps_max), ("eps_min", eps_min)):
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"scaling.{name} must be in [0, 1], got {v}")
     return eps_min + (eps_max - eps_min) * (1.0 - _clip01(scores))
-
-
-def mixture_logp(policy_logp, epsilon, log_u):
-    """log((1 - eps) exp(policy_logp) + eps exp(log_u)); exactly policy_logp where eps == 0.
-    torch tensors -> torch (same dtype as policy_logp); numpy -> numpy float64."""
-    if not isinstance(policy_logp, torch.Tensor):
-        return mixture_logp_np(policy_logp, epsilon, log_u)
-    eps = torch.as_tensor(epsilon, dtype=policy_logp.dtype, device=policy_logp.device).expand_as(policy_logp)
-    log_u = torch.as_tensor(log_u, dtype=policy_logp.dtype, device=policy_logp.device).expand_as(policy_logp)
-    mixed = torch.logaddexp(torch.log1p(-eps) + policy_logp, torch.log(eps) + log_u)
-    return torch.where(eps > 0, mixed, policy_logp)
-
-
-def uniform_logp(is_cont: torch.Tensor, n_valid: torch.Tensor, a_cont: torch.Tensor | None = None) -> torch.Tensor:
-    """torch twin of the worker's `uniform_logp`: -log n_valid (discrete), -d log 2 inside
-    [-1, 1]^d over the d valid dims else -inf (continuous)."""
-    n = n_valid.to(torch.float32)
-    out = -torch.log(n.clamp_min(1.0))
-    if a_cont is not None and bool(is_cont.any()):
-        dims = torch.arange(a_cont.shape[1], device=a_cont.device) < n_valid[:, None]
-        inside = ((a_cont.abs() <= 1.0) | ~dims).all(dim=1)
-        cont = torch.where(inside, -n * math.log(2.0), torch.full_like(n, -math.inf))
-        out = torch.where(is_cont, cont, out)
-    return out
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""The worker's epsilon-greedy exploration (numpy only), vectorized over a slice of envs.
+"""The worker's epsilon-greedy exploration, vectorized over a slice of envs: the rates and masks
+are numpy arrays, the mixing is a C kernel (rlpipe/native/slicestats.pyx; no torch: the worker
+does not import it).
 
 Epsilon-greedy (executed action and behaviour log-prob)
 ------------------------------------------------------
@@ -16,8 +18,8 @@ of a lies in [-1, 1], else 0. The behaviour distribution lives on the unclipped 
 a Gaussian sample outside the cube (which the env then clips) has u(a) = 0 and
 log mu = log(1 - eps) + log pi(a); the stored and re-evaluated action is the unclipped one,
 as in CleanRL. eps = 0 returns log pi bit for bit. `EpsilonGreedy.apply` computes this in C
-(rlpipe/native/slicestats.pyx) with numpy's logaddexp; `mixture_logp` below is the formula in
-numpy, and rlpipe.learner.scaling its torch twin.
+(rlpipe/native/slicestats.pyx) with numpy's logaddexp; tests/test_rl_blocks.py holds the formula
+in numpy and in torch as the reference the kernel is checked against.
 """
 from __future__ import annotations
 
@@ -29,32 +31,6 @@ import numpy as np
 from rlpipe.native.slicestats import explore_mix
 
 LOG2 = math.log(2.0)
-
-
-def uniform_logp(is_cont: np.ndarray, n_valid: np.ndarray, a_cont: np.ndarray | None = None) -> np.ndarray:
-    """log u(a) of the exploration uniform: -log(n_valid) for discrete envs; for continuous
-    envs -d log 2 when the valid dims of a_cont [m, D] lie in [-1, 1], else -inf."""
-    is_cont = np.asarray(is_cont, dtype=bool)
-    n_valid = np.asarray(n_valid, dtype=np.float64)
-    out = -np.log(np.maximum(n_valid, 1.0))
-    if is_cont.any():
-        if a_cont is None:
-            raise ValueError("continuous envs need a_cont to evaluate the uniform density")
-        a = np.asarray(a_cont).reshape(len(is_cont), -1)
-        dims = np.arange(a.shape[1]) < n_valid[:, None]
-        inside = ((np.abs(a) <= 1.0) | ~dims).all(axis=1)
-        out = np.where(is_cont, np.where(inside, -n_valid * LOG2, -np.inf), out)
-    return out
-
-
-def mixture_logp(policy_logp: np.ndarray, epsilon: np.ndarray | float, log_u: np.ndarray) -> np.ndarray:
-    """log((1 - eps) exp(policy_logp) + eps exp(log_u)) in float64; exactly policy_logp
-    where eps == 0."""
-    lp = np.asarray(policy_logp, dtype=np.float64)
-    eps = np.broadcast_to(np.asarray(epsilon, dtype=np.float64), lp.shape)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mixed = np.logaddexp(np.log1p(-eps) + lp, np.log(eps) + np.asarray(log_u, dtype=np.float64))
-    return np.where(eps > 0, mixed, lp)
 
 
 class EpsilonGreedy:

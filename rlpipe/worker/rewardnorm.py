@@ -20,8 +20,9 @@ check against a float64 two-pass reference). The statistics include the step bei
 normalized (update first, then normalize). While a row has fewer than two samples its scale
 is 1 (no spread to divide by yet).
 
-Clip. The normalized reward is clipped to [-clip, clip], default 10.0, the value of
-Gymnasium's `NormalizeReward` / SB3's `VecNormalize(clip_reward=10)`. `clip=None` disables it.
+Clip. The normalized reward is clipped to [-clip, clip] (reward_norm.clip; conf/ sets
+Gymnasium's `NormalizeReward` / SB3's `VecNormalize(clip_reward=10)` value). `clip=None`
+disables it.
 
 State. `state()` packs the statistics as one compact bytes value per worker (for a Redis SET
 every `reward_norm.sync_every` steps, and for checkpoints):
@@ -36,7 +37,6 @@ with a clear message; a restarted worker (same env-id range) restores it.
 """
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Iterable
 
@@ -45,7 +45,6 @@ import numpy as np
 MODES = ("per_env", "global", "off", "per_type", "mean_std")   # index = the state's mode code
 RETURN_MODES = ("per_env", "per_type", "global")
 EPS = 1e-8
-DEFAULT_CLIP = 10.0
 
 _MAGIC = b"RWNS"
 _VERSION = 2
@@ -55,8 +54,10 @@ _HEADER = struct.Struct("<4sBBHII")
 class RewardNormalizer:
     """Running reward statistics for envs [0, n) of one worker (indices are worker-local)."""
 
-    def __init__(self, n: int, mode: str = "per_env", clip: float | None = DEFAULT_CLIP,
-                 gamma: float = 0.99, type_index: np.ndarray | None = None):
+    def __init__(self, n: int, mode: str, clip: float | None, gamma: float,
+                 type_index: np.ndarray | None = None):
+        # mode, clip and gamma have no defaults: a run passes reward_norm.mode, reward_norm.clip
+        # and learner.gamma (conf/ holds their one value).
         if mode not in MODES:
             raise ValueError(f"reward_norm mode must be one of {MODES}, got {mode!r}")
         if n < 1:
@@ -191,11 +192,12 @@ class RewardNormalizer:
         self.count, self.mean, self.m2 = count, mean, m2
 
     @classmethod
-    def from_state(cls, data: bytes, clip: float | None = DEFAULT_CLIP) -> "RewardNormalizer":
-        """A normalizer rebuilt from a state value (the learner uses it for `stats()`)."""
+    def from_state(cls, data: bytes, clip: float | None, gamma: float) -> "RewardNormalizer":
+        """A normalizer rebuilt from a state value (the learner uses it for `stats()`); the state
+        holds statistics only, so clip and gamma are the caller's (reward_norm.clip, learner.gamma)."""
         mode, n, count, mean, m2 = _parse(data)
         layout = np.full(n, len(count) - 1) if mode == "per_type" else None   # only the row count matters
-        obj = cls(n, mode, clip, type_index=layout)
+        obj = cls(n, mode, clip, gamma, type_index=layout)
         obj.count, obj.mean, obj.m2 = count, mean, m2
         return obj
 

@@ -1,10 +1,11 @@
-"""Per-env stability score (numpy only: the worker has no torch), vectorized over a slice of
-envs [lo, hi) of one worker.
+"""Per-env stability score, vectorized over a slice of envs [lo, hi) of one worker: the ring
+buffers are numpy arrays, the statistics and scores are computed by the C kernels of
+rlpipe/native/slicestats.pyx (no torch: the worker does not import it).
 
 Stability score
 ---------------
-Per env, from the last `window` (scaling.window, default 100) rewards and the last
-`episodes` (default 8) episode ends:
+Per env, from the last `window` (scaling.window) rewards and the last `episodes` (default 8)
+episode ends:
 
     s_r = std(r_window) / reward_scale            reward spread against a reference scale
     cv_L = std(L) / mean(L)                        coefficient of variation of episode lengths
@@ -40,19 +41,13 @@ from rlpipe.native.slicestats import tracker_scores, tracker_terms, tracker_upda
 _NO_CUT = np.zeros(0, dtype=np.uint8)     # no cut reported this step
 
 
-def stability_score(reward_spread: np.ndarray, len_cv: np.ndarray, cut_frac: np.ndarray) -> np.ndarray:
-    """score = (1 - c) / (1 + s_r + cv_L), inputs clipped to their domains; float32 in [0, 1]."""
-    s_r = np.maximum(np.nan_to_num(reward_spread, nan=0.0, posinf=1e30), 0.0)
-    cv = np.maximum(np.nan_to_num(len_cv, nan=0.0, posinf=1e30), 0.0)
-    c = np.clip(np.nan_to_num(cut_frac, nan=0.0), 0.0, 1.0)
-    return np.clip((1.0 - c) / (1.0 + s_r + cv), 0.0, 1.0).astype(np.float32)
-
-
 class StabilityTracker:
     """Ring buffers of the last `window` rewards and last `episodes` episode ends per env."""
 
-    def __init__(self, n: int, window: int = 100, episodes: int = 8, min_steps: int | None = None,
+    def __init__(self, n: int, window: int, episodes: int = 8, min_steps: int | None = None,
                  reward_scale: float | np.ndarray = 1.0, neutral: float = 1.0):
+        # window has no default: a run passes scaling.window (conf/ holds its one value); the
+        # others are this module's own constants, no setting of conf/.
         if window < 2 or episodes < 2:
             raise ValueError(f"stability window and episodes must be >= 2, got {window}, {episodes}")
         if not 0.0 <= neutral <= 1.0:
