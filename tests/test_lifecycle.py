@@ -182,7 +182,7 @@ def test_stop_is_idempotent_and_leaves_no_thread(run_dir):
     w.record("env_create", env_id=1)            # queued before start: still written
     w.start()
     client = LifecycleClient(w.endpoint, worker_id=0)
-    client.event("env_close", env_id=1)
+    client.event("env_rebuild", env_id=1)
     client.close()
     client.close()
     t0 = time.monotonic()
@@ -190,7 +190,7 @@ def test_stop_is_idempotent_and_leaves_no_thread(run_dir):
     w.stop()
     assert time.monotonic() - t0 < 3.0
     assert not any(t.name == "lifecycle-writer" for t in threading.enumerate())
-    assert sorted(_rows(w.db_path, "SELECT kind FROM events")) == [("env_close",), ("env_create",)]
+    assert sorted(_rows(w.db_path, "SELECT kind FROM events")) == [("env_create",), ("env_rebuild",)]
     w.record("env_create", env_id=2)             # after stop: counted, not raised
     assert w.dropped == 1
     w.flush()                                    # nothing running: returns at once
@@ -213,15 +213,15 @@ def test_bad_input(run_dir, writer):
     # A buggy sender must not take the log down: bad frames are skipped and counted.
     raw = zmq.Context.instance().socket(zmq.PUSH)
     raw.connect(writer.endpoint)
-    for frame in (b"not json", b"[1, 2]", b'{"kind": "bogus"}', b'{"kind": "env_close", "x": 1}',
-                  b'{"kind": "env_close", "env_id": 5}'):
+    for frame in (b"not json", b"[1, 2]", b'{"kind": "bogus"}', b'{"kind": "env_rebuild", "x": 1}',
+                  b'{"kind": "env_rebuild", "env_id": 5}'):
         raw.send(frame)
     raw.close(linger=1000)
     deadline = time.monotonic() + 5
     while writer.rows_written < 1 and time.monotonic() < deadline:
         writer.flush()
     assert writer.bad_messages == 4
-    assert _rows(writer.db_path, "SELECT kind, env_id FROM events") == [("env_close", 5)]
+    assert _rows(writer.db_path, "SELECT kind, env_id FROM events") == [("env_rebuild", 5)]
 
 
 def test_client_never_blocks_when_writer_is_gone(run_dir):

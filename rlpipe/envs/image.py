@@ -43,8 +43,3 @@ class Resizer:
         if self.identity:
             return np.ascontiguousarray(frame, dtype=np.uint8)
         return frame[self._index].astype(np.uint8, copy=False)
-
-
-def resize_nearest(frame: np.ndarray, out: tuple[int, int, int]) -> np.ndarray:
-    """One-off resize (builds the index arrays each call; keep a Resizer for a stream)."""
-    return Resizer(frame.shape, tuple(out))(frame)

@@ -1,11 +1,12 @@
 """What a lifecycle event is: its kinds, its columns, and the checks the client and the writer share."""
 from __future__ import annotations
 
+# Only kinds that something emits: a kind a reader queries but nothing writes would read as
+# "none happened" forever (a failed reset is an env_crash, the worker reports it as one).
 EVENT_KINDS = frozenset({
-    "env_create", "env_reset_fail", "env_crash", "env_hang", "env_rebuild", "env_quarantine",
-    "env_close", "group_wake", "group_hibernate", "worker_spawn", "worker_exit", "worker_term",
-    "worker_kill", "worker_restart", "redis_restart", "chaos_inject", "worker_ready",
-    "redis_recovered",
+    "env_create", "env_crash", "env_hang", "env_rebuild", "env_quarantine", "group_wake",
+    "worker_spawn", "worker_exit", "worker_term", "worker_kill", "worker_restart", "redis_restart",
+    "chaos_inject", "worker_ready", "redis_recovered",
 })
 
 # summary.json "faults" key -> the event kind it counts.

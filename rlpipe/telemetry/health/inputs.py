@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 RETURN_PREFIX = "charts/episodic_return/"
 MEMORY_TAGS = ("memory/pss_mb", "workers/rss_mb_max", "workers/rss_mb_mean")
-ENV_FAULT_KINDS = ("env_crash", "env_hang", "env_quarantine", "env_reset_fail")
+ENV_FAULT_KINDS = ("env_crash", "env_hang", "env_quarantine")   # a failed reset is an env_crash
 EVAL_HISTORY = "eval/history.jsonl"      # evaluation during training: one line per round
 
 
