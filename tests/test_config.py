@@ -224,6 +224,36 @@ def test_stage_env_count_is_overridable_and_day4_is_the_seed12_mix():
     assert [t.name for t in run_spec(compose_cfg(["+stage=day5", "env_mix=cartpole"])).env_types] == ["cartpole"]
 
 
+def test_day5_composes_to_its_chaos_schedule_and_tightened_heartbeats():
+    """What +stage=day5 runs with, written out: the stage states only what differs from the
+    options it picks (its fault schedule is chaos=on's), and this pins the composed values."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_cfg(["+stage=day5"])
+    got = {k: OmegaConf.to_container(cfg[k]) for k in ("chaos", "heartbeat", "groups", "buffer")}
+    assert got == {
+        "chaos": {"kill_worker_every_s": 30.0, "stop_worker_every_s": 45.0, "kill_redis_at_s": 20.0},
+        "heartbeat": {"signal_interval_s": 0.5, "redis_interval_s": 1.0, "scan_interval_s": 2.0,
+                      "timeout_s": 10.0, "term_grace_s": 2.0, "startup_timeout_s": 300.0},
+        "groups": {"size": 70, "hot": 4, "wake_after_steps": 20, "wake_batch": 4, "wake_growth": 2.0,
+                   "cgroup": "auto", "dormant_cpu_pct": 1.0, "dormant_mem_mb": 512},
+        "buffer": {"sync": "seqlock", "sizing": "fixed",
+                   "keys": {"rgb": {"shape": [64, 64, 3], "dtype": "uint8"},
+                            "state": {"shape": [32], "dtype": "float32"},
+                            "vector": {"shape": [16], "dtype": "float32"}}}}
+    assert all(type(v) is float for v in got["chaos"].values())
+    assert (cfg.stage, cfg.env_count, cfg.worker.step_timeout_s, cfg.logging.aggregate_interval_s,
+            cfg.learner.update_envs, cfg.learner.minibatch_size, cfg.run.duration_s,
+            cfg.run.total_env_steps) == ("day5", 1000, 2.0, 15.0, 256, 2048, 180.0, None)
+    assert list(cfg.env_mix.weights) == ["cartpole", "acrobot", "pendulum", "mountaincar_cont",
+                                         "lunar_lander", "bullet_reacher", "atari", "minigrid",
+                                         "unity_sim", "physics_sim", "web_sim", "faulty"]
+    faulty, web = cfg.env_mix.types.faulty, cfg.env_mix.types.web_sim
+    assert (faulty.reset_error_rate, faulty.step_error_rate, faulty.render_error_rate,
+            faulty.violation_rate) == (0.05, 0.01, 0.002, 0.002)
+    assert (web.hang_rate, web.hang_s, web.hang_raises) == (0.002, None, False)
+
+
 def test_over_budget_config_is_refused_with_the_arithmetic(short_tmp):
     out = run_cli(short_tmp / "run", "+stage=day4", "buffer=seed", "learner.rollout_len=64", timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
