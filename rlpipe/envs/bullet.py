@@ -142,19 +142,21 @@ class ClientPool:
 
 @dataclass(frozen=True)
 class ReacherParams:
-    arms_per_client: int = 16        # arms sharing one DIRECT client (~30 MB each)
-    spacing: float = 4.0             # metres between arms of a client
-    max_steps: int = 200
-    dt: float = 0.05                 # simulated seconds per env step
-    substeps: int = 4
-    torque_scale: float = 20.0       # torque per unit action, times the joint's inertia M_jj
-    damping: float = 2.0             # joint damping, 1/s
-    max_velocity: float = 2.0        # rad/s
-    success_radius: float = 0.05     # metres
-    success_bonus: float = 1.0
-    ctrl_cost: float = 0.01
-    render_rgb: bool = False         # add an rgb obs (TinyRenderer, ~10-40 ms a frame)
-    rgb_shape: tuple | list | None = None   # the board's rgb shape (null: 64x64x3)
+    """The parameters of conf/env/bullet_reacher.yaml, checked. No defaults: the YAML node is
+    their one home (what each means is said there)."""
+    arms_per_client: int
+    spacing: float
+    max_steps: int
+    dt: float
+    substeps: int
+    torque_scale: float              # times the joint's inertia M_jj
+    damping: float
+    max_velocity: float
+    success_radius: float
+    success_bonus: float
+    ctrl_cost: float
+    render_rgb: bool
+    rgb_shape: tuple | list | None   # null: 64x64x3
 
     def __post_init__(self):
         object.__setattr__(self, "rgb_shape", as_rgb_shape(self.rgb_shape) or (64, 64, 3))

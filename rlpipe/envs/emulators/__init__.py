@@ -3,15 +3,15 @@ web_sim, faulty, one module each, on a shared base (base.py).
 
 Each does real work (renders real pixels, integrates real dynamics, builds and parses real
 pages, allocates real memory); the trouble it emulates is on top of that work, and every rate,
-latency and scale is a constructor parameter, i.e. config (conf/env/<type>.yaml). Defaults are
-light: thousands of these must fit on one machine.
+latency and scale is a constructor parameter with no default: its one value is in
+conf/env/<type>.yaml, and those values are light (thousands of these must fit on one machine).
 
 - UnitySim: slow warm-up (procedural texture baking for `warmup_ms` of CPU time at build),
   an rgb render of a point-mass navigation scene every step, and slow memory growth
   (`leak_bytes_per_step`, touched pages, capped at `leak_max_mb`). obs: rgb + state.
 - PhysicsSim: a spring-mass chain with heavy-tailed step latency (Lomax/Pareto-II around
   `latency_base_ms`, capped at `latency_max_ms`, filled with constraint-solver iterations) and
-  rewards in [-reward_scale, +reward_scale] (default +-100). obs: state + vector.
+  rewards in [-reward_scale, +reward_scale] (+-100 in conf/). obs: state + vector.
 - WebSim: navigating a generated site by clicking links; each step renders and regex-parses
   an HTML page into hashed features; with probability `hang_rate` a step blocks on a socket
   that never answers for `hang_s` seconds (null: until the env is closed). obs: vector.

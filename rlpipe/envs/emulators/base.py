@@ -1,5 +1,5 @@
 """What the four emulators share: parameter checks, the Emulator base class (parameters in a
-frozen dataclass, so bad ones fail at plan time)."""
+frozen dataclass without defaults, so missing or bad ones fail at plan time)."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +26,9 @@ def check_posint(name: str, value: int) -> int:
 
 
 class Emulator(EnvInterface):
-    """Parameters live in a frozen dataclass `Params` (unknown or bad ones are errors at plan
-    time, through describe)."""
+    """Parameters live in a frozen dataclass `Params` whose fields have no defaults (the type's
+    conf/env node sets each): unknown, missing or bad ones are errors at plan time, through
+    describe."""
     Params: type
 
     def __init__(self, env_id: int, seed: int, **params):

@@ -21,17 +21,19 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class FaultyParams:
-    state_dim: int = 8                    # 0: no state key
-    vector_dim: int = 0                   # 0: no vector key
-    rgb_shape: tuple | list | None = None # null: no rgb key (no render)
-    action_kind: str = "discrete"         # discrete | continuous
-    action_n: int = 4
-    max_steps: int = 200
-    reset_error_rate: float = 0.02        # reset raises
-    step_error_rate: float = 0.002        # step raises
-    render_error_rate: float = 0.002      # rendering the rgb obs raises (reset and step)
-    violation_rate: float = 0.002         # step returns a contract violation
-    violations: tuple | list = ("shape", "dtype", "nan")   # kinds drawn from, uniformly
+    """The parameters of conf/env/faulty.yaml, checked. No defaults: the YAML node is their one
+    home (what each means is said there)."""
+    state_dim: int                        # 0: no state key
+    vector_dim: int                       # 0: no vector key
+    rgb_shape: tuple | list | None        # null: no rgb key (no render)
+    action_kind: str                      # discrete | continuous
+    action_n: int
+    max_steps: int
+    reset_error_rate: float
+    step_error_rate: float
+    render_error_rate: float              # reset and step both render
+    violation_rate: float
+    violations: tuple | list              # kinds drawn from, uniformly
 
     def __post_init__(self):
         if self.state_dim < 0 or self.vector_dim < 0:

@@ -14,14 +14,16 @@ from rlpipe.envs.emulators.base import Emulator, check_nonneg, check_posint
 
 @dataclass(frozen=True)
 class PhysicsParams:
-    n_masses: int = 6                 # chain length; state is 2 * n_masses, vector n_masses + 2
-    substeps: int = 4                 # integration substeps per env step
-    dt: float = 0.02                  # seconds of simulated time per env step
-    reward_scale: float = 100.0       # rewards lie in [-reward_scale, +reward_scale]
-    latency_base_ms: float = 0.2      # step latency: base * (1 + Lomax(alpha)), heavy-tailed
-    latency_alpha: float = 1.5        # tail index (smaller: heavier tail; mean needs > 1)
-    latency_max_ms: float = 50.0      # cap on one step's latency
-    max_steps: int = 500
+    """The parameters of conf/env/physics_sim.yaml, checked. No defaults: the YAML node is their
+    one home (what each means is said there)."""
+    n_masses: int                     # chain length; state is 2 * n_masses, vector n_masses + 2
+    substeps: int
+    dt: float
+    reward_scale: float
+    latency_base_ms: float
+    latency_alpha: float              # the mean latency needs > 1
+    latency_max_ms: float
+    max_steps: int
 
     def __post_init__(self):
         check_posint("n_masses", self.n_masses)

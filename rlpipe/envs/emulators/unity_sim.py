@@ -51,12 +51,14 @@ def _value_noise(rng: np.random.Generator, h: int, w: int, cells: int) -> np.nda
 
 @dataclass(frozen=True)
 class UnityParams:
-    rgb_shape: tuple | list | None = None   # the board's rgb shape (null: 64x64x3)
-    warmup_ms: float = 250.0                # CPU time spent baking textures at build
-    leak_bytes_per_step: int = 256          # memory growth per step (0: none)
-    leak_max_mb: float = 2.0                # growth stops here (a rebuild frees it)
-    max_steps: int = 300                    # truncation
-    success_radius: float = 0.1             # reaching the target ends the episode
+    """The parameters of conf/env/unity_sim.yaml, checked. No defaults: the YAML node is their
+    one home (what each means is said there)."""
+    rgb_shape: tuple | list | None          # null: DEFAULT_RGB
+    warmup_ms: float
+    leak_bytes_per_step: int
+    leak_max_mb: float
+    max_steps: int
+    success_radius: float
 
     def __post_init__(self):
         object.__setattr__(self, "rgb_shape", as_rgb_shape(self.rgb_shape) or DEFAULT_RGB)

@@ -23,14 +23,16 @@ _WORD = re.compile(r"[a-z]{3,}")
 
 @dataclass(frozen=True)
 class WebParams:
-    n_pages: int = 32                 # pages on the generated site
-    n_links: int = 5                  # links per page = discrete actions
-    vector_dim: int = 16              # obs vector: hashed page features + 4 navigation values
-    page_kb: float = 2.0              # approximate size of each rendered page
-    max_steps: int = 50
-    hang_rate: float = 0.0005         # probability that a step blocks (a hung page load)
-    hang_s: float | None = 2.0        # how long it blocks; null: until the env is closed
-    hang_raises: bool = False         # after the block: raise TimeoutError (true) or go on
+    """The parameters of conf/env/web_sim.yaml, checked. No defaults: the YAML node is their one
+    home (what each means is said there)."""
+    n_pages: int
+    n_links: int                      # links per page = discrete actions
+    vector_dim: int                   # hashed page features + 4 navigation values
+    page_kb: float
+    max_steps: int
+    hang_rate: float
+    hang_s: float | None              # null: until the env is closed
+    hang_raises: bool
 
     def __post_init__(self):
         for name in ("n_pages", "n_links", "max_steps"):
