@@ -23,16 +23,17 @@ Caches are warm here (one slice, stepped over and over). In the engine, 100 work
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import time
 
 import gymnasium as gym
 import numpy as np
+from hydra import compose, initialize_config_dir
 
+from rlpipe.config import conf_dir, register_schema, run_spec
 from rlpipe.spec import ObsKey
-from rlpipe.envs.classic import GymnasiumEnv
+from rlpipe.envs.registry import describe, make_factory
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy
 from rlpipe.worker.rewardnorm import RewardNormalizer
@@ -52,25 +53,33 @@ def per_step_us(fn, steps: int) -> float:
     return statistics.median(times) / steps * 1e6
 
 
-def make_table(n: int) -> tuple[EnvTable, dict]:
-    spec = GymnasiumEnv.describe("CartPole-v1")
+def day4_spec():
+    """The run spec of `+stage=day4 env_mix=cartpole`: the cartpole node the envs are built from
+    (conf/env/cartpole.yaml, as a run builds them) and day4's scaling and reward normalization."""
+    register_schema()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return run_spec(compose(config_name="config", overrides=["+stage=day4", "env_mix=cartpole"]))
+
+
+def make_table(n: int, node: dict) -> tuple[EnvTable, dict]:
     keys = (ObsKey("state", (8,), "float32"),)
     staging = [np.zeros((n, 8), np.float32)]
-    table = EnvTable(0, np.zeros(n, np.int16), ("cartpole",), (spec,),
-                     [functools.partial(GymnasiumEnv, id="CartPole-v1")], keys, staging, 0)
+    table = EnvTable(0, np.zeros(n, np.int16), ("cartpole",), (describe(node),),
+                     [make_factory(node)], keys, staging, 0)
     for i in range(n):
         table.start(i)
     return table, {name: np.zeros(n, dtype) for name, dtype in RESULT_FIELDS}
 
 
-def ppo_bookkeeping(n: int, rounds: int, rng: np.random.Generator):
+def ppo_bookkeeping(n: int, rounds: int, rng: np.random.Generator, spec):
     """A loop of `rounds` slices' PPO-mode bookkeeping, as Worker.step_slice calls it, on
     CartPole-like data: exploration rates of up to 0.1, rewards of 1 with an episode end now
     and then, the tracker's window full."""
     explore = EpsilonGreedy(np.zeros(n, dtype=bool), np.full(n, 2), seed=1)
     explore.set_epsilon(rng.uniform(0.0, 0.1, n))
-    rnorm = RewardNormalizer(n, "per_env", 10.0, 0.99, np.zeros(n, dtype=np.int64))
-    tracker = StabilityTracker(n, window=100)
+    rnorm = RewardNormalizer(n, spec.reward_norm.mode, spec.reward_norm.clip, spec.learner.gamma,
+                             np.zeros(n, dtype=np.int64))
+    tracker = StabilityTracker(n, window=spec.scaling.window)
     a = rng.integers(0, 2, n).astype(np.int32)
     a_cont = np.zeros((n, 1), np.float32)
     logp = rng.normal(-0.7, 0.1, n).astype(np.float32)
@@ -102,6 +111,8 @@ def main() -> None:
     disc = rng.integers(0, 2, n).astype(np.int32)
     cont = np.zeros((n, 1), np.float32)
     results = {}
+    spec = day4_spec()
+    node = spec.env_types[0].node
 
     envs = [gym.make("CartPole-v1", disable_env_checker=True) for _ in range(n)]
     for i, e in enumerate(envs):
@@ -115,7 +126,8 @@ def main() -> None:
                     e.reset()
     results["gym"] = per_step_us(gym_loop, steps)
 
-    adapters = [GymnasiumEnv("CartPole-v1", env_id=i, seed=i) for i in range(n)]
+    factory = make_factory(node)
+    adapters = [factory(env_id=i, seed=i) for i in range(n)]
     for i, a in enumerate(adapters):
         a.reset(i)
     actions = disc.tolist()
@@ -128,11 +140,11 @@ def main() -> None:
                     env.reset(i)
     results["adapter"] = per_step_us(adapter_loop, steps)
 
-    table, out = make_table(n)
+    table, out = make_table(n, node)
     results["table_python"] = per_step_us(
         lambda: [table.step_range(0, n, disc, cont, out) for _ in range(rounds)], steps)
     for threads, name in ((1, "stepper_inline"), (2, "stepper_pool")):
-        table, out = make_table(n)
+        table, out = make_table(n, node)
         stepper = Stepper(table, threads, 30.0, out)
         results[name] = per_step_us(
             lambda: [stepper.step(0, n, table.actions(0, n, disc, cont)) for _ in range(rounds)], steps)
@@ -144,7 +156,7 @@ def main() -> None:
     results["sync_vector_env"] = per_step_us(lambda: [sync.step(disc) for _ in range(rounds)], steps)
     sync.close()
 
-    results["ppo_bookkeeping"] = per_step_us(ppo_bookkeeping(n, rounds, rng), steps)
+    results["ppo_bookkeeping"] = per_step_us(ppo_bookkeeping(n, rounds, rng, spec), steps)
 
     for name, us in results.items():
         print(f"{name:>16}: {us:6.2f} µs per env-step", flush=True)
