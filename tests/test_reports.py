@@ -190,7 +190,7 @@ def test_health_report_of_synthetic_run(synthetic_run: Path):
     assert "2 event file(s)" in md
     # faults: summary vs lifecycle rows, groups from env_create
     assert "| `env_crashes` | 3 | 3 |" in md
-    assert "| 0 | 4 | cartpole×4 | 2 | 1 | 3 | 0 | 1 | 0 |" in md
+    assert "| 0 | 4 | cartpole×4 | 2 | 1 | 3 | 0 | 1 |\n" in md      # crash, hang, quarantine
     assert "| `exited` | 1 |" in md and "| `heartbeat` | 1 |" in md
     # chaos recovery
     assert "injected: 4, recovered: 3, unrecovered: 1" in md
