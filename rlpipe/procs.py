@@ -1,11 +1,15 @@
 """Is a process alive? One answer for every caller (sweeps, workers watching their driver,
-checkpoint temp files): a zombie is not alive. And how much CPU has a process used?"""
+checkpoint temp files): a zombie is not alive. How much CPU has a process used? And the one
+way a child of the run asks to die with its parent."""
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PR_SET_PDEATHSIG = 1
 
 
 def pid_alive(pid: int) -> bool:
@@ -44,3 +48,14 @@ def parent_pid(pid: int) -> int | None:
     """The parent's pid of a live process (None when it is gone)."""
     fields = _stat_fields(pid)
     return int(fields[1]) if fields else None
+
+
+def die_with_parent() -> None:
+    """In a child, first thing: SIGKILL from the kernel when its parent goes, however it goes
+    (a driver killed with -9 runs no teardown). The parent is the thread that forked it: for
+    the driver's children that is its main thread; under forkserver, the forkserver, which
+    exits when the driver does. Without prctl (not Linux) nothing is asked."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass

@@ -24,6 +24,7 @@ import numpy as np
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
+from rlpipe.procs import die_with_parent
 
 RESULT_FILE = "random_returns.json"
 
@@ -93,7 +94,11 @@ def _close(env) -> None:
 
 
 def measure_all(nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int) -> None:
-    """Child-process entry: every type in turn, the file rewritten (atomically) after each."""
+    """Child-process entry: every type in turn, the file rewritten (atomically) after each.
+    A driver killed with -9 cannot stop it, so it dies with its parent (the forkserver, which
+    exits with the driver): else it would play on for minutes and write into the run dir
+    beside the run that a supervisor restarted there."""
+    die_with_parent()
     try:
         os.nice(19)
     except OSError:
@@ -136,8 +141,8 @@ def verdict(last_returns, first_returns, episodes: int, random: dict | None, win
 
 
 def start(ctx, nodes: dict[str, dict], run_dir: Path, episodes: int, budget_s: float, seed: int):
-    """The measuring child process (a daemon: it never outlives the driver), or None when
-    `episodes` is 0."""
+    """The measuring child process (a daemon: a clean exit stops it; a killed driver's dies
+    with it, see `measure_all`), or None when `episodes` is 0."""
     if episodes <= 0:
         return None
     proc = ctx.Process(target=measure_all, args=(nodes, str(run_dir), episodes, budget_s, seed),
