@@ -208,8 +208,8 @@ class ChaosSpec(_Section):
     kill_worker_every_s: Optional[float] = setting(positive_or_null)
     stop_worker_every_s: Optional[float] = setting(positive_or_null)
     kill_redis_at_s: Optional[float] = setting(positive_or_null)
-    # the driver's loop blocks for good this far into a run that did not resume (the stall
-    # detector's test: a resumed run must not freeze again, or a supervisor could never finish it)
+    # the driver's loop blocks for good this long after its first served step, in a run that did
+    # not resume (the stall detector's test: a resumed run must not freeze again)
     freeze_driver_at_s: Optional[float] = setting(positive_or_null)
 
     @property

@@ -5,10 +5,12 @@ injection is a lifecycle row (`chaos_inject`) so recovery can be checked against
 - stop_worker_every_s: SIGSTOP a random awake worker and leave it stopped (the watchdog must
   notice the silence and replace it);
 - kill_redis_at_s: SIGKILL the embedded redis-server once, this many seconds into the run;
-- freeze_driver_at_s: the driver's own loop blocks for good this many seconds into the run
-  (`freeze_driver`, called by the loop), for the stall detector (rlpipe.supervisor.stall) to
-  find. Only in a run that did not resume: the restarted run a supervisor starts with the
-  same command line continues from the checkpoint instead of freezing again.
+- freeze_driver_at_s: the driver's own loop blocks for good this many seconds after it served
+  its first env step (`freeze_driver`, called by the loop), for the stall detector
+  (rlpipe.supervisor.stall) to find. Counted from the first step, not from the start, so a
+  test can count on its checkpoints on a loaded machine too. Only in a run that did not
+  resume: the restart a supervisor makes with the same command line continues from the
+  checkpoint instead of freezing again.
 
 Injections stop when less of the run is left than the watchdog needs to notice and heal a
 fault (timeout + grace + two scans) plus the longest a worker of this run has taken from its

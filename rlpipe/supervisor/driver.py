@@ -170,15 +170,17 @@ class Driver:
             return True
         return bool(spec.run.duration_s and now - self.t0 >= spec.run.duration_s)
 
-    def _freeze_at(self) -> float | None:
-        """When chaos.freeze_driver_at_s freezes the loop: never in a resumed run."""
+    def _freeze_at(self, first_served: float) -> float | None:
+        """When chaos.freeze_driver_at_s freezes the loop: counted from its first served step
+        (start-up on a loaded machine takes from a few to tens of seconds, and the freeze is
+        for a loop that serves); never in a resumed run."""
         at = self.spec.chaos.freeze_driver_at_s
-        return None if at is None or self.checkpoints.resumed_from_step else self.t0 + at
+        return None if at is None or self.checkpoints.resumed_from_step else first_served + at
 
     def loop(self) -> None:
         spec, learner, fleet, metrics, marks = self.spec, self.learner, self.fleet, self.metrics, self.marks
         held: list[SliceRef] = []      # rings waiting while the learner is backlogged
-        freeze_at = self._freeze_at()
+        freeze_at = None
         with Progress(spec.logging.progress_interval_s, spec.run.total_env_steps, spec.run.duration_s,
                       self.run_dir / "lifecycle.sqlite") as progress:
             while self.stop_signal is None:
@@ -223,6 +225,8 @@ class Driver:
                 if refs:
                     marks.phase = "serving inference"
                     learner.serve(refs)
+                    if not marks.serving:
+                        freeze_at = self._freeze_at(now)
                     marks.served_at, marks.serving = now, True
                     if metrics.all_ready_at is None and fleet.all_slices_stepped:
                         # after the serve that counted them: never before the learner's first step

@@ -145,11 +145,21 @@ def dump_stacks(path: Path, header: str) -> None:
         faulthandler.dump_traceback(f, all_threads=True)
 
 
+def _ours_to_kill(proc: psutil.Process) -> bool:
+    """Every descendant but multiprocessing's resource tracker: it exits by itself when this
+    process does (its pipe closes), and killed first it would be relaunched by the next
+    multiprocessing call of a loop that is slow rather than stuck."""
+    try:
+        return "multiprocessing.resource_tracker" not in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 def kill_children() -> None:
     """SIGKILL every descendant of this process: Redis, the forkserver, its workers, the
-    random-return probe, multiprocessing's resource tracker. psutil reads /proc: no lock of ours."""
+    random-return probe. psutil reads /proc: no lock of ours."""
     for _ in range(KILL_PASSES):
-        children = psutil.Process().children(recursive=True)
+        children = [c for c in psutil.Process().children(recursive=True) if _ours_to_kill(c)]
         if not children:
             return
         for child in children:
@@ -164,12 +174,13 @@ def emergency_cleanup(run_id: str, sock_dir: Path | None, run_dir: Path,
                       cgroup_cleanup: Callable[[], None] | None) -> None:
     """What the teardown would remove, without it: processes first (nothing may recreate a
     segment or socket after), then segments, sockets, the multiprocessing temp dir and the
-    cgroups. Each step guarded: one failure must not keep the rest."""
-    steps = [kill_children,
-             lambda: [(SHM_DIR / name).unlink(missing_ok=True) for name in run_segments(run_id)],
-             lambda: remove_sockets(sock_dir, run_dir),
-             remove_mp_temp_dir,
-             cgroup_cleanup or (lambda: None)]
+    cgroups. Each step guarded: one failure must not keep the rest. A loop that is slow rather
+    than stuck may start a worker meanwhile: processes and segments are swept once more last
+    (a child started after that still dies with this process, PR_SET_PDEATHSIG, and the next
+    run's start-up sweeps segments and socket dirs of dead drivers)."""
+    unlink_segments = lambda: [(SHM_DIR / name).unlink(missing_ok=True) for name in run_segments(run_id)]  # noqa: E731
+    steps = [kill_children, unlink_segments, lambda: remove_sockets(sock_dir, run_dir), remove_mp_temp_dir,
+             cgroup_cleanup or (lambda: None), kill_children, unlink_segments]
     for step in steps:
         try:
             step()
