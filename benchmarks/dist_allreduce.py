@@ -36,7 +36,7 @@ def _spec(overrides):
 def _policy(spec):
     from rlpipe.envs.registry import plan_mix
     from rlpipe.learner.policy import Policy
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     lc = spec.learner
     return plan, Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
 

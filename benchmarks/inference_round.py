@@ -60,7 +60,7 @@ def main() -> None:
     register_schema()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         spec = run_spec(compose(config_name="config", overrides=args.overrides))
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     lc = spec.learner
     torch.set_num_threads(lc.torch_threads)
     rng = np.random.default_rng(0)

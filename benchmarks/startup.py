@@ -59,7 +59,7 @@ with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
     cfg = compose(config_name="config", overrides=json.loads(sys.argv[1]))
 spec = run_spec(cfg)
 t0 = time.perf_counter()
-plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)   # as the driver plans the run
+plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)   # as the driver plans the run
 for m in preload_modules(spec.env_types):
     importlib.import_module(m)
 t1 = time.perf_counter()

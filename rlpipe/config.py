@@ -6,14 +6,15 @@ same dataclasses (`OmegaConf.to_object`): plain Python objects, so no hot loop t
 OmegaConf. Each dataclass checks its values in `__post_init__` (the check of a single value is
 declared beside its field with `setting(...)`; checks across fields follow it) and raises
 ConfigError with one paragraph naming the key and what is allowed. Values derived from
-several keys (the env types, the obs keys, `worker.slices` resolved from `auto`, the CPUs of
-`worker.cpu_affinity`) are computed there once.
+several keys (the env types and their names, the obs keys, `worker.slices` resolved from
+`auto`, the CPUs of `worker.cpu_affinity`) are computed there once.
 
 Defaults live in `conf/` only: a field's default is MISSING, so a key that no YAML file sets
 is an error when the spec is built instead of silently taking a second, Python-side default.
-The two exceptions are keys that only some files set: `env_mix.id` (only env_mix=gym names an
-id) and the dtype of a buffer key added on the command line. tests/test_conf_keys.py checks
-this, and that every key in `conf/` is read by some code.
+The exceptions are keys that only some files set: `env_mix.id` and `env_mix.name` (only
+env_mix=gym names an id, and a type after it) and the dtype of a buffer key added on the
+command line. tests/test_conf_keys.py checks this, and that every key in `conf/` is read by
+some code.
 
 The dataclasses are not frozen: OmegaConf makes a frozen dataclass's node read-only, and Hydra
 could then not merge the YAML files and command-line overrides into the schema. Code treats
@@ -34,7 +35,7 @@ from rlpipe import config_checks as checks
 from rlpipe.config_checks import (count, fail, fifo, fraction_of_ranks, one_of, positive, positive_int,
                                   positive_int_or_null, positive_ints, positive_or_null, redis_url, run_checks,
                                   setting, step_size, unit_interval, unit_intervals)
-from rlpipe.spec import OBS_DTYPES, OBS_KEYS, ConfigError, EnvTypeSpec, ObsKey  # noqa: F401 (re-exported)
+from rlpipe.spec import BOARD_SIZINGS, OBS_DTYPES, OBS_KEYS, ConfigError, EnvTypeSpec, ObsKey  # noqa: F401 (re-exported)
 from rlpipe.worker.rewardnorm import MODES as REWARD_NORM_MODES
 
 
@@ -63,9 +64,11 @@ class BufferKeySpec:
 
 @dataclass
 class BufferSpec(_Section):
-    """The board: obs keys (checked with the whole spec, which derives `obs_keys`) and sync."""
+    """The board: obs keys (checked with the whole spec, which derives `obs_keys`: the configured
+    keys; under sizing=auto the run's plan grows them to the mix, rlpipe/envs/sizing.py) and sync."""
     _key = "buffer"
     sync: str = setting(one_of("seqlock", "lock"))      # seqlock | lock (mutex per env, ablation)
+    sizing: str = setting(one_of(*BOARD_SIZINGS))       # auto: keys grown to the mix at plan time | fixed
     keys: dict[str, BufferKeySpec] = MISSING
 
 
@@ -75,6 +78,7 @@ class EnvMixSpec:
     types: dict[str, Any] = MISSING  # each type's env config node, passed to its constructor
     weights: dict[str, float] = MISSING
     id: Optional[str] = None         # env_mix=gym: the Gymnasium id to run (no other mix has one)
+    name: Optional[str] = None       # env_mix=gym: the type's name (null: after the id)
 
 
 @dataclass
@@ -244,6 +248,9 @@ class LoggingSpec(_Section):
     aggregate_interval_s: float = setting(positive)
     random_return_episodes: int = setting(count)       # random-action episodes per type (0: none)
     random_return_budget_s: float = setting(positive)  # ... and the most seconds spent on one type
+    resources_interval_s: float = setting(positive)    # the least seconds between two resource samples
+    long_run_min_s: float = setting(positive)          # a loop this long gets the long-run verdict
+    project_to_s: Optional[float] = setting(positive_or_null)   # the verdict's horizon (null: run.duration_s)
 
 
 @dataclass
@@ -258,8 +265,9 @@ class DistSpec(_Section):
 @dataclass
 class RunSpec(_Section):
     """Everything a run needs. Derived on construction, beside the fields:
-    `env_types` (EnvTypeSpec per weighted type of env_mix), `obs_keys` (ObsKey per buffer key,
-    in board order) and `worker.slices` resolved to an int."""
+    `env_types` (EnvTypeSpec per weighted type of env_mix; the type running env_mix.id named
+    after it), `obs_keys` (ObsKey per buffer key, in board order, before sizing=auto grows
+    them) and `worker.slices` resolved to an int."""
     env_mix: EnvMixSpec = MISSING
     buffer: BufferSpec = MISSING
     groups: GroupsSpec = MISSING
@@ -280,7 +288,8 @@ class RunSpec(_Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.env_types = checks.env_types(self.env_mix.types, self.env_mix.weights)
+        self.env_types = checks.named_after_id(checks.env_types(self.env_mix.types, self.env_mix.weights),
+                                               self.env_mix.id, self.env_mix.name)
         if self.env_count < len(self.env_types):
             fail("env_count", self.env_count,
                  f"allowed is at least one env per type ({len(self.env_types)} types)")
@@ -297,7 +306,11 @@ def register_schema() -> None:
 
 def run_spec(cfg: DictConfig) -> RunSpec:
     """The composed config as a checked RunSpec (raises ConfigError, or OmegaConf's error for a
-    wrong type). A config read back from a file (a run's .hydra/config.yaml) is typed first."""
+    wrong type). A config read back from a file (a run's .hydra/config.yaml) is typed first
+    (a run's from before buffer.sizing gets `fixed`, the board it ran on)."""
     if OmegaConf.get_type(cfg) is not RunSpec:
         cfg = OmegaConf.merge(OmegaConf.structured(RunSpec), cfg)
+        if OmegaConf.is_missing(cfg.buffer, "sizing"):
+            # saved before buffer.sizing existed: every board then was used as written
+            cfg.buffer.sizing = "fixed"
     return OmegaConf.to_object(cfg)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import field, fields
+import re
+from dataclasses import field, fields, replace
 from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
@@ -178,6 +179,52 @@ def env_types(types: dict, weights: dict) -> tuple[EnvTypeSpec, ...]:
     if unused:
         log.info("env_mix: overrides for types not in this mix left out: %s", ", ".join(unused))
     return tuple(specs)
+
+
+# A type's name is a TensorBoard tag part (charts/episodic_return/<type>), a key of summary.json
+# and of the hparams, a file name (eval/<type>.mp4), a markdown table cell and an item of
+# `rlpipe.eval --types a,b`. Letters, digits and `_ - .` are safe in all of them (TensorBoard
+# keeps them as they are); `/` would nest a tag and a path, `,` split --types, `|` a table row.
+TYPE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+TYPE_NAME_ALLOWED = "a name of 1 to 64 letters, digits, '_', '-' and '.' that starts with a letter"
+
+
+def id_type_name(gym_id: str) -> str:
+    """The type name a Gymnasium id gives: the id without the module that registers it
+    (`flappy_bird_gymnasium:FlappyBird-v0` -> `FlappyBird-v0`) and without its namespace
+    (`ALE/Pong-v5` -> `Pong-v5`: a `/` would nest TensorBoard tags and file paths)."""
+    return gym_id.rpartition(":")[2].rpartition("/")[2]
+
+
+def named_after_id(types: tuple[EnvTypeSpec, ...], gym_id: Optional[str],
+                   name: Optional[str]) -> tuple[EnvTypeSpec, ...]:
+    """The mix's types, the one running env_mix.id (its node's `id` is that id: env_mix=gym's
+    `gym`) renamed after the id, or to env_mix.name when given, so that the charts, summaries
+    and reports of two ids differ. Its key under env_mix.types stays where it is configured."""
+    running = [t for t in types if gym_id is not None and t.node.get("id") == gym_id]
+    if not running:
+        if name is not None:
+            fail("env_mix.name", name, "allowed only with a Gymnasium id to name (env_mix=gym "
+                 "env_mix.id=<Id>); it names the type that runs that id, null keeps the id's name")
+        return types
+    if len(running) > 1:
+        fail("env_mix.id", gym_id, "allowed is an id that one type of the mix runs; here "
+             + ", ".join(t.name for t in running) + " all run it, and each needs a name of its own")
+    if name is not None:
+        if not isinstance(name, str) or not TYPE_NAME.fullmatch(name):
+            fail("env_mix.name", name, f"allowed is {TYPE_NAME_ALLOWED} (it names the type in "
+                 "TensorBoard tags, summary.json keys and file names), or null for the id's name")
+        key, value, new = "env_mix.name", name, name
+    else:
+        key, value, new = "env_mix.id", gym_id, id_type_name(gym_id)
+        if not TYPE_NAME.fullmatch(new):
+            fail(key, gym_id, f"allowed is an id whose name ({new!r}, the part after ':' and "
+                 f"'/') is {TYPE_NAME_ALLOWED}; or name the type yourself with env_mix.name=<name>")
+    others = [t.name for t in types if t is not running[0]]
+    if new in others:
+        fail(key, value, f"allowed is a type name ({new!r} here) that no other type of the mix has ("
+             + ", ".join(others) + "); name the type with env_mix.name=<name>")
+    return tuple(replace(t, name=new, conf_key=t.name) if t is running[0] else t for t in types)
 
 
 def slices(value: Any, env_count: int, group_size: int) -> int:

@@ -75,3 +75,17 @@ def exit_when_gone(pid: int, interval_s: float = 1.0) -> None:
             time.sleep(interval_s)
         os._exit(0)
     threading.Thread(target=watch, name="exit-when-driver-gone", daemon=True).start()
+
+
+def thread_count(pid: int) -> int:
+    """Threads of a live process (0 when it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[17]) if fields else 0
+
+
+def open_fd_count(pid: int) -> int:
+    """Open file descriptors of a live process of ours (0 when it is gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0

@@ -12,6 +12,7 @@ import numpy as np
 
 OBS_KEYS = ("rgb", "state", "vector")
 OBS_DTYPES = ("uint8", "float32")
+BOARD_SIZINGS = ("auto", "fixed")   # buffer.sizing: grown to the mix (rlpipe/envs/sizing.py) | as configured
 
 
 class ConfigError(ValueError):
@@ -32,6 +33,12 @@ class ObsKey:
 
 @dataclass(frozen=True)
 class EnvTypeSpec:
-    name: str
+    name: str           # in charts, summary.json, reports (env_mix=gym: after its id, or env_mix.name)
     weight: float
     node: dict          # the type's config node, _target_/_partial_ included (for instantiate)
+    conf_key: str = ""  # its key under env_mix.types where that is not `name` (env_mix=gym's `gym`)
+
+    @property
+    def conf_path(self) -> str:
+        """Where the type is configured, for messages that tell the user what to change."""
+        return f"env_mix.types.{self.conf_key or self.name}"

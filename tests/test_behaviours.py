@@ -178,7 +178,7 @@ def test_export_loads_weights_only_and_acts_on_the_declared_spec(chaos_run):
     payload = torch.load(run_dir / "export" / "policy.pt", weights_only=True)
     compat = payload["compat"]
     spec = run_spec(OmegaConf.create(payload["config_yaml"]))
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     assert compat["types"] == list(plan.names)
     assert compat["obs_keys"] == [[k.name, list(k.shape), k.dtype] for k in plan.obs_keys]
     policy = Policy(plan, plan.obs_keys, tuple(compat["hidden"]), tuple(compat["cnn"][:3]), compat["cnn"][3])

@@ -18,11 +18,12 @@ from rlpipe.config import RunSpec, conf_dir
 # Schema defaults allowed, each for a key that not every option file sets.
 ALLOWED_DEFAULTS = {
     "env_mix.id": "only env_mix=gym names a Gymnasium id",
+    "env_mix.name": "only env_mix=gym names its type (after the id, or as given)",
     "buffer.keys.*.dtype": "the dtype of a buffer key added on the command line",
 }
 # Keys that code reads through a value rlpipe/config.py derives from them (the derived
 # attribute must be read outside the config modules).
-DERIVED = {"env_mix.types": "env_types", "env_mix.weights": "env_types",
+DERIVED = {"env_mix.types": "env_types", "env_mix.weights": "env_types", "env_mix.name": "env_types",
            "buffer.keys.*.shape": "obs_keys", "buffer.keys.*.dtype": "obs_keys"}
 # env_mix.types.<type>.* are the env types' constructor parameters: Hydra instantiates each
 # type's `_target_` with them, so they are not walked here (an unknown one fails there).

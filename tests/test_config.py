@@ -27,9 +27,12 @@ CLASSIC = {"cartpole": 1.0, "acrobot": 1.0, "pendulum": 1.0, "mountaincar_cont":
 # What each group option must change in the plain spec: an option whose values never reach
 # the spec (or reach the wrong field) fails here, and a new option without a check fails too.
 OPTION_CHECKS = {
+    ("buffer", "auto"): lambda s: _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)}
+    and s.buffer.sizing == "auto",
     ("buffer", "lowdim"): lambda s: _keys(s) == {"state": (32,), "vector": (16,)} and s.buffer.sync == "seqlock",
     ("buffer", "seed"): lambda s: _keys(s) == {"rgb": (224, 224, 3), "state": (128,), "vector": (64,)},
-    ("buffer", "small"): lambda s: _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)},
+    ("buffer", "small"): lambda s: _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)}
+    and s.buffer.sizing == "fixed",
     ("buffer", "state_only"): lambda s: _keys(s) == {"state": (32,)},
     ("chaos", "off"): lambda s: not s.chaos.enabled,
     ("chaos", "on"): lambda s: (s.chaos.kill_worker_every_s, s.chaos.stop_worker_every_s,
@@ -39,7 +42,7 @@ OPTION_CHECKS = {
     ("env_mix", "control"): lambda s: _types(s) == {"cartpole": 1.0, "acrobot": 1.0, "pendulum": 1.0,
                                                      "lunar_lander": 1.0, "physics_sim": 1.0}
     and next(t for t in s.env_types if t.name == "physics_sim").node["reward_scale"] == 100.0,
-    ("env_mix", "gym"): lambda s: _types(s) == {"gym": 1.0} and s.env_types[0].node["id"] == "CartPole-v1",
+    ("env_mix", "gym"): lambda s: _types(s) == {"CartPole-v1": 1.0} and s.env_types[0].node["id"] == "CartPole-v1",
     ("env_mix", "images"): lambda s: _types(s) == {"atari": 1.0, "minigrid": 1.0, "unity_sim": 1.0},
     ("env_mix", "mixed"): lambda s: _types(s) == {"cartpole": 0.5, "mountaincar_cont": 0.5},
     ("env_mix", "pendulum"): lambda s: _types(s) == {"pendulum": 1.0},
@@ -167,7 +170,8 @@ def test_cli_wrong_type_is_clear(short_tmp):
 
 
 def test_env_type_that_does_not_fit_the_buffer(short_tmp):
-    out = run_cli(short_tmp / "run", "buffer.keys.state.shape=[2]", timeout=60)
+    # an explicit buffer is used as written (the default, buffer=auto, would grow to fit)
+    out = run_cli(short_tmp / "run", "buffer=small", "buffer.keys.state.shape=[2]", timeout=60)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "buffer.keys.state.shape" in out.stderr and "cartpole" in out.stderr

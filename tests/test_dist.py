@@ -117,7 +117,7 @@ UPDATE_SIZES = [(120, 80), (0, 60), (97, 0), (5, 3)]   # samples per rank per up
 def _plan_and_spec(overrides):
     from rlpipe.envs.registry import plan_mix
     spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", *overrides]))
-    return spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    return spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
 
 
 def _batch(policy, plan, n: int, seed: int) -> dict:

@@ -70,7 +70,7 @@ def expected_shm_bytes(*overrides: str) -> int:
     from rlpipe.shm.layout import WorkerLayout
     from rlpipe.supervisor.workers import group_ranges
     spec = run_spec(compose_cfg(list(overrides)))
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     return sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size
                for lo, hi in group_ranges(spec.env_count, spec.groups.size))
 

@@ -73,7 +73,7 @@ def test_type_passes_contract_checker(name):
 
 def test_seed12_plan_has_both_heads_and_all_types():
     spec = _seed12()
-    plan = plan_mix(spec.env_types, 48, spec.obs_keys)
+    plan = plan_mix(spec.env_types, 48, spec.obs_keys, spec.buffer.sizing)
     assert set(plan.names) == set(TYPES)
     assert all(n >= 1 for n in plan.counts().values())
     assert plan.actions.discrete_n == 7                  # minigrid's 7 actions is the largest
@@ -84,7 +84,7 @@ def test_seed12_plan_has_both_heads_and_all_types():
 def test_image_types_render_at_the_buffer_rgb_shape(buffer):
     spec = _spec(["env_mix=images", f"buffer={buffer}"])
     rgb = next(k for k in spec.obs_keys if k.name == "rgb").shape
-    plan = plan_mix(spec.env_types, 3, spec.obs_keys)
+    plan = plan_mix(spec.env_types, 3, spec.obs_keys, spec.buffer.sizing)
     for t, s in zip(spec.env_types, plan.specs):
         assert s.obs["rgb"] == (rgb, "uint8")
         node = {**t.node, **FAST.get(t.name, {})}
@@ -98,7 +98,7 @@ def test_image_types_render_at_the_buffer_rgb_shape(buffer):
 def test_images_without_rgb_buffer_is_a_config_error():
     spec = _spec(["env_mix=images", "buffer=state_only"])
     with pytest.raises(ConfigError, match="rgb"):
-        plan_mix(spec.env_types, 3, spec.obs_keys)
+        plan_mix(spec.env_types, 3, spec.obs_keys, spec.buffer.sizing)
 
 
 def test_resizer_nearest_and_channels():
@@ -418,7 +418,7 @@ def test_bullet_arms_share_clients():
 def test_gym_mix_maps_any_id(gym_id, kind, key):
     spec = _spec(["env_mix=gym", f"env_mix.id={gym_id}", "buffer=small",
                   "buffer.keys.state.shape=[160]"])    # MiniGrid's flattened Dict is 151 floats
-    plan = plan_mix(spec.env_types, 2, spec.obs_keys)
+    plan = plan_mix(spec.env_types, 2, spec.obs_keys, spec.buffer.sizing)
     s = plan.specs[0]
     assert s.action_kind == kind and key in s.obs
     env = make_factory(spec.env_types[0].node)(env_id=0, seed=0)
@@ -436,10 +436,10 @@ def test_gym_mix_maps_any_id(gym_id, kind, key):
 def test_unknown_gym_id_is_a_config_error_naming_it():
     spec = _spec(["env_mix=gym", "env_mix.id=NoSuchEnv-v9"])
     with pytest.raises(ConfigError, match="NoSuchEnv-v9"):
-        plan_mix(spec.env_types, 2, spec.obs_keys)
+        plan_mix(spec.env_types, 2, spec.obs_keys, spec.buffer.sizing)
     spec = _spec(["env_mix=gym"])
     with pytest.raises(ConfigError, match="env_mix.id"):
-        plan_mix(spec.env_types, 2, spec.obs_keys)
+        plan_mix(spec.env_types, 2, spec.obs_keys, spec.buffer.sizing)
 
 
 def test_cli_unknown_gym_id_clear_error_no_traceback(short_tmp):

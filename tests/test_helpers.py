@@ -87,22 +87,22 @@ def test_every_is_due_once_per_interval_counted_from_the_check():
     assert not late.due(59.9) and late.due(60.0)
 
 
-def test_the_memory_sampler_spends_at_most_its_share_of_a_core(monkeypatch):
+def test_the_resource_sampler_spends_at_most_its_share_of_a_core(monkeypatch, tmp_path):
     """PSS costs the kernel a walk of every mapping: with a hundred workers one sample took a
     tenth of a second of CPU, a tenth of a core at one sample a second. The sampler waits
     cost / MAX_CPU_SHARE after each sample (never less than its interval)."""
-    from rlpipe.supervisor import memory
+    from rlpipe.supervisor import resources
 
-    def costly(_pid: int) -> int:          # burns ~20 ms of this thread's CPU, like a big run
+    def costly(_pid: int, _roles) -> dict:    # burns ~20 ms of this thread's CPU, like a big run
         end = time.thread_time() + 0.02
         while time.thread_time() < end:
             pass
-        return 123 << 20
-    monkeypatch.setattr(memory, "run_pss_bytes", costly)
-    sampler = memory.PeakMemory(os.getpid(), interval_s=0.5)
+        return {"tree/pss_mb": 123.0}
+    monkeypatch.setattr(resources, "process_figures", costly)
+    sampler = resources.ResourceSampler(os.getpid(), "norun", tmp_path, 0.5, dict, lambda: None)
     sampler.paced_sample()
     assert sampler.peak_bytes == 123 << 20
-    assert sampler.wait_s >= 0.02 / memory.MAX_CPU_SHARE        # >= 2 s between samples
-    monkeypatch.setattr(memory, "run_pss_bytes", lambda _pid: 1 << 20)
+    assert sampler.wait_s >= 0.02 / resources.MAX_CPU_SHARE     # >= 2 s between samples
+    monkeypatch.setattr(resources, "process_figures", lambda _pid, _roles: {"tree/pss_mb": 1.0})
     sampler.paced_sample()                                       # a cheap sample: the interval again
     assert sampler.wait_s == 0.5 and sampler.peak_bytes == 123 << 20 and sampler.last_bytes == 1 << 20

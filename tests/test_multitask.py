@@ -295,7 +295,7 @@ def test_slices_started_together_finish_their_blocks_spread_over_T_rounds():
 
 def _learner(*overrides: str) -> CentralLearner:
     spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", *overrides]))
-    return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys))
+    return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
 
 
 def test_learning_rate_anneals_by_env_steps_not_time():
@@ -404,3 +404,37 @@ def test_stability_weights_reach_the_ppo_loss():
         if k.startswith("critic.out."):
             a, b = a[1:], b[1:]     # ... so only the other types' value rows must agree
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_rollouts_store_a_key_only_for_the_envs_that_produce_it_and_the_batch_is_unchanged():
+    """SliceRollout's key_rows: rgb kept for the rgb envs of a mixed slice only, and the PPO
+    batch concat_blocks makes is the one full storage made, bit for bit (the board holds zeros
+    in the other envs' rgb rows)."""
+    from rlpipe.learner.ppo import concat_blocks
+    T, n = 5, 6
+    keys = (ObsKey("rgb", (4, 4, 3), "uint8"), ObsKey("state", (3,), "float32"))
+    rgb_envs = np.array([1, 4])
+    rng = np.random.default_rng(3)
+    full = SliceRollout(n, T, keys, 1)
+    compact = SliceRollout(n, T, keys, 1, key_rows={"rgb": rgb_envs})
+    other = SliceRollout(2, T, keys, 1)                    # a block stored whole, in the same batch
+    for t in range(T):
+        rgb = np.zeros((n, 4, 4, 3), np.uint8)
+        rgb[rgb_envs] = rng.integers(0, 255, (2, 4, 4, 3))
+        obs = {"rgb": rgb, "state": rng.normal(size=(n, 3)).astype(np.float32)}
+        for ro in (full, compact):
+            ro.add_step(obs, np.zeros(n), np.zeros((n, 1)), np.zeros(n), np.full(n, 0.5, np.float32))
+        other.add_step({"rgb": rng.integers(0, 255, (2, 4, 4, 3)).astype(np.uint8),
+                        "state": np.ones((2, 3), np.float32)}, np.zeros(2), np.zeros((2, 1)), np.zeros(2),
+                       np.zeros(2, np.float32))
+        if t:
+            for ro, m in ((full, n), (compact, n), (other, 2)):
+                ro.add_outcome(np.ones(m, np.float32), np.zeros(m, bool), np.zeros(m, bool), 0.99)
+    assert compact.obs["rgb"].nbytes == full.obs["rgb"].nbytes * len(rgb_envs) // n
+    blocks = [(ro.finish(np.zeros(ro.n, np.float32), 0.99, 0.95)) for ro in (other, full, compact)]
+    types = [np.zeros(len(b["adv"]), np.int64) for b in blocks]
+    whole = concat_blocks([blocks[0], blocks[1]], types[:2], "cpu")
+    mixed = concat_blocks([blocks[0], blocks[2]], [types[0], types[2]], "cpu")
+    for key in ("rgb", "state"):
+        assert torch.equal(whole["obs"][key], mixed["obs"][key]), key
+    assert torch.equal(whole["adv"], mixed["adv"])

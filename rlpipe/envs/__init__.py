@@ -2,6 +2,7 @@
 
 contract   EnvInterface, EnvSpec, the checker (check_obs/check_step/check_fits)
 registry   one factory per type (make_factory), describe, the run's MixPlan and action heads
+sizing     the board grown to what the mix's types describe (buffer=auto)
 classic    GymnasiumEnv: any Gymnasium id, spaces mapped onto the contract
 bullet     BulletReacher: a KUKA arm in PyBullet DIRECT mode, clients shared per process
 emulators  UnitySim, PhysicsSim, WebSim, Faulty (one module each, a shared base): the troublemakers

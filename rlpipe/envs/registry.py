@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 from hydra.utils import instantiate
 
-from rlpipe.spec import ConfigError, EnvTypeSpec, ObsKey
+from rlpipe.spec import BOARD_SIZINGS, ConfigError, EnvTypeSpec, ObsKey
 from rlpipe.envs.contract import CONTINUOUS, DISCRETE, EnvSpec, check_fits
+from rlpipe.envs.sizing import fit_board
 
 log = logging.getLogger("rlpipe.envs")
 
@@ -54,7 +55,8 @@ class MixPlan:
     specs: tuple[EnvSpec, ...]
     env_type: np.ndarray                  # env id -> type index (int16)
     actions: ActionSpace
-    obs_keys: tuple[ObsKey, ...]          # the buffer's keys that some type of the mix produces
+    obs_keys: tuple[ObsKey, ...]          # the board: the buffer's keys that some type of the mix
+                                          # produces, sized from the mix under buffer.sizing=auto
 
     def counts(self) -> dict[str, int]:
         return {name: int((self.env_type == i).sum()) for i, name in enumerate(self.names)}
@@ -80,18 +82,24 @@ def assign_types(weights: list[float], env_count: int) -> np.ndarray:
 
 
 def plan_mix(env_types: tuple[EnvTypeSpec, ...], env_count: int,
-             board_keys: tuple[ObsKey, ...]) -> MixPlan:
+             board_keys: tuple[ObsKey, ...], sizing: str) -> MixPlan:
+    """Describe each type once, size the board from the descriptions (`sizing`, buffer.sizing:
+    auto grows it to the mix, rlpipe/envs/sizing.py; fixed keeps it) and check every type fits."""
+    if sizing not in BOARD_SIZINGS:
+        raise ValueError(f"sizing {sizing!r} is not one of {', '.join(BOARD_SIZINGS)}")
     specs = []
     for t in env_types:
         try:
-            spec = describe(t.node)
+            specs.append(describe(t.node))
         except ConfigError:
             raise
         except Exception as exc:   # unknown ids, unsupported spaces, bad parameters
-            raise ConfigError(f"env type '{t.name}' (env_mix.types.{t.name}, _target_ "
+            raise ConfigError(f"env type '{t.name}' ({t.conf_path}, _target_ "
                               f"{t.node.get('_target_')}) cannot be built: {exc}") from exc
+    if sizing == "auto":
+        board_keys = fit_board(board_keys, specs)
+    for t, spec in zip(env_types, specs):
         check_fits(t.name, spec, board_keys)
-        specs.append(spec)
     # A buffer key no type of this mix produces would only carry zeros through the board, the
     # rollouts and the policy: it is left out of the run.
     used = tuple(k for k in board_keys if any(k.name in s.obs for s in specs))

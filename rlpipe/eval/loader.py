@@ -52,7 +52,7 @@ def load_spec(run_dir: Path) -> RunSpec:
 
 def load_plan(spec: RunSpec, config_path: Path) -> MixPlan:
     try:
-        return plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+        return plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     except ConfigError as exc:
         raise EvalError(f"the env types of {config_path} cannot be built here: {exc}") from exc
 

@@ -1,5 +1,6 @@
-"""Memory the learner and the board will take, computed from the buffer spec and env count
-before anything is allocated, so a config that cannot fit is refused with the arithmetic."""
+"""Memory the learner and the board will take, computed from the run's board (the plan's obs
+keys: under buffer=auto already grown to the mix) and env count before anything is allocated,
+so a config that cannot fit is refused with the arithmetic."""
 from __future__ import annotations
 
 import psutil
@@ -46,6 +47,8 @@ def check_memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, in
     usable = int(total * USABLE_FRACTION)
     if need > usable:
         keys = ", ".join(f"{k.name} {list(k.shape)} {k.dtype}" for k in plan.obs_keys)
+        if spec.buffer.sizing == "auto":     # say where shapes nobody wrote down come from
+            keys += "; buffer=auto sized these to the mix"
         T, n = spec.learner.rollout_len, spec.env_count
         raise ConfigError(
             f"This config needs {_fmt(need)} for the board and the learner's rollouts, more than "

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rlpipe.bounded import Thinned
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
@@ -37,6 +38,7 @@ POLICY_LAYOUT = "typed-towers-popart-1"
 
 # Episodes per type behind the "first 100" window the learned verdicts compare with.
 FIRST_EPISODES = 100
+LOSS_HISTORY_POINTS = 4096   # (time, loss) samples kept over the whole run for the late-loss std
 
 # What the learner reads of a slice's last step (copied before the slice is rung again).
 OUTCOME_FIELDS = ("reward", "terminated", "truncated", "ep_return", "ep_len", "step_ms")
@@ -55,7 +57,10 @@ class Counters:
     returns: dict = field(default_factory=dict)     # type name -> deque of last 100 returns
     first_returns: dict = field(default_factory=dict)   # type name -> its first 100 returns of this run
     episodes_by_type: dict = field(default_factory=dict)
-    losses: list = field(default_factory=list)      # (time, total loss) per update
+    # (time, total loss) of the updates, thinned evenly over the run so six days of updates
+    # stay a few thousand entries (summary.json's loss_std of the second half)
+    losses: Thinned = field(default_factory=lambda: Thinned(LOSS_HISTORY_POINTS))
+    recent_losses: collections.deque = field(default_factory=collections.deque)   # the last loss_std_window
 
 
 def pick_device(name: str) -> torch.device:
@@ -92,7 +97,8 @@ class CentralLearner:
         self.update_samples = min(self.cfg.update_envs, spec.env_count) * self.cfg.rollout_len
         self.counters = Counters(returns={n: collections.deque(maxlen=100) for n in plan.names},
                                  first_returns={n: [] for n in plan.names},
-                                 episodes_by_type={n: 0 for n in plan.names})
+                                 episodes_by_type={n: 0 for n in plan.names},
+                                 recent_losses=collections.deque(maxlen=self.cfg.loss_std_window))
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
         # env step() latencies since the last chart, per type (ms; the workers time each call)
@@ -176,11 +182,13 @@ class CentralLearner:
         for (ref, lo, hi, row), res, fv in zip(rows, outcomes, final_values):
             key = (ref.handle.worker_id, ref.slice_index)
             ro = self.rollouts.get(key)
+            sl = slice(row, row + hi - lo)
             if ro is None or ref.seq == 0:
                 # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
                 ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
                                                        self.plan.actions.cont_dim, self.scaling.enabled,
-                                                       first_len=self._first_len(ref))
+                                                       first_len=self._first_len(ref),
+                                                       key_rows=self._key_rows(types_np[sl]))
             else:
                 ro.add_outcome(res["reward"], res["terminated"], res["truncated"], cfg.gamma, fv)
                 if self.scaling.enabled:
@@ -188,7 +196,6 @@ class CentralLearner:
                     self.scores[ref.handle.env_lo + lo:ref.handle.env_lo + hi] = score
                     ro.add_behaviour(res["exec_discrete"], res["exec_continuous"], res["behaviour_logp"],
                                      score_to_weight(score, self.scaling.min_weight))
-            sl = slice(row, row + hi - lo)
             if ro.full:
                 length = ro.length
                 self.ready_blocks.append(ro.finish(value[sl], cfg.gamma, cfg.gae_lambda))
@@ -196,6 +203,16 @@ class CentralLearner:
                 self.ready_samples += length * (hi - lo)
             ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
                         logp[sl], value[sl])
+
+    def _key_rows(self, types: np.ndarray) -> dict[str, np.ndarray]:
+        """For each obs key that only some of these envs' types produce, those envs' rows: the
+        rollout stores nothing for the others (SliceRollout's `key_rows`)."""
+        out = {}
+        for k in self.plan.obs_keys:
+            produces = np.array([k.name in self.plan.specs[t].obs for t in types])
+            if not produces.all():
+                out[k.name] = np.flatnonzero(produces)
+        return out
 
     def _first_len(self, ref: SliceRef) -> int:
         """Length of a new slice rollout's first block: T - (slice ordinal mod T), so the
@@ -390,7 +407,8 @@ class CentralLearner:
         self.actor.load_state_dict(self.policy.state_dict())
         self.counters.updates += 1
         self.counters.trained_samples += result.samples
-        self.counters.losses.append((time.monotonic(), result.total_loss))
+        self.counters.losses.add((time.monotonic(), result.total_loss))
+        self.counters.recent_losses.append(result.total_loss)
         self.last_stats = result
         return result
 

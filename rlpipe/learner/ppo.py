@@ -40,12 +40,31 @@ class UpdateStats:
     samples: int
 
 
+def concat_obs(blocks: list[dict], key: str) -> np.ndarray:
+    """One obs key of the blocks as [samples, ...] rows. A block that stored the key for some
+    of its envs only (SliceRollout's `key_rows`) gets zeros in the other envs' rows, which is
+    what the board held there."""
+    if not any(key in b.get("obs_rows", {}) for b in blocks):
+        return np.concatenate([b["obs"][key] for b in blocks])
+    first = blocks[0]["obs"][key]
+    out = np.zeros((sum(len(b["adv"]) for b in blocks),) + first.shape[1:], dtype=first.dtype)
+    at = 0
+    for b in blocks:
+        m, rows = len(b["adv"]), b.get("obs_rows", {}).get(key)
+        if rows is None:
+            out[at:at + m] = b["obs"][key]
+        elif len(rows):
+            n = b["n_envs"]                 # block rows are t-major: transition t of env j is t * n + j
+            out[at + (np.arange(m // n)[:, None] * n + rows[None, :]).reshape(-1)] = b["obs"][key]
+        at += m
+    return out
+
+
 def concat_blocks(blocks: list[dict], types: list[np.ndarray], device) -> dict:
     def cat(key):
         return torch.from_numpy(np.concatenate([b[key] for b in blocks])).to(device)
     return {
-        "obs": {k: torch.from_numpy(np.concatenate([b["obs"][k] for b in blocks])).to(device)
-                for k in blocks[0]["obs"]},
+        "obs": {k: torch.from_numpy(concat_obs(blocks, k)).to(device) for k in blocks[0]["obs"]},
         "types": torch.from_numpy(np.concatenate(types)).long().to(device),
         **{k: cat(k) for k in ("a_disc", "a_cont", "logp", "value", "adv", "ret")},
         **({"weight": cat("weight")} if "weight" in blocks[0] else {}),

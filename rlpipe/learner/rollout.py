@@ -22,11 +22,19 @@ import numpy as np
 
 
 class SliceRollout:
+    """`key_rows`: for an obs key that only some of the slice's envs produce, the indices of
+    those envs' rows. The other rows of that key are zeros on the board (a type that does not
+    produce a key leaves it zero-filled and masked), so they are not stored: `concat_blocks`
+    puts the zeros back. At day4 the rgb rows are a quarter of the envs and most of the
+    bytes, so this keeps three quarters of the rollout storage out of the driver's memory."""
+
     def __init__(self, n: int, T: int, obs_keys, cont_dim: int, weighted: bool = False,
-                 first_len: int | None = None):
+                 first_len: int | None = None, key_rows: dict[str, np.ndarray] | None = None):
         self.n, self.T = n, T
         self.length = first_len or T        # transitions in the block being collected
-        self.obs = {k.name: np.zeros((T, n) + k.shape, dtype=k.dtype) for k in obs_keys}
+        self.key_rows = key_rows or {}
+        self.obs = {k.name: np.zeros((T, len(self.key_rows.get(k.name, range(n)))) + k.shape, dtype=k.dtype)
+                    for k in obs_keys}
         self.a_disc = np.zeros((T, n), dtype=np.int64)
         self.a_cont = np.zeros((T, n, max(cont_dim, 1)), dtype=np.float32)
         self.logp = np.zeros((T, n), dtype=np.float32)
@@ -51,7 +59,8 @@ class SliceRollout:
     def add_step(self, obs: dict, a_disc, a_cont, logp, value) -> None:
         t = self.t
         for name, arr in obs.items():
-            self.obs[name][t] = arr
+            rows = self.key_rows.get(name)
+            self.obs[name][t] = arr if rows is None else arr[rows]
         self.a_disc[t] = a_disc
         self.a_cont[t] = a_cont
         self.logp[t] = logp
@@ -85,7 +94,8 @@ class SliceRollout:
             adv[t] = last
         m = L * self.n
         block = {
-            "obs": {k: v[:L].reshape((m,) + v.shape[2:]).copy() for k, v in self.obs.items()},
+            "obs": {k: v[:L].reshape((L * v.shape[1],) + v.shape[2:]).copy() for k, v in self.obs.items()},
+            "obs_rows": self.key_rows,      # never changed after construction: shared, not copied
             "a_disc": self.a_disc[:L].reshape(m).copy(),
             "a_cont": self.a_cont[:L].reshape(m, -1).copy(),
             "logp": self.logp[:L].reshape(m).copy(),

@@ -111,7 +111,7 @@ class Driver:
         spec, services, dist = self.spec, self.services, self.dist
         sweep_dead_segments()
         sweep_dead_socket_dirs()
-        self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+        self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
         commit = git_commit()
@@ -133,7 +133,7 @@ class Driver:
                 self.fleet.ctx, {t.name: t.node for t in spec.env_types}, self.run_dir,
                 spec.logging.random_return_episodes, spec.logging.random_return_budget_s,
                 spec.run.seed + 99)
-        self.metrics.memory.start()
+        self.metrics.resources.start()
         services.set_state("running")
         self.started = True
 
@@ -307,7 +307,7 @@ class Driver:
             lambda: self._checkpoint() if final and not learner.random else None,
             lambda: self._export() if (final and self.spec.learner.export
                                        and (self.dist is None or self.dist.rank == 0)) else None,
-            self.metrics.memory.stop,
+            self.metrics.resources.stop,
             *fleet.release_steps(),
             *self.services.stop_steps(),
         ]

@@ -20,7 +20,7 @@ from rlpipe.files import atomic_write
 from rlpipe.lifecycle import fault_counts
 from rlpipe.protocol import worker_key
 from rlpipe.supervisor.fleet import Fleet
-from rlpipe.supervisor.memory import PeakMemory
+from rlpipe.supervisor.resources import ResourceSampler
 from rlpipe.supervisor.services import Services
 from rlpipe.supervisor.workers import reward_stats_keys
 from rlpipe.telemetry.progress import Status
@@ -41,7 +41,9 @@ class RunMetrics:
         self.fleet = fleet
         self.dist = dist
         self.rnorm_keys = reward_stats_keys(spec, run_id)
-        self.memory = PeakMemory(os.getpid(), interval_s=1.0)
+        self.resources = ResourceSampler(os.getpid(), run_id, run_dir, spec.logging.resources_interval_s,
+                                         self._process_roles, self._redis_url, t0)
+        self.resources_charted_at: float | None = None
         self.learner = None                 # learner.central.CentralLearner, once built
         self.chart_mark = (0, t0)           # (env steps, time) of the last charts/sps sample
         self.loss_std_marks: dict[str, float] = {}
@@ -82,11 +84,10 @@ class RunMetrics:
         run passes each configured fraction (the original system's 12/24/36 h). summary.json
         keeps its key `loss_std_checkpoints` for them (a public interface)."""
         lc = self.spec.learner
-        losses = self.learner.counters.losses
+        window = self.learner.counters.recent_losses      # the last loss_std_window updates
         for f in lc.loss_std_at:
             key = f"{f:g}"
-            if key not in self.loss_std_marks and progress >= f and len(losses) >= 2:
-                window = [loss for _t, loss in losses[-lc.loss_std_window:]]
+            if key not in self.loss_std_marks and progress >= f and len(window) >= 2:
                 self.loss_std_marks[key] = round(float(np.std(window)), 6)
                 self.tb.scalars(self.learner.counters.env_steps,
                                 {f"losses/std_at_{key}": self.loss_std_marks[key]})
@@ -116,19 +117,44 @@ class RunMetrics:
         return Status(stage=self.spec.stage, elapsed_s=now - self.t0, env_steps=c.env_steps, sps=sps,
                       updates=c.updates, env_count=self.spec.env_count, active=self.fleet.active_envs(now),
                       dormant=sum(h.n for h in self.fleet.handles if not h.awake),
-                      memory_mb=self.memory.last_bytes / 2**20 if self.memory.last_bytes else None,
+                      memory_mb=self.resources.last_bytes / 2**20 if self.resources.last_bytes else None,
                       returns={k: float(np.mean(v)) if v else None for k, v in c.returns.items()})
 
     def health_charts(self, now: float) -> None:
-        """Every HEALTH_CHARTS_S: the memory curves and the watchdog's health/ scalars."""
+        """Every HEALTH_CHARTS_S: the memory curves, the resource figures and the watchdog's
+        health/ scalars."""
         if self.health_timer.due(now):
             self._memory_curves()
+            self._resource_charts()
             self.tb.scalars(self.learner.counters.env_steps, self.fleet.watchdog.health_scalars())
 
+    # -- resources: who the sampler's pids are, and its latest sample charted ------------------
+    def _process_roles(self) -> dict[int, str]:
+        """The pids of the forkserver, the embedded Redis and the workers (sampler thread)."""
+        roles = {h.proc.pid: "workers" for h in list(self.fleet.handles) if h.proc is not None}
+        if self.fleet.forkserver_pid is not None:
+            roles[self.fleet.forkserver_pid] = "forkserver"
+        proc = self.services.redis.proc if self.services.redis is not None else None
+        if proc is not None:
+            roles[proc.pid] = "redis"
+        return roles
+
+    def _redis_url(self) -> str | None:
+        return self.services.redis.url if self.services.redis is not None else None
+
+    def _resource_charts(self) -> None:
+        """The sampler's newest sample under resources/, once (a slow sampler is not repeated)."""
+        at = self.resources.latest_at
+        if at is None or at == self.resources_charted_at:
+            return
+        self.resources_charted_at = at
+        self.tb.scalars(self.learner.counters.env_steps,
+                        {f"resources/{name}": value for name, value in self.resources.latest.items()})
+
     def _memory_curves(self) -> None:
-        """Memory of the whole run (PSS, sampled by PeakMemory) and each worker's RSS from its
-        Redis beat: the original system's RSS curves, per worker group."""
-        values = {"memory/pss_mb": self.memory.last_bytes / 2**20}
+        """Memory of the whole run (PSS, sampled by the resource sampler) and each worker's RSS
+        from its Redis beat: the original system's RSS curves, per worker group."""
+        values = {"memory/pss_mb": self.resources.last_bytes / 2**20}
         try:
             pipe = self.services.rcli.pipeline(transaction=False)
             for h in self.fleet.handles:
@@ -169,7 +195,7 @@ class RunMetrics:
         self.loop_end = end = time.monotonic()
         self.loop_end_steps = self.learner.counters.env_steps
         self.active_envs_end = self.fleet.active_envs(end)
-        self.memory.sample()
+        self.resources.sample()
 
     # -- the end -----------------------------------------------------------------------------
     def summary(self, teardown_end: float, resumed_from_step: int) -> dict:
@@ -210,7 +236,7 @@ class RunMetrics:
                                      for k, v in c.first_returns.items()},
             "learned": {k: random_return.verdict(list(v), c.first_returns[k], c.episodes_by_type[k],
                                                  randoms.get(k)) for k, v in c.returns.items()},
-            "peak_rss_mb": round(self.memory.peak_bytes / 2**20, 1),
+            "peak_rss_mb": round(self.resources.peak_bytes / 2**20, 1),
             "shm_bytes": sum(h.layout.size for h in fleet.handles if h.generation > 0),
             "faults": faults,
             "board": {"torn_retries": c.torn_retries},
@@ -221,7 +247,20 @@ class RunMetrics:
             "loss_std_checkpoints": self.loss_std_marks,     # the public key keeps its name
             "resumed_from_step": resumed_from_step,
             "dist": self._dist(),
+            "long_run": self.long_run(),
         }
+
+    def long_run(self) -> dict | None:
+        """Each resource figure's slope per hour over the second half of the stepping loop,
+        projected to `logging.project_to_s` (null: the run's own duration), and its verdict
+        (rlpipe.telemetry.longrun); None for a loop shorter than `logging.long_run_min_s`."""
+        lg = self.spec.logging
+        end_s = self.loop_end - self.t0
+        if end_s < lg.long_run_min_s:
+            return None
+        project_to_s = lg.project_to_s or self.spec.run.duration_s or end_s
+        from rlpipe.telemetry.longrun import long_run
+        return long_run(list(self.resources.history), end_s, project_to_s, self.resources.budgets())
 
     @staticmethod
     def _dist() -> dict:

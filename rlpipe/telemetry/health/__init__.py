@@ -15,6 +15,7 @@ Plots (matplotlib, Agg, object API: no pyplot global state, no display):
 - health_memory.png           memory/pss_mb, workers/rss_mb_max (and _mean) over env steps
 - health_rewards_by_group.png per-type distribution of the logged returns (TensorBoard points)
                               and env faults per worker group (lifecycle)
+- health_resources.png        resources/* (driver, workers, run dir, Redis) over hours
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from rlpipe.files import atomic_write
 from rlpipe.telemetry.health.inputs import load_run
+from rlpipe.telemetry.health.longrun import PLOT_RESOURCES, long_run_section, plot_resources
 from rlpipe.telemetry.health.markdown import md_table
 from rlpipe.telemetry.health.plots import (PLOT_GROUPS, PLOT_MEMORY, PLOT_RETURNS, PLOT_SPS, plot_groups,
                                            plot_memory, plot_returns, plot_sps)
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 
 REPORT_NAME = "health_report.md"
 
-__all__ = ["PLOT_GROUPS", "PLOT_MEMORY", "PLOT_RETURNS", "PLOT_SPS", "REPORT_NAME", "write_health_report"]
+__all__ = ["PLOT_GROUPS", "PLOT_MEMORY", "PLOT_RESOURCES", "PLOT_RETURNS", "PLOT_SPS", "REPORT_NAME", "write_health_report"]
 
 
 def write_health_report(run_dir: str | Path) -> Path:
@@ -53,7 +55,8 @@ def write_health_report(run_dir: str | Path) -> Path:
     for name, draw in ((PLOT_SPS, lambda p: plot_sps(run.scalars, p)),
                        (PLOT_RETURNS, lambda p: plot_returns(run.scalars, p)),
                        (PLOT_MEMORY, lambda p: plot_memory(run.scalars, p)),
-                       (PLOT_GROUPS, lambda p: plot_groups(run.scalars, rep.group_faults, p))):
+                       (PLOT_GROUPS, lambda p: plot_groups(run.scalars, rep.group_faults, p)),
+                       (PLOT_RESOURCES, lambda p: plot_resources(run.scalars, p))):
         path = run_dir / name
         try:
             rep.plots[name] = draw(path)
@@ -74,6 +77,7 @@ def write_health_report(run_dir: str | Path) -> Path:
     rep.section("Chaos recovery", rep.chaos)
     rep.section("Top errors", rep.errors)
     rep.section("Checkpoints", rep.checkpoints)
+    rep.section("Long run", lambda: long_run_section(rep))
     try:
         build_verdicts(rep)
     except Exception as e:

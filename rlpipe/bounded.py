@@ -1,0 +1,45 @@
+"""`Thinned`: a time series that stays bounded however long the run lasts.
+
+A six-day run must not keep one Python object per sample, update or episode: a list that
+grows by one entry per PPO update is 23,000 entries after six days at day4's pace, and
+nothing of it is needed at full resolution. `Thinned` keeps at most `capacity` points spread
+over the whole run: when it is full it drops every other point and from then on keeps only
+every second (fourth, ...) point offered. The points it holds are always evenly thinned in
+arrival order, so a fit or a std over any part of the run (its second half, say) is taken on
+an unbiased sample of that part. It imports nothing, so every layer may use it.
+"""
+from __future__ import annotations
+
+
+class Thinned:
+    __slots__ = ("capacity", "points", "stride", "_skip", "offered")
+
+    def __init__(self, capacity: int):
+        if capacity < 2:
+            raise ValueError(f"Thinned capacity must be >= 2, got {capacity}")
+        self.capacity = capacity
+        self.points: list = []
+        self.stride = 1          # one point kept of every `stride` offered
+        self._skip = 0           # points still to drop before the next one is kept
+        self.offered = 0         # every point ever offered, kept or not
+
+    def add(self, point) -> None:
+        self.offered += 1
+        if self._skip:
+            self._skip -= 1
+            return
+        self.points.append(point)
+        self._skip = self.stride - 1
+        if len(self.points) >= self.capacity:
+            # keep the 1st, 3rd, 5th...: the survivors are `stride * 2` apart, and so are the
+            # points kept from now on (the next one is `stride * 2` after the last survivor)
+            last_kept_index = len(self.points) - 1
+            self.points = self.points[::2]
+            self.stride *= 2
+            self._skip = self.stride - 1 - (self.stride // 2 if last_kept_index % 2 else 0)
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __iter__(self):
+        return iter(self.points)

@@ -1,0 +1,110 @@
+"""The endurance figures: a bounded history, the long-run fit and verdict, and a real run that
+charts its resources and judges them."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlpipe.bounded import Thinned
+from rlpipe.telemetry.longrun import figure_verdict, long_run, theil_sen
+from tests.conftest import read_summary, run_cli
+
+
+def test_thinned_stays_bounded_and_evenly_spread():
+    series = Thinned(64)
+    for i in range(100_000):
+        series.add(i)
+        assert len(series) < 64
+    kept = list(series)
+    steps = np.diff(kept)
+    assert series.offered == 100_000
+    assert len(set(steps)) == 1 and steps[0] == series.stride       # every stride-th point, no gaps
+    assert kept[0] == 0 and kept[-1] > 100_000 - 2 * series.stride    # the whole run, up to now
+
+
+@pytest.mark.parametrize("capacity", [2, 3, 5, 8])
+def test_thinned_survivors_are_one_stride_apart_at_every_capacity(capacity):
+    series = Thinned(capacity)
+    for i in range(1000):
+        series.add(i)
+        kept = list(series)
+        assert all(b - a == series.stride for a, b in zip(kept, kept[1:])), (i, kept)
+
+
+def test_theil_sen_ignores_a_sawtooth_and_brackets_the_slope():
+    rng = np.random.default_rng(0)
+    t = np.arange(360) * 10.0                              # an hour at one sample per 10 s
+    y = 3000 + 0.05 * t + rng.normal(0, 5, len(t))
+    y[::15] += 300                                          # a tooth every 150 s
+    slope, lo, hi, intercept = theil_sen(t, y)
+    assert lo <= 0.05 <= hi and abs(slope - 0.05) < 0.005
+    assert abs(intercept - 3000) < 10
+    lsq = np.polyfit(t, y, 1)[0]
+    assert abs(slope - 0.05) < abs(lsq - 0.05) or abs(lsq - 0.05) < 0.005
+
+
+def test_verdicts_flat_grows_past_budget_falls():
+    rng = np.random.default_rng(1)
+    t = np.linspace(1800, 3600, 180)
+    noise = rng.normal(0, 10, len(t))
+    assert figure_verdict(t, 3000 + noise, 3600, 518400, 24000)["verdict"] == "flat"
+    # +0.5 %/h on a 3 GB level: a trend the samples can see but under the 1 %/h tolerance
+    small = figure_verdict(t, 3000 + 15 / 3600 * t + noise * 0.1, 3600, 518400, 24000)
+    assert small["verdict"] == "flat" and 0.3 < small["slope_pct_per_h"] < 0.7
+    grows = figure_verdict(t, 3000 + 100 / 3600 * t + noise, 3600, 518400, None)
+    assert grows["verdict"] == "grows" and grows["slope_ci_per_h"][0] > 0
+    # 100 MB/h for six days is 14.4 GB more: past a 12 GB budget
+    past = figure_verdict(t, 3000 + 100 / 3600 * t + noise, 3600, 518400, 12000)
+    assert past["verdict"] == "grows past budget" and past["projected"] > 12000
+    assert abs(past["projected"] / (3100 + 100 * (518400 - 3600) / 3600) - 1) < 0.05
+    assert figure_verdict(t, 3000 - 100 / 3600 * t + noise, 3600, 518400, None)["verdict"] == "falls"
+    zero = figure_verdict(t, np.zeros(len(t)), 3600, 518400, None)
+    assert zero["verdict"] == "flat" and zero["slope_pct_per_h"] is None
+
+
+def test_long_run_fits_the_second_half_only():
+    # a ramp during the first half (start-up) and flat after it: flat
+    samples = [(float(s), {"driver/rss_mb": min(s, 1800) * 1.0 + (s % 7)}) for s in range(0, 3601, 10)]
+    verdicts = long_run(samples, 3600.0, 518400.0, {})
+    assert verdicts["driver/rss_mb"]["verdict"] == "flat"
+    assert verdicts["driver/rss_mb"]["points"] == 181
+    assert long_run(samples[:5], 3600.0, 518400.0, {}) == {}       # too few points: no verdict
+
+
+def test_a_run_charts_its_resources_and_judges_them(short_tmp):
+    """A 32 s run with the verdict's minimum lowered: resources/* in TensorBoard, every role's
+    figures in the verdict, the health report's long-run table; the same run with the default
+    minimum (10 minutes) has long_run null and says why."""
+    from rlpipe.telemetry.tb_events import read_scalars
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "env_count=32", "groups.size=16", "run.total_env_steps=null", "run.duration_s=32",
+                  "logging.long_run_min_s=10", "logging.resources_interval_s=0.5", "learner.checkpoint_interval_s=5")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = read_summary(run_dir)
+    lr = summary["long_run"]
+    for name in ("driver/rss_mb", "driver/fds", "driver/threads", "forkserver/rss_mb", "redis/rss_mb",
+                 "workers/rss_mb_max", "workers/rss_mb_sum", "workers/count", "tree/pss_mb", "shm/run_mb",
+                 "redis/used_memory_mb", "redis/keys", "lifecycle/rows", "run_dir/tb_mb", "run_dir/total_mb",
+                 "run_dir/lifecycle_mb", "run_dir/checkpoints_mb"):
+        assert name in lr, name
+        assert lr[name]["verdict"] in ("flat", "grows", "falls", "grows past budget")
+    assert lr["workers/count"]["level"] == 2 and lr["workers/count"]["verdict"] == "flat"
+    assert lr["driver/rss_mb"]["budget"] > 1000          # the machine's memory, in MiB
+    assert lr["run_dir/checkpoints_mb"]["level"] > 0     # the periodic checkpoints are counted
+    # the shm figure is what the segments hold, never more than their nominal size
+    assert 0 < lr["shm/run_mb"]["level"] * 2**20 <= summary["shm_bytes"]
+    json.dumps(summary, allow_nan=False)                 # plain JSON: no NaN or Infinity
+    tags = read_scalars(run_dir / "tb")
+    assert {"resources/driver/rss_mb", "resources/workers/rss_mb_max", "resources/redis/used_memory_mb",
+            "resources/run_dir/total_mb", "resources/lifecycle/rows"} <= set(tags)
+    report = (run_dir / "health_report.md").read_text()
+    assert "## Long run" in report and "`driver/rss_mb`" in report
+    assert (run_dir / "health_resources.png").is_file()
+
+    short = short_tmp / "short"
+    out = run_cli(short, "env_count=16", "run.total_env_steps=5000", "run.duration_s=60")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert read_summary(short)["long_run"] is None
+    assert "No long-run verdict" in (short / "health_report.md").read_text()
