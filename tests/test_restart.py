@@ -242,6 +242,46 @@ def test_frozen_driver_loop_is_found_dumped_cleaned_up_and_exits_with_its_code(s
     assert_nothing_left(gen)
 
 
+WATCHED = """
+import sys, time
+from pathlib import Path
+from rlpipe.supervisor.stall import LoopMarks, StallWatch
+marks = LoopMarks()
+watch = StallWatch(2.0, Path(sys.argv[1]), marks, cleanup=lambda: None)
+watch.start()
+print("ready", flush=True)
+# serving: a step every second of the process's own running time (20 naps of 50 ms), so a
+# SIGCONT finds the last step old, as it finds a real loop mid-round
+for turn in range(int(float(sys.argv[2]) / 0.05)):
+    if sys.argv[3] == "serving" and turn % 20 == 0:
+        marks.served_at = time.monotonic()
+    time.sleep(0.05)
+watch.stop()
+"""
+
+
+def test_a_stopped_and_continued_process_is_not_a_stall_but_a_silent_loop_is(short_tmp):
+    """The watch alone, in a process of its own: a loop that keeps serving through a SIGSTOP
+    longer than the timeout (Ctrl-Z, then fg) goes on and ends with 0; one that stops
+    marking exits with EXIT_STALL after the timeout, its stacks written."""
+    def watched(seconds: float, mode: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", WATCHED, str(short_tmp), str(seconds), mode], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        return proc
+    paused = watched(10, "serving")
+    time.sleep(1)
+    os.kill(paused.pid, signal.SIGSTOP)
+    time.sleep(8)                                   # past period + PAUSED_S, and past the 2 s timeout
+    os.kill(paused.pid, signal.SIGCONT)
+    silent = watched(30, "silent")
+    started = time.monotonic()
+    assert silent.wait(20) == EXIT_STALL
+    assert 2 <= time.monotonic() - started < 10
+    assert "driver stalled (run.stall_timeout_s=2)" in (short_tmp / STACKS_FILE).read_text()
+    assert paused.wait(30) == 0, paused.stderr.read()
+
+
 # -- supervisors restarting the same command line --------------------------------------------
 
 def test_restart_loop_after_sigkill_resumes_and_leaves_nothing_of_the_dead_run(short_tmp):

@@ -23,8 +23,13 @@ which the watchdog judges by `heartbeat.startup_timeout_s`), and during teardown
 does (a teardown that hangs, e.g. on an update thread that never ends, is a stall as well).
 The watch starts with the loop: start-up before it has its own timeouts (Redis, forks).
 
+A process stopped and continued (SIGSTOP, Ctrl-Z) is not a stalled loop: when this thread
+itself slept far past its turn, the pause counts as progress.
+
 Not covered: a C call that holds the GIL. This thread then never runs; the process is stuck
-until killed from outside (its children still die with it, PR_SET_PDEATHSIG).
+until killed from outside (Redis still dies with it, workers and the probe exit once it is
+gone). faulthandler's C watchdog (dump_traceback_later) could cover it, but it cannot tell a
+held GIL from a stopped process, and would end a run paused for longer than its timeout.
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ STACKS_FILE = "stall_stacks.txt"
 CLEANUP_BOUND_S = 15.0      # the emergency cleanup gets this long, then the process exits anyway
 LIFECYCLE_FLUSH_S = 2.0     # how long the stall's lifecycle row may take to be committed
 KILL_PASSES = 3             # children listed and killed again: a start in flight forks late
+PAUSED_S = 5.0              # the watch woke this much later than its turn: the process was stopped
 
 
 class LoopMarks:
@@ -106,9 +112,13 @@ class StallWatch:
 
     def _run(self) -> None:
         period = min(1.0, self.timeout_s / 4)
+        last_turn = resumed_at = time.monotonic()
         while not self._stop.wait(period):
             now = time.monotonic()
-            if now - self.marks.last_progress() >= self.timeout_s:
+            if now - last_turn > period + PAUSED_S:
+                resumed_at = now        # the whole process was stopped, the loop with it
+            last_turn = now
+            if now - max(self.marks.last_progress(), resumed_at) >= self.timeout_s:
                 self._stalled(now)
 
     def _stalled(self, now: float) -> None:
