@@ -41,21 +41,32 @@ def long_run_dir(base: Path) -> Path:
     return base / ("d" * 80) / "run"
 
 
-def descendants(pid: int) -> list[int]:
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
+def descendants(pid: int) -> list[tuple[int, float]]:
+    """(pid, start time) of every descendant: the start time tells a pid reused later apart."""
+    found = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for p in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found.append((p.pid, p.create_time()))
+    return found
 
 
-def alive(pids) -> list[int]:
+def alive(procs) -> list[int]:
     """The pids still running (a zombie, killed and waiting for init to reap it, is not)."""
     out = []
-    for pid in pids:
+    for pid, started in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            p = psutil.Process(pid)
+            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(pid)
     return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return f"{pid} (gone)"
 
 
 def wait_until_gone(pids, timeout: float = 15.0) -> list[int]:
@@ -113,15 +124,16 @@ class Generation:
     it had (taken while it ran, so the test can ask that none outlives it), its exit code and
     stderr, and the newest checkpoint step it left (what the next start must resume from)."""
 
-    def __init__(self, pid: int, tree: list[int], code: int, err: str, run_dir: Path):
+    def __init__(self, pid: int, tree: list[tuple[int, float]], code: int, err: str, run_dir: Path):
         self.pid, self.tree, self.code, self.err = pid, tree, code, err
         self.saved = max((step_of(p) for p in checkpoints(run_dir)), default=0)
 
 
-def watch(proc: subprocess.Popen, run_dir: Path, act: Callable[[subprocess.Popen], None] | None) -> list[int]:
+def watch(proc: subprocess.Popen, run_dir: Path,
+          act: Callable[[subprocess.Popen], None] | None) -> list[tuple[int, float]]:
     """Every process the run had while it ran (the union: workers and the probe start late);
     `act(proc)` once a checkpoint exists (e.g. a SIGKILL)."""
-    tree: set[int] = set()
+    tree: set[tuple[int, float]] = set()
     while proc.poll() is None:
         tree.update(descendants(proc.pid))
         if act is not None and checkpoints(run_dir):
@@ -163,7 +175,8 @@ def lifecycle_rows(run_dir: Path, kind: str) -> list[dict]:
 def assert_nothing_left(gen: Generation) -> None:
     """No process, segment, socket dir, multiprocessing temp dir or cgroup of a dead generation."""
     assert gen.tree, "the generation had no child processes to watch"
-    assert wait_until_gone(gen.tree) == [], [" ".join(psutil.Process(p).cmdline()) for p in alive(gen.tree)]
+    left = wait_until_gone(gen.tree)
+    assert left == [], [_cmdline(p) for p in left]
     assert run_leftovers(gen.pid) == []
 
 
