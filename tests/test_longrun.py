@@ -108,3 +108,20 @@ def test_a_run_charts_its_resources_and_judges_them(short_tmp):
     assert out.returncode == 0, out.stderr[-3000:]
     assert read_summary(short)["long_run"] is None
     assert "No long-run verdict" in (short / "health_report.md").read_text()
+
+
+def test_chaos_forgets_the_stopped_workers_that_are_gone():
+    """Chaos keeps the pids it SIGSTOPped (to continue them at teardown and not stop them
+    twice); a six-day run stops thousands, so the dead ones are dropped at each new stop."""
+    import subprocess
+    import sys
+
+    from rlpipe.supervisor.chaos import live_pids
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        assert live_pids({alive.pid, dead.pid}) == {alive.pid}
+    finally:
+        alive.kill()
+        alive.wait()

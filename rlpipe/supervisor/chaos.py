@@ -26,8 +26,13 @@ import signal
 import threading
 
 from rlpipe.config import ChaosSpec
+from rlpipe.procs import pid_alive
 
 log = logging.getLogger("rlpipe.chaos")
+
+
+def live_pids(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if pid_alive(pid)}
 
 
 class Chaos:
@@ -75,7 +80,9 @@ class Chaos:
             if h is not None:
                 self._record("stop_worker", h, pid=h.proc.pid, signal="SIGSTOP",
                              t=round(now - self.t0, 2))
-                self.stopped.add(h.proc.pid)
+                # the stopped workers the watchdog has since killed are forgotten: a six-day run
+                # stops thousands, and a reused pid must not be spared as "already stopped"
+                self.stopped = live_pids(self.stopped) | {h.proc.pid}
                 os.kill(h.proc.pid, signal.SIGSTOP)
         if self.redis_at is not None and now >= self.redis_at:
             self.redis_at = None

@@ -34,6 +34,7 @@ from rlpipe.learner.slices import SliceRef
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
 from rlpipe.supervisor.chaos import freeze_driver
 from rlpipe.supervisor.checkpoints import Checkpoints
+from rlpipe.supervisor.evaluation import Evaluation
 from rlpipe.supervisor.fleet import Fleet, current_refs
 from rlpipe.supervisor.metrics import RunMetrics
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
@@ -88,6 +89,8 @@ class Driver:
         self.fleet = Fleet(spec, self.run_id, self.t0, self.services, self._phase, first_job)
         self.checkpoints = Checkpoints(spec, run_dir, self.run_id, config_yaml, self.t0)
         self.metrics = RunMetrics(spec, run_dir, self.run_id, self.t0, self.services, self.fleet, dist)
+        # evaluation during training (eval.interval_s), on rank 0 only: rank 0 charts the job
+        self.evaluation = Evaluation(spec, run_dir, self.t0, self.services, on=dist is None or dist.rank == 0)
         self.supervise_timer = Every(SUPERVISE_S)
         self.charts_timer = Every(TB_INTERVAL_S)
         self.scaling_timer = Every(spec.scaling.publish_interval_s)
@@ -248,6 +251,8 @@ class Driver:
         spec, learner, fleet, services, metrics = self.spec, self.learner, self.fleet, self.services, self.metrics
         fleet.check_workers(now, learner)
         metrics.health_charts(now)
+        self.evaluation.poll()
+        self.evaluation.maybe_start(now, learner)
         if fleet.errors.maybe_run(now):
             metrics.error_report()
         if services.restart_dead_redis(now):
@@ -300,6 +305,7 @@ class Driver:
             fleet.continue_stopped,
             lambda: learner.join_for_teardown() if self.dist is not None and learner else None,
             lambda: random_return.stop(self.random_probe),
+            self.evaluation.stop,
             fleet.stop_starts,
             fleet.stop_workers,
             self._final_errors,
