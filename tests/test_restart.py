@@ -22,6 +22,7 @@ import pytest
 
 from conftest import REPO, compose_cfg, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_leftovers
 from rlpipe.config import ConfigError, run_spec
+from rlpipe.lifecycle.recovery import recovery_report
 from rlpipe.supervisor.stall import EXIT_STALL, STACKS_FILE
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -250,6 +251,8 @@ def test_frozen_driver_loop_is_found_dumped_cleaned_up_and_exits_with_its_code(s
     (stall,) = lifecycle_rows(run_dir, "driver_stall")
     assert stall["exit_code"] == EXIT_STALL and stall["since_step_served_s"] >= 8
     assert stall["phase"] == "chaos.freeze_driver_at_s"
+    freeze = recovery_report(run_dir / "lifecycle.sqlite")["by_kind"]["freeze_driver"]
+    assert freeze["injected"] == freeze["recovered"] == 1       # found by the detector
     gen = Generation(proc.pid, tree, proc.returncode, err, run_dir)
     assert len(tree) >= 4          # redis, the forkserver, a worker, the probe (and the resource tracker)
     assert_nothing_left(gen)
