@@ -212,6 +212,9 @@ class ChaosSpec(_Section):
     kill_worker_every_s: Optional[float] = setting(positive_or_null)
     stop_worker_every_s: Optional[float] = setting(positive_or_null)
     kill_redis_at_s: Optional[float] = setting(positive_or_null)
+    # the driver's loop blocks for good this long after its first served step, in a run that did
+    # not resume (the stall detector's test: a resumed run must not freeze again)
+    freeze_driver_at_s: Optional[float] = setting(positive_or_null)
 
     @property
     def enabled(self) -> bool:
@@ -224,7 +227,9 @@ class RunControlSpec(_Section):
     """`run:`, what the job does and when it stops (RunSpec is the whole run)."""
     _key = "run"
     mode: str = setting(one_of("train", "validate"))   # validate: day0, check every env type, no learner
-    resume: bool = MISSING
+    # true | false | auto (Any: a str field would turn YAML's true into "True"; checked here)
+    resume: Any = setting(checks.resume_mode)
+    stall_timeout_s: Optional[float] = setting(positive_or_null)   # the driver's stall detector (null: off)
     duration_s: Optional[float] = setting(positive_or_null)
     total_env_steps: Optional[int] = setting(positive_int_or_null)
     seed: int = MISSING

@@ -6,7 +6,7 @@ from __future__ import annotations
 EVENT_KINDS = frozenset({
     "env_create", "env_crash", "env_hang", "env_rebuild", "env_quarantine", "group_wake",
     "worker_spawn", "worker_exit", "worker_term", "worker_kill", "worker_restart", "redis_restart",
-    "chaos_inject", "worker_ready", "redis_recovered",
+    "chaos_inject", "worker_ready", "redis_recovered", "driver_stall",
 })
 
 # summary.json "faults" key -> the event kind it counts.
