@@ -118,7 +118,7 @@ def eval_hook(short_tmp):
     (run_dir / ".hydra").mkdir(parents=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     spec = run_spec(cfg)
-    learner = CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys))
+    learner = CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
     services = Services(run_dir, "evtest")
     services.start_tensorboard(None, None)
     clock = [time.monotonic()]
@@ -227,7 +227,7 @@ def test_play_cuts_the_episodes_a_type_budget_does_not_cover():
     from rlpipe.eval.play import play
     from rlpipe.learner.policy import Policy
     spec = run_spec(compose_cfg(["env_mix=cartpole", "env_count=2"]))
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     policy = Policy(plan, plan.obs_keys, spec.learner.hidden, spec.learner.cnn_channels, spec.learner.cnn_out)
     factory = make_factory(spec.env_types[0].node)
     none = play(policy, plan, 0, factory, 3, True, 0, 5000, None, budget_s=0.0)
@@ -244,7 +244,7 @@ def test_a_type_whose_steps_hang_is_cut_at_its_budget_not_its_step_timeout():
     from rlpipe.learner.policy import Policy
     spec = run_spec(compose_cfg(["env_mix=seed12", "env_count=12", "env_mix.types.web_sim.hang_rate=1.0",
                                  "env_mix.types.web_sim.hang_s=null"]))
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys)
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     policy = Policy(plan, plan.obs_keys, spec.learner.hidden, spec.learner.cnn_channels, spec.learner.cnn_out)
     web = plan.names.index("web_sim")
     t0 = time.monotonic()
