@@ -74,12 +74,12 @@ def test_long_run_fits_the_second_half_only():
 
 
 def test_a_run_charts_its_resources_and_judges_them(short_tmp):
-    """A 32 s run with the verdict's minimum lowered: resources/* in TensorBoard, every role's
+    """A 40 s run with the verdict's minimum lowered: resources/* in TensorBoard, every role's
     figures in the verdict, the health report's long-run table; the same run with the default
     minimum (10 minutes) has long_run null and says why."""
     from rlpipe.telemetry.tb_events import read_scalars
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "env_count=32", "groups.size=16", "run.total_env_steps=null", "run.duration_s=32",
+    out = run_cli(run_dir, "env_count=32", "groups.size=16", "run.total_env_steps=null", "run.duration_s=40",
                   "logging.long_run_min_s=10", "logging.resources_interval_s=0.5", "learner.checkpoint_interval_s=5")
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)

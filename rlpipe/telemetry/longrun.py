@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 FLAT_PCT_PER_H = 1.0        # a slope under 1 % of the figure's level per hour is flat
-MIN_POINTS = 8              # fewer samples in the second half: no verdict for that figure
+MIN_POINTS = 6              # fewer samples in the second half: no verdict for that figure
 Z95 = 1.959964
 
 
