@@ -41,6 +41,7 @@ from rlpipe.supervisor.workers import stop_workers
 from rlpipe.vector.faults import FaultRecords
 
 log = logging.getLogger("rlpipe")
+_started_engines = 0        # engines of this process with services up (they share the forkserver)
 SUPERVISE_S = 0.25      # while waiting for rings: replace exited workers, advance the watchdog
 POLL_MS = 10
 
@@ -117,7 +118,9 @@ class Engine:
                                               "env_count": spec.env_count, "run_dir": str(self.run_dir),
                                               "client": "rlpipe.vector"})
         services.start_lifecycle()
+        global _started_engines
         self.started = True
+        _started_engines += 1
         with hidden_main():
             fleet.start(self.plan, versions)
         # The fleet's aggregator, swapped for one that also keeps records by env id (the hot
@@ -217,6 +220,11 @@ class Engine:
         steps = [fleet.stop_starts, fleet.stop_workers,
                  lambda: self.faults.finish() if self.faults is not None else None,
                  fleet.count_lifecycle_drops, *fleet.release_steps(), *self.services.stop_steps()]
+        global _started_engines
+        if self.started:
+            _started_engines -= 1
+            if _started_engines == 0:
+                steps.append(release_forkserver)
         for step in steps if self.started else self.services.stop_steps():
             try:
                 step()
@@ -227,3 +235,16 @@ class Engine:
         if self.own_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         self.started = False
+
+
+def release_forkserver() -> None:
+    """The last engine of the process closed: its forkserver and the temp dir holding the
+    server's socket (rlpipe.supervisor.services.multiprocessing_temp_dir) go too. The next
+    engine starts a new server in a new dir."""
+    from multiprocessing import forkserver, process
+    forkserver._forkserver._stop()
+    config = process.current_process()._config
+    tempdir = config.get("tempdir")
+    if tempdir and Path(tempdir).name.startswith("rlpipe_"):
+        del config["tempdir"]
+        shutil.rmtree(tempdir, ignore_errors=True)
