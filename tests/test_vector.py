@@ -17,7 +17,6 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
 import rlpipe.vector as rv
-import vector_envs  # noqa: F401  (registers vector_envs:Breaking-v0 here too)
 
 REPO = Path(__file__).resolve().parent.parent
 BREAKING = "vector_envs:Breaking-v0"
