@@ -39,6 +39,7 @@ from rlpipe.vector.faults import WORKER_RESTART, fault_info
 from rlpipe.vector.spaces import SpaceMap
 
 FAULT_FIELDS = ("kind", "error_type", "fingerprint", "message")
+EPOCH_SEED_STRIDE = 1_000_000_007   # seed offset of each reset(seed=None); rebuilds use 1_000_003
 
 
 class ClosedError(RuntimeError):
@@ -64,7 +65,7 @@ class RlpipeVectorEnv(VectorEnv):
         self.closed = False
         self._started = False
         self._seed = self.spec_run.run.seed       # conf's run.seed unless `seed` is given
-        self._resets = 0
+        self._epoch = 0                           # resets without a seed since the last seeded one
         lifetime.register(self)
         try:
             plan = self.engine.describe()
@@ -128,11 +129,13 @@ class RlpipeVectorEnv(VectorEnv):
                             "(rlpipe seeds env i with seed + i, as SyncVectorEnv does for an int)")
         engine = self.engine
         if seed is not None:
-            self._seed = int(seed)
-        elif self._started:         # a second reset(seed=None): new episodes, not the first ones again
-            self._seed = int(np.random.default_rng((self._seed, self._resets)).integers(2**31 - self.num_envs))
-        self._resets += 1
-        engine.spec.run.seed = self._seed       # what Fleet.worker_spec hands the next workers
+            self._seed, self._epoch = int(seed), 0
+        elif self._started:
+            # reset(seed=None) after the first: new episodes, not the first ones again, while
+            # np_random_seed stays the seed given (as a SyncVectorEnv's envs keep theirs)
+            self._epoch += 1
+        # what Fleet.worker_spec hands the next workers (env i is seeded run.seed + i)
+        engine.spec.run.seed = self._seed + EPOCH_SEED_STRIDE * self._epoch
         if not self._started:
             self._started = True
             engine.start()
