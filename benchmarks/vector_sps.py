@@ -7,6 +7,13 @@ forever once (benchmarks/vector_faults.py).
                                     [--async-max 256] [--fault-envs 1000] [--fault-seconds 600]
                                     [--skip-sps] [--skip-faults] [--json]
 
+PufferLib's `Multiprocessing` (the `pufferlib-core` wheel; its metadata pins another torch, so
+it lives in a bench venv: `python3 -m venv /tmp/rlv-bench-venv && /tmp/rlv-bench-venv/bin/pip
+install --no-deps pufferlib-core`, plus a .pth line naming rlpipe's .venv site-packages for
+numpy, gymnasium, psutil and rlpipe:
+`import site; site.addsitedir('<repo>/.venv/lib/python3.11/site-packages')`; run this script with that venv's python) is the `puffer`
+backend, skipped where it does not import.
+
 Every backend builds its envs the same way: `gym.make(id, disable_env_checker=True)`, no
 wrapper (what rlpipe's adapter does, rlpipe/envs/classic.py). Actions are drawn once per step
 for the whole batch with numpy (the same cost for every backend) and the clock covers the
@@ -23,6 +30,7 @@ rlpipe.vector runs with worker.step_timeout_s=2 (the trial's deadline).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -61,6 +69,21 @@ def build(backend: str, env_id: str, n: int, seed: int, make_kwargs: dict | None
             return rlpipe.vector.make(env_id, n, seed=seed, overrides=ov, batch_size=max(1, n // 4))
         return rlpipe.vector.make(env_id, n, seed=seed, overrides=ov)
     import gymnasium as gym
+    if backend == "puffer":
+        import psutil
+        import pufferlib.emulation
+        import pufferlib.vector
+        thunk = gym_thunk(env_id, **make_kwargs)
+
+        def creator(buf=None, seed=0):
+            return pufferlib.emulation.GymnasiumPufferEnv(env_creator=thunk, buf=buf, seed=seed)
+        # its default layout: one worker per physical core (more is refused without
+        # overwork=True), each stepping num_envs / workers envs; the batch is every env
+        workers = min(n, psutil.cpu_count(logical=False) or 1)
+        while n % workers:
+            workers -= 1
+        return pufferlib.vector.make(creator, backend=pufferlib.vector.Multiprocessing, num_envs=n,
+                                     num_workers=workers, batch_size=n, seed=seed)
     fns = [gym_thunk(env_id, **make_kwargs) for _ in range(n)]
     if backend == "gym_sync":
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -74,6 +97,15 @@ def run_steps(backend: str, envs, n: int, seconds: float, rng, on_step=None,
               hang_limit: float | None = None) -> tuple[int, float]:
     """Env steps taken and the seconds they took, random actions, for `seconds`."""
     steps, t0 = 0, time.perf_counter()
+    if backend == "puffer":
+        envs.async_reset(0)
+        while time.perf_counter() - t0 < seconds:
+            obs, rew, term, trunc, _teacher, infos, ids, _mask = envs.recv()
+            steps += len(ids)
+            if on_step is not None:
+                on_step(ids, {})
+            envs.send(rng.integers(0, 2, len(ids)))
+        return steps, time.perf_counter() - t0
     if backend == "rlpipe_async":
         envs.async_reset(seed=0)
         while time.perf_counter() - t0 < seconds:
@@ -162,7 +194,7 @@ def main(argv=None) -> int:
     p.add_argument("--counts", type=int, nargs="+", default=[64, 1000, 7000])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--async-max", type=int, default=256)
-    p.add_argument("--backends", nargs="+", default=["rlpipe_sync", "rlpipe_async", "gym_sync", "gym_async"])
+    p.add_argument("--backends", nargs="+", default=["rlpipe_sync", "rlpipe_async", "gym_sync", "gym_async", "puffer"])
     p.add_argument("--fault-envs", type=int, default=1000)
     p.add_argument("--fault-seconds", type=float, default=600.0)
     p.add_argument("--hang-limit", type=float, default=30.0)
@@ -177,6 +209,11 @@ def main(argv=None) -> int:
         return 0
     print(f"load average at start: {os.getloadavg()[0]:.2f}, CPUs: {os.cpu_count()}", flush=True)
     rows, survival = [], []
+    if "puffer" in args.backends:
+        if importlib.util.find_spec("pufferlib") is None:
+            print("puffer: skipped (pufferlib is not importable here: run this script with the bench "
+                  "venv's python, docs/benchmarks.md)")
+            args.backends = [b for b in args.backends if b != "puffer"]
     if not args.skip_sps:
         for n in args.counts:
             for backend in args.backends:
@@ -187,10 +224,10 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"{backend:13s} {n:6d} envs: {row['sps']:>9,d} env steps/s", flush=True)
             base = {r["backend"]: r["sps"] for r in rows if r["envs"] == n}
-            if "gym_sync" in base:
-                for b in ("rlpipe_sync", "rlpipe_async"):
-                    if b in base:
-                        print(f"  {b} / gym_sync at {n}: {base[b] / base['gym_sync']:.2f}x")
+            for b in ("rlpipe_sync", "rlpipe_async"):
+                for other in ("gym_sync", "puffer"):
+                    if b in base and other in base:
+                        print(f"  {b} / {other} at {n}: {base[b] / base[other]:.2f}x")
     if not args.skip_faults:
         for backend in args.backends:
             res = trial_in_child(backend, args.fault_envs, args.fault_seconds, args.hang_limit)
