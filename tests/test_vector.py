@@ -285,3 +285,27 @@ def test_an_rlpipe_env_type_by_name():
             assert obs in envs.observation_space
     finally:
         envs.close()
+
+
+def test_a_continuous_box_action_id_matches_sync_vector_env():
+    """Pendulum's Box(-2, 2) actions go through the continuous head (mapped onto [-1, 1] and
+    back) and come out as SyncVectorEnv's, to float32 rounding."""
+    n = 3
+    envs = rv.make("Pendulum-v1", n, seed=5)
+    sync = SyncVectorEnv([lambda: gym.make("Pendulum-v1") for _ in range(n)],
+                         autoreset_mode=AutoresetMode.SAME_STEP)
+    try:
+        assert envs.single_action_space == sync.single_action_space
+        np.testing.assert_array_equal(envs.reset(seed=5)[0], sync.reset(seed=5)[0])
+        rng = np.random.default_rng(1)
+        for _ in range(50):
+            a = rng.uniform(-2, 2, (n, 1)).astype(np.float32)
+            o1, r1, *_ = envs.step(a)
+            o2, r2, *_ = sync.step(a)
+            np.testing.assert_allclose(o1, o2, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(r1, r2, rtol=1e-4, atol=1e-4)
+        with pytest.raises(ValueError, match="NaN"):
+            envs.step(np.full((n, 1), np.nan, np.float32))
+    finally:
+        envs.close()
+        sync.close()
