@@ -89,7 +89,7 @@ class RlpipeVectorEnv(VectorEnv):
         # What finished episodes returned, as Gymnasium's RecordEpisodeStatistics keeps them.
         self.return_queue: collections.deque = collections.deque(maxlen=100)
         self.length_queue: collections.deque = collections.deque(maxlen=100)
-        self.episode_returns: list[float] = []     # every finished episode's return, in order
+        self.episode_returns: list[float] = []     # finished episodes' returns, in order (the first million)
         self.fault_count = 0
 
     # -- properties Gymnasium's vectors have ----------------------------------------------
@@ -275,7 +275,7 @@ class RlpipeVectorEnv(VectorEnv):
             rets = ep_ret[ended]
             self.return_queue.extend(rets.tolist())
             self.length_queue.extend(ep_len[ended].tolist())
-            if len(self.episode_returns) < 10_000_000:
+            if len(self.episode_returns) < 1_000_000:
                 self.episode_returns.extend(rets.tolist())
             if self.episode_info:
                 info["episode"] = {"r": np.where(ended, ep_ret, 0.0), "l": np.where(ended, ep_len, 0)}
