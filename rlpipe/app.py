@@ -25,6 +25,7 @@ log = logging.getLogger("rlpipe")
 warnings.filterwarnings("ignore", message=r"(?s)\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore")
 EXIT_CONFIG = 2
 EXIT_RANK_LOST = 3          # under torchrun: a peer rank (or the agent) went away mid-run
+# 4, EXIT_STALL: the driver's loop stalled (rlpipe.supervisor.stall, which exits the process itself)
 
 
 def run_job(cfg: DictConfig) -> int:

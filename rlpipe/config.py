@@ -212,6 +212,9 @@ class ChaosSpec(_Section):
     kill_worker_every_s: Optional[float] = setting(positive_or_null)
     stop_worker_every_s: Optional[float] = setting(positive_or_null)
     kill_redis_at_s: Optional[float] = setting(positive_or_null)
+    # the driver's loop blocks for good this long after its first served step, in a run that did
+    # not resume (the stall detector's test: a resumed run must not freeze again)
+    freeze_driver_at_s: Optional[float] = setting(positive_or_null)
 
     @property
     def enabled(self) -> bool:
@@ -224,7 +227,9 @@ class RunControlSpec(_Section):
     """`run:`, what the job does and when it stops (RunSpec is the whole run)."""
     _key = "run"
     mode: str = setting(one_of("train", "validate"))   # validate: day0, check every env type, no learner
-    resume: bool = MISSING
+    # true | false | auto (Any: a str field would turn YAML's true into "True"; checked here)
+    resume: Any = setting(checks.resume_mode)
+    stall_timeout_s: Optional[float] = setting(positive_or_null)   # the driver's stall detector (null: off)
     duration_s: Optional[float] = setting(positive_or_null)
     total_env_steps: Optional[int] = setting(positive_int_or_null)
     seed: int = MISSING
@@ -246,6 +251,18 @@ class LoggingSpec(_Section):
     resources_interval_s: float = setting(positive)    # the least seconds between two resource samples
     long_run_min_s: float = setting(positive)          # a loop this long gets the long-run verdict
     project_to_s: Optional[float] = setting(positive_or_null)   # the verdict's horizon (null: run.duration_s)
+
+
+@dataclass
+class EvalSpec(_Section):
+    """`eval:`, evaluation during training (rlpipe/supervisor/evaluation.py): every
+    `interval_s` a child at nice 19 plays `episodes` deterministic episodes of each env type on
+    envs of its own, with the policy's weights of that moment."""
+    _key = "eval"
+    interval_s: Optional[float] = setting(positive_or_null)   # null: no evaluation during training
+    episodes: int = setting(positive_int)          # deterministic episodes per type and round
+    budget_s: float = setting(positive)            # the most seconds a round spends on one type
+    max_steps: int = setting(positive_int)         # an episode still running after this many steps is cut
 
 
 @dataclass
@@ -275,6 +292,7 @@ class RunSpec(_Section):
     chaos: ChaosSpec = MISSING
     run: RunControlSpec = MISSING
     logging: LoggingSpec = MISSING
+    eval: EvalSpec = MISSING
     dist: DistSpec = MISSING
     env_count: int = setting(positive_int)
     stage: Optional[str] = MISSING
@@ -308,4 +326,31 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         if OmegaConf.is_missing(cfg.buffer, "sizing"):
             # saved before buffer.sizing existed: every board then was used as written
             cfg.buffer.sizing = "fixed"
+        _fill_newer_settings(cfg)
     return OmegaConf.to_object(cfg)
+
+
+def _fill_newer_settings(cfg: DictConfig) -> None:
+    """A run saved by an older rlpipe lacks the settings added since (eval:, logging's resource
+    keys, run.stall_timeout_s...): they take today's defaults from conf/, which is what that
+    run did without them (nothing it recorded depends on them). Skipped inside a Hydra app,
+    which cannot compose a second config."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    def missing(node, prefix=""):
+        for key in node:
+            if OmegaConf.is_missing(node, key):
+                yield prefix + str(key)
+            elif OmegaConf.is_dict(node[key]) and not str(key).startswith("types"):
+                yield from missing(node[key], f"{prefix}{key}.")
+
+    keys = list(missing(cfg))
+    if not keys or GlobalHydra.instance().is_initialized():
+        return
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        defaults = compose(config_name="config")
+    for key in keys:
+        value = OmegaConf.select(defaults, key, throw_on_missing=False)
+        if value is not None or OmegaConf.select(defaults, key, default="absent") is None:
+            OmegaConf.update(cfg, key, value, merge=False)

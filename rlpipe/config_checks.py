@@ -114,6 +114,15 @@ def redis_url(key: str, value: Any) -> None:
         fail(key, value, "allowed is null (embedded) or a redis://, rediss:// or unix:// url")
 
 
+def resume_mode(key: str, value: Any) -> None:
+    """run.resume: true, false or auto (bools as YAML and Hydra's overrides parse them)."""
+    if value is not True and value is not False and value != "auto":
+        fail(key, value, "allowed are true (continue from the newest readable checkpoint of the run "
+             "dir, an error when there is none), false (start fresh) and auto (continue when there is "
+             "a readable checkpoint, start fresh when there is none: for a supervisor that restarts "
+             "the same command line)")
+
+
 def fifo(key: str, value: Any) -> None:
     if value is not None and (not isinstance(value, int) or not 1 <= value <= 99):
         fail(key, value, "allowed is null (off) or a SCHED_FIFO priority in 1..99")

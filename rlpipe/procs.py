@@ -1,11 +1,17 @@
 """Is a process alive? One answer for every caller (sweeps, workers watching their driver,
-checkpoint temp files): a zombie is not alive. And how much CPU has a process used?"""
+checkpoint temp files): a zombie is not alive. How much CPU has a process used? And how a
+child of the run goes when its driver does."""
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PR_SET_PDEATHSIG = 1
 
 
 def pid_alive(pid: int) -> bool:
@@ -44,6 +50,31 @@ def parent_pid(pid: int) -> int | None:
     """The parent's pid of a live process (None when it is gone)."""
     fields = _stat_fields(pid)
     return int(fields[1]) if fields else None
+
+
+def die_with_parent() -> None:
+    """In a child, first thing: SIGKILL from the kernel when its parent goes, however it goes
+    (a driver killed with -9 runs no teardown). The parent is the thread that forked it: for
+    the driver's children (Redis) its main thread. Under forkserver it is the forkserver,
+    which lives as long as any of its children does (`exit_when_gone`): a worker also watches
+    its driver's pid itself. Without prctl (not Linux) nothing is asked."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def exit_when_gone(pid: int, interval_s: float = 1.0) -> None:
+    """A daemon thread that ends this process (os._exit(0)) once `pid` is gone. For a
+    forkserver child that, unlike a worker, has no loop of its own watching its driver: the
+    forkserver hands every child the write end of its "alive" pipe, so it outlives a killed
+    driver for as long as any such child does (and multiprocessing's resource tracker with it):
+    a parent-death signal, which would come from the forkserver, never fires."""
+    def watch() -> None:
+        while pid_alive(pid):
+            time.sleep(interval_s)
+        os._exit(0)
+    threading.Thread(target=watch, name="exit-when-driver-gone", daemon=True).start()
 
 
 def thread_count(pid: int) -> int:

@@ -59,6 +59,8 @@ OPTION_CHECKS = {
     ("logging", "default"): lambda s: (s.logging.progress_interval_s, s.logging.aggregate_interval_s,
                                        s.logging.random_return_episodes, s.logging.random_return_budget_s)
     == (10, 60, 20, 30),
+    ("eval", "default"): lambda s: (s.eval.interval_s, s.eval.episodes, s.eval.budget_s, s.eval.max_steps)
+    == (None, 5, 20.0, 5000),
     ("dist", "default"): lambda s: (s.dist.sync_frac, s.dist.backend, s.dist.timeout_s) == (0.6, "auto", 300.0)
     and s.env_id_offset == 0,
     ("redis", "embedded"): lambda s: s.redis.url is None,
@@ -116,6 +118,11 @@ def test_defaults_are_plain_values():
     ("learner.popart_beta=2", "learner.popart_beta"),
     ("reward_norm.mode=mean", "reward_norm.mode"),
     ("logging.random_return_episodes=-1", "logging.random_return_episodes"),
+    ("eval.episodes=0", "eval.episodes"),
+    ("eval.interval_s=-5", "eval.interval_s"),
+    ("eval.interval_s=0", "eval.interval_s"),
+    ("eval.budget_s=0", "eval.budget_s"),
+    ("eval.max_steps=0", "eval.max_steps"),
 ])
 def test_bad_values_raise_config_error_naming_the_key(override, key):
     overrides = [override] + (["run.total_env_steps=null"] if key == "run.duration_s" else [])
@@ -201,6 +208,8 @@ def test_every_stage_composes_and_validates(stage):
         assert getattr(spec.groups, key) == value, key
     for key, value in own.get("heartbeat", {}).items():
         assert getattr(spec.heartbeat, key) == value, key
+    for key, value in own.get("eval", {}).items():
+        assert getattr(spec.eval, key) == value, key
     for key, value in own.get("learner", {}).items():
         got = getattr(spec.learner, key)
         assert (tuple(got) if isinstance(got, (list, tuple)) else got) == \
@@ -222,3 +231,19 @@ def test_over_budget_config_is_refused_with_the_arithmetic(short_tmp):
     assert "rollout storage env_count 7000 x learner.rollout_len 64" in out.stderr
     assert "GiB usable here" in out.stderr
     assert not (short_tmp / "run" / "summary.json").exists()
+
+
+def test_a_config_saved_by_an_older_rlpipe_reads_back_with_todays_defaults_for_newer_keys(tmp_path):
+    """rlpipe.eval and rlpipe.report read a run's .hydra/config.yaml: a run saved before the
+    eval group and the resource settings existed still loads, those keys at conf/'s defaults."""
+    from omegaconf import OmegaConf
+
+    from rlpipe.config import run_spec
+    saved = OmegaConf.to_container(compose_cfg(["env_count=16"]), resolve=False)
+    del saved["eval"], saved["logging"]["resources_interval_s"], saved["logging"]["project_to_s"]
+    path = tmp_path / "config.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(saved)))
+    spec = run_spec(OmegaConf.load(path))
+    assert spec.env_count == 16
+    assert spec.eval.interval_s is None and spec.eval.episodes == 5
+    assert spec.logging.resources_interval_s == 1.0 and spec.logging.project_to_s == 518400.0

@@ -200,7 +200,7 @@ def test_driver_kill9_leaves_nothing_and_next_run_sweeps(short_tmp):
     wait_stepping(run_dir, {0: 1, 1: 1})
     proc.kill()
     proc.wait()
-    # Workers die with their forkserver (PR_SET_PDEATHSIG), Redis with the driver.
+    # Workers exit once they see their driver gone, Redis dies with it (PR_SET_PDEATHSIG).
     wait_for(lambda: not workers_of(proc.pid) and not redis_of(run_dir), 4 + 1 + 5,
              "the run's processes to die")
     leftovers = run_leftovers(proc.pid)

@@ -90,8 +90,9 @@ def rank_spec(spec: RunSpec, info: RankInfo) -> RunSpec:
     count, offset = share(spec.env_count, w, info.rank)
     updates, _ = share(update_total, w, info.rank)
     learner = dataclasses.replace(spec.learner, update_envs=updates)
-    run = dataclasses.replace(spec.run, resume=spec.run.resume or info.restart > 0)  # a torchrun restart
-    ranked = dataclasses.replace(spec, env_count=count, learner=learner, run=run)    # continues the run
+    # a torchrun restart continues the run (auto: a rank killed before its first checkpoint starts fresh)
+    run = dataclasses.replace(spec.run, resume=spec.run.resume or ("auto" if info.restart > 0 else False))
+    ranked = dataclasses.replace(spec, env_count=count, learner=learner, run=run)
     ranked.env_id_offset = offset       # not a setting, so replace() left it at 0
     return ranked
 

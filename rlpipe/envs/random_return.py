@@ -24,6 +24,7 @@ import numpy as np
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
+from rlpipe.procs import exit_when_gone
 
 RESULT_FILE = "random_returns.json"
 
@@ -92,8 +93,13 @@ def _close(env) -> None:
             pass
 
 
-def measure_all(nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int) -> None:
-    """Child-process entry: every type in turn, the file rewritten (atomically) after each."""
+def measure_all(nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int,
+                driver_pid: int) -> None:
+    """Child-process entry: every type in turn, the file rewritten (atomically) after each.
+    A driver killed with -9 cannot stop it, so it exits once its driver is gone: else it would
+    play on for minutes, write into the run dir beside the run a supervisor restarted there,
+    and keep the dead run's forkserver and resource tracker alive (rlpipe.procs.exit_when_gone)."""
+    exit_when_gone(driver_pid)
     try:
         os.nice(19)
     except OSError:
@@ -136,11 +142,11 @@ def verdict(last_returns, first_returns, episodes: int, random: dict | None, win
 
 
 def start(ctx, nodes: dict[str, dict], run_dir: Path, episodes: int, budget_s: float, seed: int):
-    """The measuring child process (a daemon: it never outlives the driver), or None when
-    `episodes` is 0."""
+    """The measuring child process (a daemon: a clean exit stops it; a killed driver's dies
+    with it, see `measure_all`), or None when `episodes` is 0."""
     if episodes <= 0:
         return None
-    proc = ctx.Process(target=measure_all, args=(nodes, str(run_dir), episodes, budget_s, seed),
+    proc = ctx.Process(target=measure_all, args=(nodes, str(run_dir), episodes, budget_s, seed, os.getpid()),
                        name="rlpipe-random-returns", daemon=True)
     proc.start()
     return proc

@@ -59,8 +59,6 @@ def load_plan(spec: RunSpec, config_path: Path) -> MixPlan:
 
 def _weights(run_dir: Path) -> tuple[Path, dict]:
     """(file, payload with 'policy' and 'compat') of the newest saved weights."""
-    import torch
-
     from rlpipe.learner.checkpoint import CheckpointError, load_latest
     ckpt_dir = run_dir / "checkpoints"
     export = run_dir / "export" / "policy.pt"
@@ -74,18 +72,25 @@ def _weights(run_dir: Path) -> tuple[Path, dict]:
         path, payload = found
         return path, {**payload, "env_steps": int(payload.get("counters", {}).get("env_steps", 0))}
     if export.is_file():
-        try:
-            payload = torch.load(export, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise EvalError(f"{export} is unreadable: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(payload, dict) or "policy" not in payload:
-            raise EvalError(f"{export} is not an rlpipe export (no 'policy' entry)")
-        return export, payload
+        return export, _read_weights(export)
     raise EvalError(f"{run_dir} has no checkpoint to evaluate: {ckpt_dir} holds no ckpt_*.pt and "
                     f"{export} does not exist. A run saves one every learner.checkpoint_interval_s "
                     "and when it ends; a run killed with -9 before its first interval, a "
                     "learner.mode=random run and a day0 validation leave none. Train longer (or "
                     "with a shorter learner.checkpoint_interval_s) and evaluate again.")
+
+
+def _read_weights(path: Path) -> dict:
+    """The payload of an export or of the driver's eval snapshot (a 'policy' entry, a 'compat'
+    and the 'env_steps' they were taken at)."""
+    import torch
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise EvalError(f"{path} is unreadable: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(payload, dict) or "policy" not in payload:
+        raise EvalError(f"{path} is not rlpipe weights (no 'policy' entry)")
+    return payload
 
 
 def _expected_compat(spec: RunSpec, plan: MixPlan) -> dict:
@@ -98,15 +103,17 @@ def _expected_compat(spec: RunSpec, plan: MixPlan) -> dict:
             "cnn": [*lc.cnn_channels, lc.cnn_out]}
 
 
-def load_run(run_dir: str | Path) -> LoadedRun:
-    """The run's spec, plan and trained policy; EvalError (one paragraph) when any is missing."""
+def load_run(run_dir: str | Path, weights: Path | None = None) -> LoadedRun:
+    """The run's spec, plan and trained policy (from `weights`, e.g. the driver's eval
+    snapshot, else the newest checkpoint or the export); EvalError (one paragraph) when any is
+    missing."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise EvalError(f"run directory {run_dir} does not exist")
     spec = load_spec(run_dir)
     # The weights are looked for before the env types are built: a run without a checkpoint
     # is told so at once, not after every type's env was constructed.
-    source, payload = _weights(run_dir)
+    source, payload = _weights(run_dir) if weights is None else (Path(weights), _read_weights(Path(weights)))
     plan = load_plan(spec, run_dir / ".hydra" / "config.yaml")
 
     import torch

@@ -9,12 +9,15 @@ first `action_n` entries of the continuous head (float32) for a continuous one.
 
 The `n` episodes of a type run in lockstep, one env each, so each policy call is one batch.
 An env that raises, breaks the contract, or runs past `step_timeout_s` (SIGALRM, as the
-worker's inline deadline) or `max_steps` has its episode cut: it is counted, not averaged.
+worker's inline deadline) or `max_steps` has its episode cut: it is counted, not averaged; so
+is every episode still running when `budget_s` (the whole call's time, evaluation during
+training) runs out.
 """
 from __future__ import annotations
 
 import math
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -78,22 +81,26 @@ def _on_alarm(_signum, _frame):
 def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic: bool, seed: int,
          max_steps: int, step_timeout_s: float | None = None,
          on_episode: Callable[[], None] | None = None,
-         observe: Callable[[object, dict], None] | None = None) -> Episodes:
+         observe: Callable[[object, dict], None] | None = None,
+         budget_s: float | None = None) -> Episodes:
     """`n` episodes of type `type_index`, env i built as `factory(env_id=i, seed=seed + i)`.
     `observe(env, obs)` is called for env 0 after its reset and after each of its steps (the
-    video recorder); `on_episode()` after each episode, finished or cut."""
+    video recorder); `on_episode()` after each episode, finished or cut. Past `budget_s`
+    seconds the episodes not yet finished are cut."""
     spec = plan.specs[type_index]
     layout = BoardLayout(plan, type_index)
     out = Episodes()
     envs: list = []
     obs: list[dict | None] = []
     steps, totals = [0] * n, [0.0] * n
-    alarm = step_timeout_s is not None and hasattr(signal, "setitimer")
+    deadline = time.monotonic() + budget_s if budget_s is not None else math.inf
+    step_limit = step_timeout_s if step_timeout_s is not None else math.inf
+    alarm = (step_timeout_s is not None or budget_s is not None) and hasattr(signal, "setitimer")
     old_handler = signal.signal(signal.SIGALRM, _on_alarm) if alarm else None
 
     def guarded(fn, *args):
-        if alarm:
-            signal.setitimer(signal.ITIMER_REAL, step_timeout_s)
+        if alarm:     # a step that hangs is cut at its timeout, or where the budget ends
+            signal.setitimer(signal.ITIMER_REAL, max(min(step_limit, deadline - time.monotonic()), 1e-3))
         try:
             return fn(*args)
         finally:
@@ -116,6 +123,9 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
         for i in range(n):
             envs.append(None)
             obs.append(None)
+            if time.monotonic() >= deadline:
+                end(i, None)
+                continue
             try:
                 envs[i] = guarded(lambda: factory(env_id=i, seed=seed + i))
                 first = guarded(envs[i].reset, i)
@@ -128,6 +138,10 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
         while True:
             live = [i for i in range(n) if obs[i] is not None]
             if not live:
+                break
+            if time.monotonic() >= deadline:
+                for i in live:
+                    end(i, None)
                 break
             batch, types = layout.batch([obs[i] for i in live])
             a_disc, a_cont, _logp, _value = policy.act(batch, types, deterministic=deterministic)

@@ -5,7 +5,7 @@ EVENT_KINDS = frozenset({
     "env_create", "env_reset_fail", "env_crash", "env_hang", "env_rebuild", "env_quarantine",
     "env_close", "group_wake", "group_hibernate", "worker_spawn", "worker_exit", "worker_term",
     "worker_kill", "worker_restart", "redis_restart", "chaos_inject", "worker_ready",
-    "redis_recovered",
+    "redis_recovered", "driver_stall",
 })
 
 # summary.json "faults" key -> the event kind it counts.

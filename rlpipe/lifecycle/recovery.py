@@ -7,7 +7,10 @@ Every `chaos_inject` row is matched with the row that says the fault is healed:
   generation, at or after the injection (the replacement has stepped its envs once);
 - kill_redis -> the first `redis_recovered` at or after the injection (each heals one
   injection): the driver writes it once every live worker has beaten into the restarted
-  server, not when the server merely answers a ping.
+  server, not when the server merely answers a ping;
+- freeze_driver -> the first `driver_stall` at or after the injection: the stall detector
+  found the frozen loop and ended the run for its supervisor to restart (the restart is a
+  new run in the same log).
 
 Time to recover is the difference of the two rows' timestamps (both wall clock, written by
 the driver). `lost_env_steps_est` estimates how much stepping a worker fault cost: for each
@@ -34,6 +37,7 @@ from rlpipe.lifecycle.readers import connect_ro
 
 WORKER_FAULTS = ("kill_worker", "stop_worker")
 REDIS_FAULTS = ("kill_redis",)
+DRIVER_FAULTS = ("freeze_driver",)
 
 
 def _detail(text: str | None) -> dict:
@@ -130,6 +134,7 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
         injects = _rows(db, ("chaos_inject",))
         readies = _rows(db, ("worker_ready",))
         restarts = _rows(db, ("redis_recovered",))
+        stalls = _rows(db, ("driver_stall",))
         spawns = _rows(db, ("worker_spawn",))
         creates = db.execute("SELECT DISTINCT worker_id, env_id FROM events WHERE kind = 'env_create' "
                              "AND worker_id IS NOT NULL AND env_id IS NOT NULL").fetchall()
@@ -160,6 +165,8 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
             match = _first(restarts, start, lambda r: r["id"] not in used_restarts)
             if match is not None:
                 used_restarts.add(match["id"])
+        elif what in DRIVER_FAULTS:
+            match = next((r for r in stalls if r["ts"] >= inj["ts"]), None)
         k = by_kind.setdefault(what, {"injected": 0, "recovered": 0, "p50_s": None, "p99_s": None})
         k["injected"] += 1
         recover_s = None

@@ -4,7 +4,13 @@ injection is a lifecycle row (`chaos_inject`) so recovery can be checked against
 - kill_worker_every_s: SIGKILL a random awake worker;
 - stop_worker_every_s: SIGSTOP a random awake worker and leave it stopped (the watchdog must
   notice the silence and replace it);
-- kill_redis_at_s: SIGKILL the embedded redis-server once, this many seconds into the run.
+- kill_redis_at_s: SIGKILL the embedded redis-server once, this many seconds into the run;
+- freeze_driver_at_s: the driver's own loop blocks for good this many seconds after it served
+  its first env step (`freeze_driver`, called by the loop), for the stall detector
+  (rlpipe.supervisor.stall) to find. Counted from the first step, not from the start, so a
+  test can count on its checkpoints on a loaded machine too. Only in a run that did not
+  resume: the restart a supervisor makes with the same command line continues from the
+  checkpoint instead of freezing again.
 
 Injections stop when less of the run is left than the watchdog needs to notice and heal a
 fault (timeout + grace + two scans) plus the longest a worker of this run has taken from its
@@ -17,6 +23,7 @@ import logging
 import os
 import random
 import signal
+import threading
 
 from rlpipe.config import ChaosSpec
 from rlpipe.procs import pid_alive
@@ -83,3 +90,11 @@ class Chaos:
             if proc is not None and proc.poll() is None:
                 self._record("kill_redis", pid=proc.pid, signal="SIGKILL", t=round(now - self.t0, 2))
                 proc.kill()
+
+
+def freeze_driver(lifecycle, t: float) -> None:
+    """Block the calling thread (the driver's loop) for good, after a `chaos_inject` row:
+    the frame the stall detector's stack dump names."""
+    lifecycle.record("chaos_inject", detail={"what": "freeze_driver", "t": round(t, 2)})
+    log.warning("chaos: freezing the driver's loop at %.1f s", t)
+    threading.Event().wait()

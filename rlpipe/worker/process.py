@@ -19,7 +19,7 @@ from rlpipe.doorbell import DoorbellClient
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
 from rlpipe.native.board import store_u64
-from rlpipe.procs import pid_alive
+from rlpipe.procs import die_with_parent, pid_alive
 from rlpipe.protocol import (STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
                              worker_key)
 from rlpipe.shm.layout import (H_AWAKE, H_BUILT, H_GENERATION, H_LC_DROPPED, H_OS_BEAT_NS, H_PID, H_READY,
@@ -30,7 +30,7 @@ from rlpipe.lifecycle import LifecycleClient
 from rlpipe.worker.control import EpsilonFeed, Heartbeat, StartupBeat
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy
-from rlpipe.worker.os_process import die_with_parent, join_cgroups, rss_mb, set_scheduling
+from rlpipe.worker.os_process import join_cgroups, rss_mb, set_scheduling
 from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.worker.spec import WorkerSpec
 from rlpipe.worker.stability import StabilityTracker

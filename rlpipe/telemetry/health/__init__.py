@@ -2,16 +2,18 @@
 the run directory (the day6 stage, docs/architecture.md).
 
 Everything in it is read back from the run's own files (summary.json, tb/, lifecycle.sqlite,
-errors_top10.md, checkpoints/, .hydra/overrides.yaml): never from config. An input that is
-missing is said to be missing; a section that cannot be built says why and the rest of the
-report is still written, so `write_health_report` can be called at the end of every run.
+errors_top10.md, checkpoints/, .hydra/overrides.yaml, eval/history.jsonl): never from config.
+An input that is missing is said to be missing; a section that cannot be built says why and
+the rest of the report is still written, so `write_health_report` can be called at the end of
+every run.
 
 The package: inputs.py reads the files, plots.py draws, sections.py writes the sections,
 verdicts.py draws the checks, markdown.py formats; this module puts the report together.
 
 Plots (matplotlib, Agg, object API: no pyplot global state, no display):
 - health_sps.png              charts/sps (and envs/active) over env steps
-- health_returns.png          charts/episodic_return/<type> over env steps, one panel per type
+- health_returns.png          charts/episodic_return/<type> over env steps, one panel per type,
+                              with the evaluation rounds (eval/history.jsonl) beside it
 - health_memory.png           memory/pss_mb, workers/rss_mb_max (and _mean) over env steps
 - health_rewards_by_group.png per-type distribution of the logged returns (TensorBoard points)
                               and env faults per worker group (lifecycle)
@@ -53,7 +55,7 @@ def write_health_report(run_dir: str | Path) -> Path:
 
     # plots first, so the sections can link what was drawn
     for name, draw in ((PLOT_SPS, lambda p: plot_sps(run.scalars, p)),
-                       (PLOT_RETURNS, lambda p: plot_returns(run.scalars, p)),
+                       (PLOT_RETURNS, lambda p: plot_returns(run.scalars, p, run.eval_rounds)),
                        (PLOT_MEMORY, lambda p: plot_memory(run.scalars, p)),
                        (PLOT_GROUPS, lambda p: plot_groups(run.scalars, rep.group_faults, p)),
                        (PLOT_RESOURCES, lambda p: plot_resources(run.scalars, p))):
@@ -70,6 +72,7 @@ def write_health_report(run_dir: str | Path) -> Path:
     rep.section("Run", rep.identity)
     rep.section("Headline figures", rep.headline)
     rep.section("Returns per env type", rep.returns)
+    rep.section("Evaluation during training", rep.eval_rounds)
     rep.section("Throughput and memory", rep.throughput_memory)
     rep.section("Faults", rep.faults)
     rep.section("Worker groups", rep.groups_section)
@@ -89,7 +92,7 @@ def write_health_report(run_dir: str | Path) -> Path:
             f"(never from config).", "",
             md_table(["input", "state"], [
                 ["`summary.json`", run.summary_note], ["`tb/`", run.tb_note],
-                ["`lifecycle.sqlite`", run.db_note],
+                ["`lifecycle.sqlite`", run.db_note], ["`eval/history.jsonl`", run.eval_note],
                 ["`errors_top10.md`", "present" if (run_dir / "errors_top10.md").is_file() else "missing"],
                 ["`checkpoints/`", "present" if (run_dir / "checkpoints").is_dir() else "missing"]], right=set()),
             ]

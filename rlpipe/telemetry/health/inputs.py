@@ -1,5 +1,6 @@
-"""The health report's inputs: the run's own files (summary.json, tb/, lifecycle.sqlite), each
-read once, with a note saying whether it was present, missing or unreadable."""
+"""The health report's inputs: the run's own files (summary.json, tb/, lifecycle.sqlite,
+eval/history.jsonl), each read once, with a note saying whether it was present, missing or
+unreadable."""
 from __future__ import annotations
 
 import contextlib
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 RETURN_PREFIX = "charts/episodic_return/"
 MEMORY_TAGS = ("memory/pss_mb", "workers/rss_mb_max", "workers/rss_mb_mean")
 ENV_FAULT_KINDS = ("env_crash", "env_hang", "env_quarantine", "env_reset_fail")
+EVAL_HISTORY = "eval/history.jsonl"      # evaluation during training: one line per round
 
 
 @dataclass
@@ -28,6 +30,8 @@ class RunFiles:
     tb_note: str = "missing"
     db: Path | None = None
     db_note: str = "missing"
+    eval_rounds: list[dict] = field(default_factory=list)
+    eval_note: str = "missing"
     notes: list[str] = field(default_factory=list)
 
 
@@ -71,11 +75,35 @@ def _load_db(run_dir: Path) -> tuple[Path | None, str]:
     return path, f"present ({n:,} rows)"
 
 
+def _load_eval_rounds(run_dir: Path) -> tuple[list[dict], str]:
+    """The rounds of eval/history.jsonl with env_steps and per-type results; a line that is
+    not one (a round cut off mid-write by a crash) is counted, not fatal."""
+    path = run_dir / EVAL_HISTORY
+    if not path.is_file():
+        return [], "missing"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        return [], f"unreadable ({e})"
+    rounds, bad = [], 0
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            if isinstance(rec.get("types"), dict) and isinstance(rec.get("env_steps"), int):
+                rounds.append(rec)
+                continue
+        except (ValueError, AttributeError):
+            pass
+        bad += 1
+    return rounds, f"present ({len(rounds)} round(s)" + (f", {bad} unreadable line(s))" if bad else ")")
+
+
 def load_run(run_dir: Path) -> RunFiles:
     run = RunFiles(Path(run_dir))
     run.summary, run.summary_note = _load_summary(run.run_dir)
     run.scalars, run.tb_note = _load_tb(run.run_dir)
     run.db, run.db_note = _load_db(run.run_dir)
+    run.eval_rounds, run.eval_note = _load_eval_rounds(run.run_dir)
     return run
 
 
@@ -86,3 +114,15 @@ def query(db_path: Path, sql: str, args: tuple = ()) -> list[tuple]:
 
 def return_series(scalars: dict[str, Series]) -> dict[str, Series]:
     return {tag[len(RETURN_PREFIX):]: s for tag, s in sorted(scalars.items()) if tag.startswith(RETURN_PREFIX)}
+
+
+def eval_curves(rounds: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """type -> (env steps, mean return) of each round where some episode of it finished."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for rec in rounds:
+        for name, t in rec["types"].items():
+            if isinstance(t, dict) and t.get("mean") is not None:
+                steps, means = out.setdefault(name, ([], []))
+                steps.append(rec["env_steps"])
+                means.append(float(t["mean"]))
+    return out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlpipe.telemetry.health.inputs import ENV_FAULT_KINDS, MEMORY_TAGS, return_series
+from rlpipe.telemetry.health.inputs import ENV_FAULT_KINDS, MEMORY_TAGS, eval_curves, return_series
 from rlpipe.telemetry.tb_events import Series
 
 PLOT_SPS = "health_sps.png"
@@ -75,25 +75,40 @@ def plot_sps(scalars: dict[str, Series], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_returns(scalars: dict[str, Series], path: Path) -> Path | None:
+def plot_returns(scalars: dict[str, Series], path: Path, eval_rounds: list[dict] | None = None) -> Path | None:
+    """Training return per type and, beside it in the same panel, the return of the
+    deterministic evaluation rounds (eval/history.jsonl) when the run had them."""
     rets = return_series(scalars)
-    if not rets:
+    evals = eval_curves(eval_rounds or [])
+    names = list(dict.fromkeys([*rets, *evals]))
+    if not names:
         return None
-    rows, cols = _grid(len(rets))
-    last = _last_step(scalars)
+    rows, cols = _grid(len(names))
+    last = max(_last_step(scalars), max((max(st) for st, _ in evals.values()), default=0))
     fig = _figure(figsize=(max(MIN_WIDTH, 3.2 * cols), 2.5 * rows + 0.9), layout="constrained")
     axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False, sharex=True)).ravel()
-    for i, (ax, (name, s)) in enumerate(zip(axes, rets.items())):
-        ax.plot(s.steps, s.values, marker="." if len(s.steps) < 30 else None)
+    for i, (ax, name) in enumerate(zip(axes, names)):
+        s = rets.get(name)
+        if s is not None:
+            ax.plot(s.steps, s.values, marker="." if len(s.steps) < 30 else None, label="training")
+        if name in evals:
+            steps, means = evals[name]
+            ax.plot(steps, means, marker="o", markersize=4, color="tab:orange", label="eval (deterministic)")
         ax.set_title(name, fontsize=10)
         ax.tick_params(labelsize=7)
         # x labels under the lowest panel of each column only (the axis is shared)
-        _steps_axis(ax, last, label=i + cols >= len(rets))
+        _steps_axis(ax, last, label=i + cols >= len(names))
         ax.tick_params(axis="x", labelbottom=True)
-    for ax in axes[len(rets):]:
+    for ax in axes[len(names):]:
         ax.set_visible(False)
-    fig.supylabel(RETURN_LABEL, fontsize=9)
-    fig.suptitle("Episodic return per env type (TensorBoard charts/episodic_return/<type>)", fontsize=11)
+    if evals:     # both curves named in the first panel, even where it holds only one of them
+        from matplotlib.lines import Line2D
+        axes[0].legend([Line2D([], [], color="tab:blue", marker="."),
+                        Line2D([], [], color="tab:orange", marker="o", markersize=4)],
+                       ["training", "eval (deterministic)"], fontsize=7)
+    fig.supylabel(RETURN_LABEL + (";\neval: mean of a round's episodes" if evals else ""), fontsize=9)
+    fig.suptitle("Episodic return per env type (TensorBoard charts/episodic_return/<type>"
+                 + (")\nand the deterministic eval rounds (eval/history.jsonl)" if evals else ")"), fontsize=11)
     return _save(fig, path)
 
 
