@@ -309,3 +309,25 @@ def test_a_continuous_box_action_id_matches_sync_vector_env():
     finally:
         envs.close()
         sync.close()
+
+
+def test_a_type_with_rgb_obs_renders_its_frames():
+    envs = rv.make("faulty", 2, seed=0, overrides=[f"env_mix.types.faulty.{k}=0" for k in
+                                                   ("reset_error_rate", "step_error_rate", "render_error_rate",
+                                                    "violation_rate")])
+    try:
+        assert envs.render_mode == "rgb_array"
+        assert set(envs.single_observation_space.spaces) == {"state", "rgb"}
+        obs, _ = envs.reset()
+        frames = envs.render()
+        assert len(frames) == 2 and frames[0].shape == envs.single_observation_space["rgb"].shape
+        np.testing.assert_array_equal(frames[1], obs["rgb"][1])
+        obs, *_ = envs.step(envs.action_space.sample())
+        assert obs in envs.observation_space
+    finally:
+        envs.close()
+    cart = rv.make("CartPole-v1", 1)
+    try:
+        assert cart.render_mode is None and cart.render() is None
+    finally:
+        cart.close()

@@ -78,6 +78,8 @@ class RlpipeVectorEnv(VectorEnv):
             self._ptr = {k: b.ctypes.data for k, b in self._bufs.items()}
             self._row_bytes = {k: b.strides[0] for k, b in self._bufs.items()}
             self._keys = [k.name for k in plan.obs_keys]
+            # An env type with an rgb obs renders it into every step (the board's frame)
+            self.render_mode = "rgb_array" if "rgb" in self.spaces.keys else None
             self._obs = self.spaces.obs_views(self._bufs)
             self._disc = np.zeros(num_envs, dtype=np.int32)
             cont_dim = plan.actions.cont_dim
@@ -292,6 +294,17 @@ class RlpipeVectorEnv(VectorEnv):
                 block[f], block[f"_{f}"] = col, mask.copy()
             info["rlpipe_fault"], info["_rlpipe_fault"] = block, mask
         return rew, term, trunc, info
+
+    def render(self):
+        """The latest rgb frame of every env, for types that render one into their obs (the
+        board's rgb rows, as the last step or reset gathered them); None for the others (their
+        workers render nothing)."""
+        self._check_open()
+        if self.render_mode is None:
+            return None
+        rgb = self.spaces.obs_views(self._bufs)
+        rgb = rgb["rgb"] if isinstance(rgb, dict) else rgb
+        return tuple(np.array(frame) for frame in rgb)
 
     # -- close ------------------------------------------------------------------------------
     def _check_open(self) -> None:
