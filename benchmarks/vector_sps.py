@@ -5,7 +5,7 @@ forever once (benchmarks/vector_faults.py).
 
     python benchmarks/vector_sps.py [--counts 64 1000 7000] [--seconds 20]
                                     [--async-max 256] [--fault-envs 1000] [--fault-seconds 600]
-                                    [--skip-sps] [--skip-faults] [--json]
+                                    [--skip-sps] [--skip-faults] [--json] [rlpipe overrides...]
 
 PufferLib's `Multiprocessing` (the `pufferlib-core` wheel; its metadata pins another torch, so
 it lives in a bench venv: `python3 -m venv /tmp/rlv-bench-venv && /tmp/rlv-bench-venv/bin/pip
@@ -131,9 +131,9 @@ def run_steps(backend: str, envs, n: int, seconds: float, rng, on_step=None,
     return steps, time.perf_counter() - t0
 
 
-def sps(backend: str, n: int, seconds: float) -> dict:
+def sps(backend: str, n: int, seconds: float, overrides: tuple = ()) -> dict:
     rng = np.random.default_rng(0)
-    envs = build(backend, ENV_ID, n, seed=0)
+    envs = build(backend, ENV_ID, n, seed=0, overrides=overrides)
     try:
         run_steps(backend, envs, n, min(2.0, seconds / 5), rng)          # warm-up
         steps, dt = run_steps(backend, envs, n, seconds, rng)
@@ -202,12 +202,14 @@ def main(argv=None) -> int:
     p.add_argument("--skip-faults", action="store_true")
     p.add_argument("--trial", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for rlpipe.vector's rows (e.g. groups.size=350)")
     args = p.parse_args(argv)
     if args.trial:
         n = min(args.fault_envs, args.async_max) if args.trial == "gym_async" else args.fault_envs
         print(json.dumps(trial(args.trial, n, args.fault_seconds, args.hang_limit)), flush=True)
         return 0
-    print(f"load average at start: {os.getloadavg()[0]:.2f}, CPUs: {os.cpu_count()}", flush=True)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}, CPUs: {os.cpu_count()}"
+          + (f"; rlpipe overrides: {' '.join(args.overrides)}" if args.overrides else ""), flush=True)
     rows, survival = [], []
     if "puffer" in args.backends:
         if importlib.util.find_spec("pufferlib") is None:
@@ -220,7 +222,7 @@ def main(argv=None) -> int:
                 if backend == "gym_async" and n > args.async_max:
                     print(f"{backend:13s} {n:6d} envs: skipped (one process per env; --async-max {args.async_max})")
                     continue
-                row = sps(backend, n, args.seconds)
+                row = sps(backend, n, args.seconds, tuple(args.overrides))
                 rows.append(row)
                 print(f"{backend:13s} {n:6d} envs: {row['sps']:>9,d} env steps/s", flush=True)
             base = {r["backend"]: r["sps"] for r in rows if r["envs"] == n}
