@@ -331,3 +331,14 @@ def test_a_type_with_rgb_obs_renders_its_frames():
         assert cart.render_mode is None and cart.render() is None
     finally:
         cart.close()
+
+
+def test_a_type_that_cannot_be_built_is_a_clear_error_not_a_hang():
+    envs = rv.make("faulty", 2, overrides=["env_mix.types.faulty.reset_error_rate=1.0",
+                                           "env_mix.types.faulty.rgb_shape=null"])
+    try:
+        with pytest.raises(RuntimeError, match=r"replaced 6 times without building its envs; last error: "
+                                               r"\w+: .*reset"):
+            envs.reset()
+    finally:
+        envs.close()

@@ -42,6 +42,7 @@ from rlpipe.vector.faults import FaultRecords
 
 log = logging.getLogger("rlpipe")
 _started_engines = 0        # engines of this process with services up (they share the forkserver)
+MAX_SILENT_RESTARTS = 5  # a worker replaced this often without one ring: its envs cannot be built
 SUPERVISE_S = 0.25      # while waiting for rings: replace exited workers, advance the watchdog
 POLL_MS = 10
 
@@ -95,6 +96,7 @@ class Engine:
         self.held: set = set()
         self.restarted: set = set()
         self.supervise_timer = Every(SUPERVISE_S)
+        self.silent_restarts: dict[int, int] = {}   # worker id -> replacements since its last ring
         self.started = False
 
     def _phase(self, what: str) -> None:
@@ -155,7 +157,19 @@ class Engine:
 
     def drop_worker(self, worker_id: int) -> None:
         """Fleet's call when it replaces a worker (the learner forgets half-made rollouts here;
-        the vector learns of the restart from the new generation's first ring)."""
+        the vector learns of the restart from the new generation's first ring). A worker that
+        never rings between replacements is not a fault of one env but a type that cannot be
+        built (the worker gives up after MAX_BUILD_ATTEMPTS of one env): said, not waited on."""
+        n = self.silent_restarts[worker_id] = self.silent_restarts.get(worker_id, 0) + 1
+        if n > MAX_SILENT_RESTARTS:
+            h = self.fleet.by_id[worker_id]
+            last = None
+            if self.faults is not None:
+                self.faults.drain(worker_id)
+                last = next((q[-1] for e in range(h.env_lo, h.env_hi) if (q := self.faults.by_env.get(e))), None)
+            why = f"{last['error_type']}: {last['message']}" if last else "no error record"
+            raise RuntimeError(f"rlpipe.vector: worker {worker_id} (envs {h.env_lo}..{h.env_hi - 1}) was "
+                               f"replaced {n} times without building its envs; last error: {why}")
 
     # -- the serving moves ---------------------------------------------------------------
     def poll(self, timeout_ms: int = POLL_MS) -> None:
@@ -164,6 +178,7 @@ class Engine:
         now = time.monotonic()
         for ref in current_refs(fleet.take_rings(now, timeout_ms)):
             key = (ref.handle.worker_id, ref.slice_index)
+            self.silent_restarts.pop(key[0], None)
             old = self.ref.get(key)
             if old is not None and old.generation != ref.generation:
                 self.restarted.add(key)        # a new process took the slice's env ids

@@ -319,6 +319,8 @@ class Worker:
     def stop(self) -> None:
         """Save reward statistics, close envs and sockets, report the exit, unmap the segment."""
         self.startup_beat.stop()
+        if self.table is not None and self.table.faults:
+            self.report_faults()    # e.g. the failed builds of an env that ended this worker
         if self.rnorm is not None:
             try:
                 self.heartbeat.client.set(self.rnorm_key, self.rnorm.state())
