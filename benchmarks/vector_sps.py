@@ -33,6 +33,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -178,14 +179,25 @@ def trial(backend: str, n: int, seconds: float, hang_limit: float) -> dict:
 def trial_in_child(backend: str, n: int, seconds: float, hang_limit: float) -> dict:
     cmd = [sys.executable, __file__, "--trial", backend, "--fault-envs", str(n),
            "--fault-seconds", str(seconds), "--hang-limit", str(hang_limit)]
+    # its own session: a hung backend's worker processes (PufferLib's outlive their parent) are
+    # killed with it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + hang_limit + START_SLACK_S)
+        stdout, stderr = proc.communicate(timeout=seconds + hang_limit + START_SLACK_S)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return {"backend": backend, "envs": n, "outcome": "hung", "after_s": None,
                 "error": f"no result {seconds + hang_limit + START_SLACK_S:.0f} s after its start: a step never returned"}
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)      # whatever of the trial is left
+        except ProcessLookupError:
+            pass
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        return {"backend": backend, "envs": n, "outcome": "raised", "error": out.stderr.strip().splitlines()[-1:]}
+        return {"backend": backend, "envs": n, "outcome": "raised", "error": stderr.strip().splitlines()[-1:]}
     return json.loads(lines[-1])
 
 

@@ -41,6 +41,7 @@ def test_cleanrl_ppo_runs_on_rlpipe_vector(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)     # 500k steps: ~8 min alone on this 2-core machine, more beside other runs
 def test_cleanrl_ppo_reaches_475_on_cartpole(tmp_path, monkeypatch):
     """CleanRL's defaults (4 envs, 500k steps, seed 1): the mean return over 100 consecutive
     training episodes reaches 475."""

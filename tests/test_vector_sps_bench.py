@@ -20,6 +20,7 @@ def test_the_benchmark_measures_and_runs_a_survival_trial():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)     # the run's 600 s, its start and close
 @pytest.mark.parametrize("backend", ["rlpipe_sync", "rlpipe_async"])
 def test_ten_minutes_of_faults_over_1000_envs_keep_every_env_stepping(backend):
     seconds = float(os.environ.get("RLPIPE_FAULT_RUN_S", "600"))

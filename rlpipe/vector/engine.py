@@ -257,7 +257,12 @@ def release_forkserver() -> None:
     server's socket (rlpipe.supervisor.services.multiprocessing_temp_dir) go too. The next
     engine starts a new server in a new dir."""
     from multiprocessing import forkserver, process
-    forkserver._forkserver._stop()
+    try:
+        forkserver._forkserver._stop()
+    except FileNotFoundError:
+        # its socket's dir is gone already (at exit, multiprocessing_temp_dir's own atexit
+        # removal may run first): the server has been stopped and reaped by then
+        forkserver._forkserver._forkserver_address = None
     config = process.current_process()._config
     tempdir = config.get("tempdir")
     if tempdir and Path(tempdir).name.startswith("rlpipe_"):
