@@ -48,6 +48,7 @@ ENV_ID = "CartPole-v1"
 FAULTY_ID = "vector_faults:FaultyCartPole-v0"
 RAISE_EVERY = 10_000
 HANG_AT = 200
+BACKENDS = ("rlpipe_sync", "rlpipe_async", "gym_sync", "gym_async", "puffer")
 START_SLACK_S = 60.0     # a trial's start-up allowance (1,000 AsyncVectorEnv processes, a loaded machine)
 
 
@@ -206,7 +207,8 @@ def main(argv=None) -> int:
     p.add_argument("--counts", type=int, nargs="+", default=[64, 1000, 7000])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--async-max", type=int, default=256)
-    p.add_argument("--backends", nargs="+", default=["rlpipe_sync", "rlpipe_async", "gym_sync", "gym_async", "puffer"])
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS,
+                   help="(put rlpipe overrides before this flag, or after `--`)")
     p.add_argument("--fault-envs", type=int, default=1000)
     p.add_argument("--fault-seconds", type=float, default=600.0)
     p.add_argument("--hang-limit", type=float, default=30.0)
