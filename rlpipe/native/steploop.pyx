@@ -16,7 +16,8 @@ keeps the last figure.
 
 A time-limit truncation (truncated, not terminated) also copies the episode's end obs into
 the env's final-obs rows and sets `final`: the learner bootstraps from V(final obs), which
-the autoreset has replaced on the board. A cut episode has no end obs (`final` stays 0).
+the autoreset has replaced on the board. With `final_all` (rlpipe.vector's workers) every
+ended episode's end obs is copied so. A cut episode has no end obs (`final` stays 0).
 
 The inline step deadline (worker.stepper) watches `armed[0]`: the serial of the step in
 progress, 0 between steps. The loop writes it in C around each env call, so arming is free.
@@ -109,6 +110,7 @@ cdef class StepLoop:
     cdef uint8_t[::1] r_trunc
     cdef uint8_t[::1] r_final
     cdef bint has_final
+    cdef bint final_all         # every end obs to the final rows, not only truncations'
     cdef float[::1] r_step_ms
     cdef bint has_step_ms
     cdef float[::1] r_ep_return
@@ -116,7 +118,7 @@ cdef class StepLoop:
     cdef int64_t[::1] armed
 
     def __init__(self, table, list writes, list specs, results: dict, armed, check_obs,
-                 violation, timeout_exc, list final_writes=None):
+                 violation, timeout_exc, list final_writes=None, bint final_all=False):
         self.table = table
         self.envs = table.envs           # the same list object: rebuilds are seen at once
         self.writes = writes
@@ -132,6 +134,7 @@ cdef class StepLoop:
         self.r_trunc = results["truncated"]
         self.final_writes = final_writes
         self.has_final = final_writes is not None
+        self.final_all = final_all
         self.has_step_ms = "step_ms" in results
         if self.has_step_ms:
             self.r_step_ms = results["step_ms"]
@@ -228,7 +231,7 @@ cdef class StepLoop:
                 final = False
                 if term or trunc:
                     self._write_obs(i, obs, False)      # the end obs keeps the contract too
-                    if trunc and not term and self.has_final:
+                    if self.has_final and (self.final_all or (trunc and not term)):
                         self._write_final(i, obs)
                         final = True
                     self.r_ep_return[i] = <float>(self.ep_return[i] + r)

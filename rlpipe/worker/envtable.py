@@ -42,7 +42,8 @@ class EnvTable:
 
     def __init__(self, env_lo: int, type_index: np.ndarray, names: tuple[str, ...],
                  specs: tuple[EnvSpec, ...], factories: list, board_keys: tuple[ObsKey, ...],
-                 staging: list[np.ndarray], seed: int, final_staging: list[np.ndarray] | None = None):
+                 staging: list[np.ndarray], seed: int, final_staging: list[np.ndarray] | None = None,
+                 final_all: bool = False):
         self.env_lo = env_lo
         self.n = len(type_index)
         self.type_index = type_index
@@ -63,6 +64,7 @@ class EnvTable:
                        for k, key, length in self._writes[type_index[i]]] for i in range(self.n)]
         # ... and the rows a time-limit truncation's end obs goes to (the worker's shared
         # final-obs area), when the table has one.
+        self.final_all = final_all           # every end obs to the final rows, not only truncations'
         self._final_rows = None if final_staging is None else [
             [(final_staging[k][i].reshape(-1)[:length], key) for k, key, length in self._writes[type_index[i]]]
             for i in range(self.n)]
@@ -159,7 +161,7 @@ class EnvTable:
             final = False
             if terminated or truncated:
                 check_obs(self.specs[t], obs)      # the end obs in full (finite too), as StepLoop does
-                if truncated and not terminated and self._final_rows is not None:
+                if self._final_rows is not None and (self.final_all or (truncated and not terminated)):
                     for view, key in self._final_rows[i]:
                         view[:] = obs[key].reshape(-1)
                     final = True
@@ -195,7 +197,7 @@ class EnvTable:
             for i in range(self.n)]
         specs = [self.specs[t] for t in self.type_index]
         return StepLoop(self, writes, specs, results, armed, check_obs, ContractViolation, StepTimeout,
-                        final_writes)
+                        final_writes, self.final_all)
 
     def recover(self, i: int, exc: BaseException) -> None:
         """Env i raised or broke the contract: record it and rebuild the env by id."""

@@ -147,7 +147,8 @@ class Worker:
         factories = [make_factory(node) for node in args.type_nodes]
         self.table = EnvTable(self.id_lo, args.type_index, args.type_names, args.type_specs, factories,
                               args.obs_keys, self.staging, args.seed,
-                              final_staging=[views.results[f"final_{k.name}"] for k in args.obs_keys])
+                              final_staging=[views.results[f"final_{k.name}"] for k in args.obs_keys],
+                              final_all=args.final_obs_all_ends)
         self.stepper = Stepper(self.table, args.threads, args.step_timeout_s, views.results, tick=self.beat)
         if args.reward_norm_mode != "off":
             self.rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip,
@@ -318,6 +319,8 @@ class Worker:
     def stop(self) -> None:
         """Save reward statistics, close envs and sockets, report the exit, unmap the segment."""
         self.startup_beat.stop()
+        if self.table is not None and self.table.faults:
+            self.report_faults()    # e.g. the failed builds of an env that ended this worker
         if self.rnorm is not None:
             try:
                 self.heartbeat.client.set(self.rnorm_key, self.rnorm.state())

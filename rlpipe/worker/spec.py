@@ -57,3 +57,8 @@ class WorkerSpec:
     reward_norm_clip: float | None
     reward_norm_sync_every: int
     reward_norm_gamma: float        # learner.gamma: the return whose std scales rewards
+    # -- what the driver reads back
+    # The end obs of every ended episode in the final-obs rows, not only of time-limit
+    # truncations (the learner bootstraps from those alone; rlpipe.vector hands every end obs
+    # to its caller, as Gymnasium's same-step autoreset does).
+    final_obs_all_ends: bool = False

@@ -1,0 +1,262 @@
+"""Random-action env-steps/s of rlpipe.vector (sync `step` and async `send`/`recv`) against
+Gymnasium's SyncVectorEnv and AsyncVectorEnv on the same CartPoles, and a survival table: the
+same backends on a CartPole that raises once every 10,000 of its steps and one env that blocks
+forever once (benchmarks/vector_faults.py).
+
+    python benchmarks/vector_sps.py [--counts 64 1000 7000] [--seconds 20]
+                                    [--async-max 256] [--fault-envs 1000] [--fault-seconds 600]
+                                    [--skip-sps] [--skip-faults] [--json] [rlpipe overrides...]
+
+PufferLib's `Multiprocessing` (the `pufferlib-core` wheel; its metadata pins another torch, so
+it lives in a bench venv: `python3 -m venv /tmp/rlv-bench-venv && /tmp/rlv-bench-venv/bin/pip
+install --no-deps pufferlib-core`, plus a .pth line naming rlpipe's .venv site-packages for
+numpy, gymnasium, psutil and rlpipe:
+`import site; site.addsitedir('<repo>/.venv/lib/python3.11/site-packages')`; run this script with that venv's python) is the `puffer`
+backend, skipped where it does not import.
+
+Every backend builds its envs the same way: `gym.make(id, disable_env_checker=True)`, no
+wrapper (what rlpipe's adapter does, rlpipe/envs/classic.py). Actions are drawn once per step
+for the whole batch with numpy (the same cost for every backend) and the clock covers the
+stepping loop only (construction, reset and warm-up excluded). rlpipe's async form keeps every
+env in flight and takes whichever slices are ready (batch_size = num_envs / 4). AsyncVectorEnv
+(one process per env) runs only up to --async-max envs. The backends run one after another in
+one invocation, so their ratios share the machine's state; the load average is printed.
+
+Survival trial: each backend in its own process for --fault-seconds (a hang must not take this
+script down): survived (steps/s, faults reported, every env stepped in the last tenth), raised
+(the exception that ended it) or hung (no step returned for --hang-limit seconds).
+rlpipe.vector runs with worker.step_timeout_s=2 (the trial's deadline).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))          # vector_faults, here and (inherited) in every worker
+ENV_ID = "CartPole-v1"
+FAULTY_ID = "vector_faults:FaultyCartPole-v0"
+RAISE_EVERY = 10_000
+HANG_AT = 200
+BACKENDS = ("rlpipe_sync", "rlpipe_async", "gym_sync", "gym_async", "puffer")
+START_SLACK_S = 60.0     # a trial's start-up allowance (1,000 AsyncVectorEnv processes, a loaded machine)
+
+
+def gym_thunk(env_id: str, **kwargs):
+    import gymnasium as gym
+
+    def make():
+        return gym.make(env_id, disable_env_checker=True, **kwargs)
+    return make
+
+
+def build(backend: str, env_id: str, n: int, seed: int, make_kwargs: dict | None = None,
+          overrides: tuple = ()):
+    """(vector, stepping function(actions) -> per-step results, the batch's action count)"""
+    make_kwargs = make_kwargs or {}
+    if backend.startswith("rlpipe"):
+        import rlpipe.vector
+        ov = list(overrides) + [f"+env_mix.types.gym.make_kwargs.{k}={v}" for k, v in make_kwargs.items()]
+        if backend == "rlpipe_async":
+            return rlpipe.vector.make(env_id, n, seed=seed, overrides=ov, batch_size=max(1, n // 4))
+        return rlpipe.vector.make(env_id, n, seed=seed, overrides=ov)
+    import gymnasium as gym
+    if backend == "puffer":
+        import psutil
+        import pufferlib.emulation
+        import pufferlib.vector
+        thunk = gym_thunk(env_id, **make_kwargs)
+
+        def creator(buf=None, seed=0):
+            return pufferlib.emulation.GymnasiumPufferEnv(env_creator=thunk, buf=buf, seed=seed)
+        # its default layout: one worker per physical core (more is refused without
+        # overwork=True), each stepping num_envs / workers envs; the batch is every env
+        workers = min(n, psutil.cpu_count(logical=False) or 1)
+        while n % workers:
+            workers -= 1
+        return pufferlib.vector.make(creator, backend=pufferlib.vector.Multiprocessing, num_envs=n,
+                                     num_workers=workers, batch_size=n, seed=seed)
+    fns = [gym_thunk(env_id, **make_kwargs) for _ in range(n)]
+    if backend == "gym_sync":
+        return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    if backend == "gym_async":
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=True, context="fork",
+                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    raise SystemExit(f"unknown backend {backend!r}")
+
+
+def run_steps(backend: str, envs, n: int, seconds: float, rng, on_step=None,
+              hang_limit: float | None = None) -> tuple[int, float]:
+    """Env steps taken and the seconds they took, random actions, for `seconds`."""
+    steps, t0 = 0, time.perf_counter()
+    if backend == "puffer":
+        envs.async_reset(0)
+        while time.perf_counter() - t0 < seconds:
+            obs, rew, term, trunc, _teacher, infos, ids, _mask = envs.recv()
+            steps += len(ids)
+            if on_step is not None:
+                on_step(ids, {})
+            envs.send(rng.integers(0, 2, len(ids)))
+        return steps, time.perf_counter() - t0
+    if backend == "rlpipe_async":
+        envs.async_reset(seed=0)
+        while time.perf_counter() - t0 < seconds:
+            obs, rew, term, trunc, info = envs.recv()
+            ids = info["env_id"]
+            steps += len(ids)
+            if on_step is not None:
+                on_step(ids, info)
+            envs.send(rng.integers(0, 2, len(ids)), ids)
+        return steps, time.perf_counter() - t0
+    envs.reset(seed=0)
+    ids = np.arange(n)
+    while time.perf_counter() - t0 < seconds:
+        a = rng.integers(0, 2, n)
+        if backend == "gym_async" and hang_limit is not None:
+            envs.step_async(a)
+            out = envs.step_wait(timeout=hang_limit)
+        else:
+            out = envs.step(a)
+        steps += n
+        if on_step is not None:
+            on_step(ids, out[4])
+    return steps, time.perf_counter() - t0
+
+
+def sps(backend: str, n: int, seconds: float, overrides: tuple = ()) -> dict:
+    rng = np.random.default_rng(0)
+    envs = build(backend, ENV_ID, n, seed=0, overrides=overrides)
+    try:
+        run_steps(backend, envs, n, min(2.0, seconds / 5), rng)          # warm-up
+        steps, dt = run_steps(backend, envs, n, seconds, rng)
+    finally:
+        envs.close()
+    return {"backend": backend, "envs": n, "sps": round(steps / dt), "steps": steps, "seconds": round(dt, 2)}
+
+
+def trial(backend: str, n: int, seconds: float, hang_limit: float) -> dict:
+    """One survival trial, in this process (the parent runs it in a child)."""
+    hang_file = tempfile.mktemp(prefix="rlv_hang_")
+    kwargs = {"raise_every": RAISE_EVERY, "hang_at": HANG_AT, "hang_file": hang_file}
+    rng = np.random.default_rng(0)
+    last = np.zeros(n)
+    faults = [0]
+    t_start = time.perf_counter()
+
+    def on_step(ids, info):
+        last[ids] = time.perf_counter()
+        if "_rlpipe_fault" in info:
+            faults[0] += int(info["_rlpipe_fault"].sum())
+
+    envs = build(backend, FAULTY_ID, n, seed=0, make_kwargs=kwargs, overrides=("worker.step_timeout_s=2",))
+    try:
+        steps, dt = run_steps(backend, envs, n, seconds, rng, on_step, hang_limit)
+        tail = t_start + 0.9 * (time.perf_counter() - t_start)
+        result = {"outcome": "survived", "sps": round(steps / dt), "faults_reported": faults[0],
+                  "every_env_stepped_in_last_tenth": bool((last >= tail).all())}
+    except Exception as exc:                            # the backend's own verdict on a fault
+        kind = "hung" if type(exc).__name__ == "TimeoutError" else "raised"
+        result = {"outcome": kind, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}",
+                  "after_s": round(time.perf_counter() - t_start, 1)}
+    finally:
+        try:
+            envs.close(terminate=True) if backend == "gym_async" else envs.close()
+        except Exception:
+            pass
+        Path(hang_file).unlink(missing_ok=True)
+    return {"backend": backend, "envs": n, **result}
+
+
+def trial_in_child(backend: str, n: int, seconds: float, hang_limit: float) -> dict:
+    cmd = [sys.executable, __file__, "--trial", backend, "--fault-envs", str(n),
+           "--fault-seconds", str(seconds), "--hang-limit", str(hang_limit)]
+    # its own session: a hung backend's worker processes (PufferLib's outlive their parent) are
+    # killed with it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=seconds + hang_limit + START_SLACK_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"backend": backend, "envs": n, "outcome": "hung", "after_s": None,
+                "error": f"no result {seconds + hang_limit + START_SLACK_S:.0f} s after its start: a step never returned"}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)      # whatever of the trial is left
+        except ProcessLookupError:
+            pass
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"backend": backend, "envs": n, "outcome": "raised", "error": stderr.strip().splitlines()[-1:]}
+    return json.loads(lines[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--counts", type=int, nargs="+", default=[64, 1000, 7000])
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--async-max", type=int, default=256)
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS,
+                   help="(put rlpipe overrides before this flag, or after `--`)")
+    p.add_argument("--fault-envs", type=int, default=1000)
+    p.add_argument("--fault-seconds", type=float, default=600.0)
+    p.add_argument("--hang-limit", type=float, default=30.0)
+    p.add_argument("--skip-sps", action="store_true")
+    p.add_argument("--skip-faults", action="store_true")
+    p.add_argument("--trial", help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for rlpipe.vector's rows (e.g. groups.size=350)")
+    args = p.parse_args(argv)
+    if args.trial:
+        n = min(args.fault_envs, args.async_max) if args.trial == "gym_async" else args.fault_envs
+        print(json.dumps(trial(args.trial, n, args.fault_seconds, args.hang_limit)), flush=True)
+        return 0
+    print(f"load average at start: {os.getloadavg()[0]:.2f}, CPUs: {os.cpu_count()}"
+          + (f"; rlpipe overrides: {' '.join(args.overrides)}" if args.overrides else ""), flush=True)
+    rows, survival = [], []
+    if "puffer" in args.backends:
+        if importlib.util.find_spec("pufferlib") is None:
+            print("puffer: skipped (pufferlib is not importable here: run this script with the bench "
+                  "venv's python, docs/benchmarks.md)")
+            args.backends = [b for b in args.backends if b != "puffer"]
+    if not args.skip_sps:
+        for n in args.counts:
+            for backend in args.backends:
+                if backend == "gym_async" and n > args.async_max:
+                    print(f"{backend:13s} {n:6d} envs: skipped (one process per env; --async-max {args.async_max})")
+                    continue
+                row = sps(backend, n, args.seconds, tuple(args.overrides))
+                rows.append(row)
+                print(f"{backend:13s} {n:6d} envs: {row['sps']:>9,d} env steps/s", flush=True)
+            base = {r["backend"]: r["sps"] for r in rows if r["envs"] == n}
+            for b in ("rlpipe_sync", "rlpipe_async"):
+                for other in ("gym_sync", "puffer"):
+                    if b in base and other in base:
+                        print(f"  {b} / {other} at {n}: {base[b] / base[other]:.2f}x")
+    if not args.skip_faults:
+        for backend in args.backends:
+            res = trial_in_child(backend, args.fault_envs, args.fault_seconds, args.hang_limit)
+            survival.append(res)
+            print(f"survival {backend:13s} {res['envs']:6d} envs: {res['outcome']}"
+                  + (f" ({res.get('error')}" + (f", after {res['after_s']} s)" if res.get("after_s") else ")")
+                     if res["outcome"] != "survived"
+                     else f" ({res['sps']:,d} steps/s, {res['faults_reported']} faults reported, "
+                          f"every env stepped at the end: {res['every_env_stepped_in_last_tenth']})"), flush=True)
+    if args.json:
+        print(json.dumps({"sps": rows, "survival": survival, "load_end": os.getloadavg()[0]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
