@@ -268,7 +268,7 @@ def test_the_cli_answers_on_six_days_of_chaos_rows(tmp_path):
     """Six days at a day4 chaos soak's rate (docs/benchmarks.md, Endurance): the CLI's counts
     and one env's history come back complete (benchmarks/lifecycle_scale.py times them)."""
     rows = 14_000 * 144
-    db = _synthetic_db(tmp_path, rows)
+    _synthetic_db(tmp_path, rows)
     out = subprocess.run([sys.executable, "-m", "rlpipe.lifecycle", str(tmp_path)], capture_output=True,
                          text=True, timeout=300, check=True).stdout
     assert out.splitlines()[-1].split()[-1] == str(rows)
