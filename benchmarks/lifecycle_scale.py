@@ -1,6 +1,6 @@
 """The lifecycle log at six days' size: how big it gets and whether its readers still answer.
 
-    python benchmarks/lifecycle_scale.py [--rows-per-hour 14000] [--hours 144] [--out DIR]
+    python benchmarks/lifecycle_scale.py [--rows-per-hour 30685] [--hours 144] [--out DIR]
 
 Writes a synthetic `lifecycle.sqlite` with the writer's own schema and indexes
 (rlpipe.lifecycle.writer) holding `rows-per-hour x hours` rows in the proportions a chaos
@@ -83,7 +83,7 @@ def timed(fn, repeat: int = 3) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows-per-hour", type=float, default=14000.0)
+    ap.add_argument("--rows-per-hour", type=float, default=30685.0)
     ap.add_argument("--hours", type=float, default=144.0)
     ap.add_argument("--out", type=Path, default=None, help="where the db goes (default: a temp dir, removed)")
     a = ap.parse_args()

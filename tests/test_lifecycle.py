@@ -267,7 +267,7 @@ def test_lifecycle_readers_use_the_indexes(tmp_path):
 def test_the_cli_answers_on_six_days_of_chaos_rows(tmp_path):
     """Six days at a day4 chaos soak's rate (docs/benchmarks.md, Endurance): the CLI's counts
     and one env's history come back complete (benchmarks/lifecycle_scale.py times them)."""
-    rows = 14_000 * 144
+    rows = 30_685 * 144                 # the day4 soak's 30,685 rows per hour, for six days
     _synthetic_db(tmp_path, rows)
     out = subprocess.run([sys.executable, "-m", "rlpipe.lifecycle", str(tmp_path)], capture_output=True,
                          text=True, timeout=300, check=True).stdout
