@@ -243,7 +243,7 @@ class ResourceSampler:
         mem_mb = psutil.virtual_memory().total / MB
         fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         out: dict[str, float] = {}
-        for name, value in self.latest.items():
+        for name in self.latest:
             if name.endswith(("_mb", "_mb_sum", "_mb_max")) and not name.startswith("run_dir/"):
                 out[name] = mem_mb
             elif name.endswith(("/fds", "/fds_max")) and fd_limit != resource.RLIM_INFINITY:
