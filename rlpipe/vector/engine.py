@@ -143,7 +143,7 @@ class Engine:
     def restart_all(self) -> None:
         """Every worker replaced by a new generation (a reset: fresh envs, the spec's seed)."""
         fleet = self.fleet
-        stop_workers(fleet.handles)
+        stop_workers(fleet.handles, self.spec.heartbeat.term_grace_s)
         with hidden_main():
             for h in fleet.handles:
                 fleet.services.lifecycle.record("worker_restart", worker_id=h.worker_id,
