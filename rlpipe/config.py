@@ -350,7 +350,8 @@ def _fill_newer_settings(cfg: DictConfig) -> None:
         return
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         defaults = compose(config_name="config")
+    absent = object()
     for key in keys:
-        value = OmegaConf.select(defaults, key, throw_on_missing=False)
-        if value is not None or OmegaConf.select(defaults, key, default="absent") is None:
+        value = OmegaConf.select(defaults, key, default=absent)
+        if value is not absent:                  # a key conf/ no longer has stays missing
             OmegaConf.update(cfg, key, value, merge=False)
