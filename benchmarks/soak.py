@@ -38,7 +38,8 @@ from rlpipe.telemetry.tb_events import read_scalars  # noqa: E402
 DEFAULT = ["+stage=day4", "chaos=on", "env_count=7000"]
 SIX_DAYS_S = 6 * 86400
 RUN_DIR_BUDGET_MB = 2048.0           # the origin system wrote 87 MB of logs in six days
-SHOWN = ("driver/rss_mb", "driver/pss_mb", "tree/pss_mb", "forkserver/rss_mb", "redis/rss_mb",
+SHOWN = ("driver/rss_mb", "driver/pss_mb", "driver/heap/in_use_mb", "driver/heap/free_kept_mb",
+         "driver/heap/mmapped_mb", "driver/python/blocks", "tree/pss_mb", "forkserver/rss_mb", "redis/rss_mb",
          "workers/rss_mb_max", "workers/rss_mb_sum", "workers/count", "driver/fds", "driver/threads",
          "workers/fds_max", "workers/threads_max", "redis/used_memory_mb", "redis/keys", "shm/run_mb",
          "lifecycle/rows", "run_dir/tb_mb", "run_dir/lifecycle_mb", "run_dir/checkpoints_mb",

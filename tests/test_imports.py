@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rlpipe"
 
 # Modules every layer may use; they import nothing of rlpipe outside this set.
 BASE = ("rlpipe", "rlpipe.spec", "rlpipe.protocol", "rlpipe.doorbell", "rlpipe.redis_client", "rlpipe.files",
-        "rlpipe.procs", "rlpipe.cadence", "rlpipe.bounded", "rlpipe.lifecycle")
+        "rlpipe.procs", "rlpipe.cadence", "rlpipe.bounded", "rlpipe.heap", "rlpipe.lifecycle")
 
 # layer -> the layers it may import (its own layer is always allowed).
 ALLOWED = {

@@ -20,6 +20,7 @@ import threading
 import numpy as np
 import torch
 
+from rlpipe import heap
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.central import CentralLearner
@@ -100,6 +101,8 @@ class DistLearner(CentralLearner):
                 group["lr"] = lr
             self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator,
                                              sync=self.sync)
+            if self.spec.run.trim_after_update:
+                heap.trim()
         except BaseException as exc:       # re-raised in the main thread by poll_update
             self._update_result = exc
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rlpipe import heap
 from rlpipe.bounded import Thinned
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
@@ -380,6 +381,8 @@ class CentralLearner:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator)
+            if self.spec.run.trim_after_update:
+                heap.trim()                # the update's activations freed: their pages go back
         except BaseException as exc:       # re-raised in the main thread by poll_update
             self._update_result = exc
 

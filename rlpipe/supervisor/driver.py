@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 import rlpipe
+from rlpipe import heap
 from rlpipe.cadence import Every
 from rlpipe.config import RunSpec
 from rlpipe.envs import random_return
@@ -70,6 +71,9 @@ class Driver:
     def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str, dist=None):
         self.spec = spec
         self.dist = dist            # rlpipe.dist.run.DistRun under torchrun, else None
+        heap_line = heap.configure(spec.run.mmap_threshold_mb, spec.run.malloc_arena_max)
+        if heap_line:
+            log.warning(heap_line)
         self.run_dir = run_dir
         self.config_yaml = config_yaml
         # The run's clock starts when the driver process started (interpreter, imports and config

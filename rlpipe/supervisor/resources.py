@@ -5,7 +5,8 @@ Per process role (driver, forkserver, redis, workers as sum and max, other: the 
 return probe, an eval child) the resident set (RSS), the proportional set (PSS: shared
 pages split between their mappers), open file descriptors and threads; the run's bytes in
 /dev/shm; the run directory's bytes by part; Redis's `used_memory` and key count; the rows
-of the lifecycle log. `tree/pss_mb` is the whole run's memory counted once: the driver maps
+of the lifecycle log; the driver's own C heap (rlpipe.heap: bytes in use, free bytes malloc
+keeps, Python object blocks), which tells a leak from the allocator's keep. `tree/pss_mb` is the whole run's memory counted once: the driver maps
 every segment of the run, so each resident shared page is in some process's PSS, split
 between its mappers, and untouched segment pages cost (and count) nothing.
 
@@ -30,6 +31,7 @@ from pathlib import Path
 import psutil
 import redis
 
+from rlpipe import heap
 from rlpipe.bounded import Thinned
 from rlpipe.procs import open_fd_count, thread_count
 from rlpipe.redis_client import connect as redis_client
@@ -207,6 +209,7 @@ class ResourceSampler:
         if rows is not None:
             figures["lifecycle/rows"] = rows
         figures.update(self._redis_figures())
+        figures.update({f"driver/{name}": value for name, value in heap.figures().items()})
         try:
             self.disk_free_bytes = shutil.disk_usage(self.run_dir).free
         except OSError:
