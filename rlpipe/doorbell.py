@@ -5,10 +5,9 @@ Why not ZMQ (which the lifecycle feed still uses): a ZMQ send hands the frame to
 IO thread, which writes it to the socket, where the receiver's IO thread reads it and wakes the
 receiving thread: four threads and three wakeups per doorbell, on a machine where a hundred
 workers already share two cores. A SEQPACKET send is one system call that wakes the receiver
-directly, keeps frame boundaries, and is reliable and ordered per connection. With 100 worker
-processes of 70 CartPoles each ringing and being rung back, the same loop ran 1.11x and
-1.12x as many env steps/s over SEQPACKET as over ZMQ PUSH/PULL on a 2-core machine
-(`benchmarks/doorbell.py`, medians of two alternating rounds, two runs; docs/benchmarks.md).
+directly, keeps frame boundaries, and is reliable and ordered per connection.
+`benchmarks/doorbell.py` runs the two transports in the same loop; what it measured is in
+docs/benchmarks.md.
 
 A worker connects at start and says HELLO (its id and generation) first, so the driver can
 reach it (a STOP) before its first ring; a connection closes when either side's process

@@ -305,7 +305,8 @@ class CentralLearner:
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """Built on first use, which is the first update's thread: constructing an optimizer
-        imports torch._dynamo (~1.4 s here), and the first env steps should not wait for it.
+        imports torch._dynamo (its cost: docs/benchmarks.md), and the first env steps should
+        not wait for it.
         Adam's fused kernel: the same update rule in one pass over all parameters instead of
         a dozen small ops per parameter tensor (the update's second cost after the layers)."""
         if self._optimizer is None:

@@ -87,13 +87,12 @@ class _SigmoidTanh(torch.autograd.Function):
     """tanh(x) as 2 * sigmoid(2x) - 1, to within 2e-7 absolute (float32 tanh: 3e-8), computed
     in place on x.
 
-    This torch's CPU tanh kernel is not vectorized (about 2.6 ns per element here, against
-    0.4 for sigmoid), which made tanh the largest single cost of a PPO update of the
-    CartPole-sized towers and a quarter of an inference round; this form runs ~3.5x faster,
-    and in place (no two fresh [B, hidden] tensors per call) ~1.6x faster again. In place is
-    safe because every caller passes a layer's fresh output that nothing else holds: Linear's
-    backward keeps its input and weight, not its output. The backward is tanh's own, from
-    the output."""
+    This torch's CPU tanh kernel is not vectorized, so tanh was the largest single cost of a
+    PPO update of the CartPole-sized towers; sigmoid's kernel is, and in place there are no
+    two fresh [B, hidden] tensors per call (the figures: docs/benchmarks.md, "Figures behind
+    the code's comments"). In place is safe because every caller passes a layer's fresh
+    output that nothing else holds: Linear's backward keeps its input and weight, not its
+    output. The backward is tanh's own, from the output."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:

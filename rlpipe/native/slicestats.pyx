@@ -4,13 +4,11 @@
 (rlpipe.worker.exploration).
 
 Those modules define the formulas and own the state; this computes them for envs [lo, hi)
-in one pass each. In numpy they took some twenty array calls per slice: in a worker's
-profile of a `learner.backlog=hold` run at 7,000 envs, epsilon-greedy and the tracker's
-scores together took most of what stepping the slice's 70 CartPoles took. With reward
-normalization, a slice's PPO-mode bookkeeping costs 0.66 us per env-step here against 1.42
-in numpy (benchmarks/step_path.py, `ppo_bookkeeping`). The arithmetic is the numpy form's,
-in float64: two-pass means and deviations over the written part of each window, and
-numpy's own logaddexp.
+in one pass each. In numpy they took some twenty array calls per slice, which a worker's
+profile put on a par with stepping the slice's envs; benchmarks/step_path.py's
+`ppo_bookkeeping` row times this form (docs/benchmarks.md has it beside the numpy one). The
+arithmetic is the numpy form's, in float64: two-pass means and deviations over the written
+part of each window, and numpy's own logaddexp.
 """
 from cython cimport floating
 from libc.math cimport INFINITY, exp, log, log1p, sqrt

@@ -166,7 +166,8 @@ class Fleet:
         """In the loop's first turn (the hot workers are building by then): prepare every
         dormant worker and hand its start to the start threads. Every turn: take the
         processes they have started. (A loop turn lasts an inference round: starting a few
-        per turn, in the loop's thread, made the dormant starts most of day4's start-up.)"""
+        per turn, in the loop's thread, stretched day4's start-up; docs/benchmarks.md,
+        "Figures behind the code's comments".)"""
         if self.unspawned:
             batch, self.unspawned = self.unspawned, []
             for h in batch:

@@ -138,9 +138,9 @@ class WorkerHandle:
 
 class BackgroundStarts:
     """Starts prepared worker processes in a thread. A forkserver start is a round trip (the
-    server forks, the child's pid comes back): tens of milliseconds each on a busy machine,
-    which the driver's loop would otherwise pay one after another between inference rounds
-    (a hundred dormant workers took most of day4's start-up that way)."""
+    server forks, the child's pid comes back), which the driver's loop would otherwise pay
+    one after another between inference rounds (what that cost day4: docs/benchmarks.md,
+    "Figures behind the code's comments")."""
 
     def __init__(self, threads: int = 4):
         self._todo: queue.SimpleQueue = queue.SimpleQueue()
