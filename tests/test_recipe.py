@@ -1,6 +1,6 @@
-"""The README's "Bringing your own env type" recipe, followed as written: its class and its
-YAML file go into a fresh directory under the names their first lines give, and its command
-trains on them from that directory through the CLI."""
+"""The "Bringing your own env type" recipe of docs/recipes.md (the README points there),
+followed as written: its class and its YAML file go into a fresh directory under the names
+their first lines give, and its command trains on them from that directory through the CLI."""
 from __future__ import annotations
 
 import json
@@ -12,14 +12,14 @@ import sys
 
 from conftest import REPO
 
-SECTION = "### Bringing your own env type"
+SECTION = "## Bringing your own env type"
 
 
 def recipe_blocks() -> list[tuple[str, str]]:
     """(language, body) of each fenced block of the recipe section, in order."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "recipes.md").read_text()
     start = text.index(SECTION)
-    end = text.find("\n### ", start + len(SECTION))
+    end = text.find("\n## ", start + len(SECTION))
     section = text[start:end if end > 0 else None]
     return re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
 
