@@ -6,7 +6,9 @@ return probe, an eval child) the resident set (RSS), the proportional set (PSS: 
 pages split between their mappers), open file descriptors and threads; the run's bytes in
 /dev/shm; the run directory's bytes by part; Redis's `used_memory` and key count; the rows
 of the lifecycle log; the driver's own C heap (rlpipe.heap: bytes in use, free bytes malloc
-keeps, Python object blocks), which tells a leak from the allocator's keep. `tree/pss_mb` is the whole run's memory counted once: the driver maps
+keeps, Python object blocks), which tells a leak from the allocator's keep; and the driver's
+RSS floor, its lowest RSS read every `interval_s` between two samples: the update's transient
+batch and activations swing the RSS by a tenth, the floor is what stays. `tree/pss_mb` is the whole run's memory counted once: the driver maps
 every segment of the run, so each resident shared page is in some process's PSS, split
 between its mappers, and untouched segment pages cost (and count) nothing.
 
@@ -40,6 +42,7 @@ from rlpipe.shm.segment import SHM_DIR, run_segments
 MAX_CPU_SHARE = 0.01     # of one core: the wait after a sample is at least its cost / this
 HISTORY_POINTS = 720     # samples kept for the long-run fit (thinned evenly as the run goes on)
 MB = 2 ** 20
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 # Parts of the run directory, by top-level entry: the figures `run_dir/<part>_mb`.
 RUN_DIR_PARTS = {"tb": "tb", "checkpoints": "checkpoints", "export": "checkpoints", "eval": "eval",
@@ -186,6 +189,7 @@ class ResourceSampler:
         self.peak_bytes = 0                        # the whole run's PSS, its peak and last sample
         self.last_bytes = 0
         self.disk_free_bytes: int | None = None    # in the run dir's file system, last sample
+        self._rss_floor: int | None = None         # the driver's lowest RSS since the last sample
         self._redis: redis.Redis | None = None
         self._redis_for: str | None = None
         self._lock = threading.Lock()              # the loop's last sample and the thread's
@@ -210,6 +214,10 @@ class ResourceSampler:
             figures["lifecycle/rows"] = rows
         figures.update(self._redis_figures())
         figures.update({f"driver/{name}": value for name, value in heap.figures().items()})
+        if "driver/rss_mb" in figures:
+            self._read_driver_rss()
+            figures["driver/rss_floor_mb"] = self._rss_floor / MB
+            self._rss_floor = None
         try:
             self.disk_free_bytes = shutil.disk_usage(self.run_dir).free
         except OSError:
@@ -259,8 +267,24 @@ class ResourceSampler:
         return out
 
     def _run(self) -> None:
-        while not self._stop.wait(self.wait_s):
-            self.paced_sample()
+        next_sample = time.monotonic() + self.wait_s
+        while not self._stop.wait(min(self.interval_s, max(0.0, next_sample - time.monotonic()))):
+            self._read_driver_rss()
+            if time.monotonic() >= next_sample:
+                self.paced_sample()
+                next_sample = time.monotonic() + self.wait_s
+
+    def _read_driver_rss(self) -> None:
+        """The driver's RSS from statm (microseconds, unlike smaps_rollup), every interval_s
+        between two full samples: their minimum is `driver/rss_floor_mb`, the RSS between the
+        PPO update's transients, which a leak moves and the update's batch does not."""
+        try:
+            with open(f"/proc/{self.root_pid}/statm", "rb") as f:
+                rss = int(f.read().split()[1]) * PAGE
+        except (OSError, IndexError, ValueError):
+            return
+        floor = self._rss_floor          # one read: the main thread's sample may reset it meanwhile
+        self._rss_floor = rss if floor is None else min(floor, rss)
 
     def paced_sample(self) -> None:
         """One sample; the wait before the next is its CPU cost / MAX_CPU_SHARE, at least
