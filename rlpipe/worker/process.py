@@ -79,7 +79,9 @@ class Worker:
         self.rnorm: RewardNormalizer | None = None
         self.rnorm_key = reward_stats_key(args.run_id, args.worker_id)
         sync_every = args.reward_norm_sync_every * self.n
-        self.rnorm_sync = Every(sync_every, first_at=sync_every)
+        # first at the first step: every worker's key exists from the ramp on, so Redis's footprint
+        # is its final size from the start (a slow type's worker would add it an hour in)
+        self.rnorm_sync = Every(sync_every)
         self.tracker: StabilityTracker | None = None
         self.explore: EpsilonGreedy | None = None
         self.feed: EpsilonFeed | None = None
