@@ -24,6 +24,7 @@ them as read-only after `run_spec`; `rlpipe.dist.rank_spec` derives a rank's spe
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -158,6 +159,23 @@ class LearnerSpec(_Section):
         self.loss_std_at = tuple(self.loss_std_at)
 
 
+# The learner settings an env type may set for itself (`learner:` in its env node, e.g.
+# conf/env/lunar_lander.yaml): the discount and GAE's lambda (a type's horizon), the entropy
+# bonus (how much it explores) and PopArt's step size (how fast its value scale follows its
+# returns). Each row of a batch is trained with its type's values (rlpipe/learner/
+# type_settings.py); a key a type leaves out is the learner's. Everything else is one value
+# for the whole update: the clip, the optimizer and its schedule, epochs, minibatches,
+# gradient clipping and the value-loss weight (with PopArt every type's value loss is in its
+# own normalized scale already).
+TYPE_LEARNER_KEYS = ("gamma", "gae_lambda", "ent_coef", "popart_beta")
+
+
+def type_learner_checks() -> dict[str, checks.Check]:
+    """Each per-type key's check: the one declared on its LearnerSpec field."""
+    declared = {f.name: f.metadata.get("check") for f in dataclasses.fields(LearnerSpec)}
+    return {name: declared[name] for name in TYPE_LEARNER_KEYS}
+
+
 @dataclass
 class ScalingSpec(_Section):
     _key = "scaling"
@@ -283,7 +301,7 @@ class DistSpec(_Section):
 class RunSpec(_Section):
     """Everything a run needs. Derived on construction, beside the fields:
     `env_types` (EnvTypeSpec per weighted type of env_mix; the type running env_mix.id named
-    after it), `obs_keys` (ObsKey per buffer key, in board order, before sizing=auto grows
+    after it; its node's `learner:` overrides checked and kept apart as its `learner`), `obs_keys` (ObsKey per buffer key, in board order, before sizing=auto grows
     them) and `worker.slices` resolved to an int."""
     env_mix: EnvMixSpec = MISSING
     buffer: BufferSpec = MISSING
@@ -306,8 +324,9 @@ class RunSpec(_Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.env_types = checks.named_after_id(checks.env_types(self.env_mix.types, self.env_mix.weights),
-                                               self.env_mix.id, self.env_mix.name)
+        self.env_types = checks.named_after_id(
+            checks.env_types(self.env_mix.types, self.env_mix.weights, type_learner_checks()),
+            self.env_mix.id, self.env_mix.name)
         if self.env_count < len(self.env_types):
             fail("env_count", self.env_count,
                  f"allowed is at least one env per type ({len(self.env_types)} types)")

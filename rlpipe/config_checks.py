@@ -78,8 +78,13 @@ def positive_or_null(key: str, value: Any) -> None:
     _positive(key, value, allow_none=True)
 
 
+def _number(value: Any) -> bool:
+    """A YAML number (an env node's values are not typed by the schema: a bool is no number)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def unit_interval(key: str, value: Any) -> None:
-    if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+    if not _number(value) or not 0.0 <= value <= 1.0:
         fail(key, value, "allowed is a number in [0, 1]")
 
 
@@ -89,7 +94,7 @@ def unit_intervals(key: str, values: Any) -> None:
 
 
 def at_least_zero(key: str, value: Any) -> None:
-    if value < 0:
+    if not _number(value) or not math.isfinite(value) or value < 0:
         fail(key, value, "allowed is a number >= 0")
 
 
@@ -155,10 +160,12 @@ def obs_keys(keys: dict) -> tuple[ObsKey, ...]:
     return tuple(sorted(found, key=lambda k: order[k.name]))
 
 
-def env_types(types: dict, weights: dict) -> tuple[EnvTypeSpec, ...]:
+def env_types(types: dict, weights: dict, learner_checks: dict[str, Check]) -> tuple[EnvTypeSpec, ...]:
     """The mix's types. A node without `_target_` for a type the mix does not weigh is a
     stage's parameter override for a type that is not in this mix (e.g. +stage=day5 tuning
-    `faulty` under env_mix=cartpole): it is left out, said once in the log."""
+    `faulty` under env_mix=cartpole): it is left out, said once in the log. A node's
+    `learner:` goes to the spec's `learner`, each key checked by `learner_checks` (the
+    check of the learner setting it overrides: one declaration of what a value may be)."""
     if not types:
         fail("env_mix.types", {}, "allowed is at least one env type (conf/env/<type>.yaml)")
     specs, unused = [], []
@@ -171,7 +178,9 @@ def env_types(types: dict, weights: dict) -> tuple[EnvTypeSpec, ...]:
         if name not in weights:
             fail(f"env_mix.weights.{name}", None, "every type in env_mix.types needs a weight")
         positive(f"env_mix.weights.{name}", weights[name])
-        specs.append(EnvTypeSpec(name, float(weights[name]), node))
+        node = dict(node)
+        overrides = type_learner(f"env_mix.types.{name}.learner", node.pop("learner", {}), learner_checks)
+        specs.append(EnvTypeSpec(name, float(weights[name]), node, learner=overrides))
     for name in weights:
         if name not in types or name in unused:
             fail(f"env_mix.weights.{name}", weights[name],
@@ -179,6 +188,23 @@ def env_types(types: dict, weights: dict) -> tuple[EnvTypeSpec, ...]:
     if unused:
         log.info("env_mix: overrides for types not in this mix left out: %s", ", ".join(unused))
     return tuple(specs)
+
+
+def type_learner(key: str, overrides: Any, checks: dict[str, Check]) -> dict:
+    """An env node's `learner:` (null or {}: none), each key one of `checks`' and its value
+    passing that check."""
+    allowed = ", ".join(checks)
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, dict):
+        fail(key, overrides, f"allowed is a mapping of per-type learner settings ({allowed})")
+    for name, value in overrides.items():
+        if name not in checks:
+            fail(f"{key}.{name}", value, f"allowed are the learner settings a type may set for itself: {allowed} "
+                 "(the PPO clip, optimizer, epochs and minibatches are shared by every type: set them "
+                 "under learner:)")
+        checks[name](f"{key}.{name}", value)
+    return dict(overrides)
 
 
 # A type's name is a TensorBoard tag part (charts/episodic_return/<type>), a key of summary.json

@@ -6,7 +6,7 @@ from the composed config and re-exports them for the code above.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +37,10 @@ class EnvTypeSpec:
     weight: float
     node: dict          # the type's config node, _target_/_partial_ included (for instantiate)
     conf_key: str = ""  # its key under env_mix.types where that is not `name` (env_mix=gym's `gym`)
+    # The node's `learner:` overrides (checked; keys among rlpipe.config.TYPE_LEARNER_KEYS),
+    # taken out of `node`: they are the learner's settings for this type, not constructor
+    # parameters. A key left out takes the learner's value (conf/learner/).
+    learner: dict = field(default_factory=dict)
 
     @property
     def conf_path(self) -> str:

@@ -100,7 +100,7 @@ class DistLearner(CentralLearner):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator,
-                                             sync=self.sync)
+                                             sync=self.sync, per_type=self.type_settings)
             if self.spec.run.trim_after_update:
                 heap.trim()
         except BaseException as exc:       # re-raised in the main thread by poll_update

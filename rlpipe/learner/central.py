@@ -32,6 +32,7 @@ from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
 from rlpipe.learner.rollout import SliceRollout
 from rlpipe.learner.slices import SliceRef
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
+from rlpipe.learner.type_settings import TypeSettings
 
 
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
@@ -92,6 +93,10 @@ class CentralLearner:
         self.row_bytes = [k.nbytes for k in plan.obs_keys]
         self.obs_base = [buf.data_ptr() for buf in self.obs_buf.values()]    # they never move
         self.rollouts: dict[tuple[int, int], SliceRollout] = {}
+        # gamma, lambda, entropy bonus and PopArt step per type (env nodes' `learner:`)
+        self.type_settings = TypeSettings.of(self.cfg, spec.env_types)
+        # (gamma, lambda) per slice: its types never change (the env -> type map is fixed)
+        self.slice_gae: dict[tuple[int, int], tuple] = {}
         self.ready_blocks: list[dict] = []
         self.ready_types: list[np.ndarray] = []
         self.ready_samples = 0         # transitions in ready_blocks
@@ -184,6 +189,8 @@ class CentralLearner:
             key = (ref.handle.worker_id, ref.slice_index)
             ro = self.rollouts.get(key)
             sl = slice(row, row + hi - lo)
+            gamma, lam = self.slice_gae.get(key) or self.slice_gae.setdefault(
+                key, self.type_settings.gae(types_np[sl]))
             if ro is None or ref.seq == 0:
                 # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
                 ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
@@ -191,7 +198,7 @@ class CentralLearner:
                                                        first_len=self._first_len(ref),
                                                        key_rows=self._key_rows(types_np[sl]))
             else:
-                ro.add_outcome(res["reward"], res["terminated"], res["truncated"], cfg.gamma, fv)
+                ro.add_outcome(res["reward"], res["terminated"], res["truncated"], gamma, fv)
                 if self.scaling.enabled:
                     score = res["score"]
                     self.scores[ref.handle.env_lo + lo:ref.handle.env_lo + hi] = score
@@ -199,7 +206,7 @@ class CentralLearner:
                                      score_to_weight(score, self.scaling.min_weight))
             if ro.full:
                 length = ro.length
-                self.ready_blocks.append(ro.finish(value[sl], cfg.gamma, cfg.gae_lambda))
+                self.ready_blocks.append(ro.finish(value[sl], gamma, lam))
                 self.ready_types.append(np.repeat(types_np[sl][None], length, 0).reshape(-1))
                 self.ready_samples += length * (hi - lo)
             ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
@@ -381,7 +388,8 @@ class CentralLearner:
                 os.sched_setaffinity(threading.get_native_id(), {self.spec.learner_cpu})
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator)
+            self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator,
+                                             per_type=self.type_settings)
             if self.spec.run.trim_after_update:
                 heap.trim()                # the update's activations freed: their pages go back
         except BaseException as exc:       # re-raised in the main thread by poll_update

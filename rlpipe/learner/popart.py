@@ -13,6 +13,9 @@ with a per-sample step size `beta` (a batch of n returns of a type moves them by
 instead of being averaged with the arbitrary starting point. sigma is clamped to
 [SIGMA_MIN, SIGMA_MAX] so a type whose returns are all equal does not divide by zero.
 
+`beta` is one float, or a float64 tensor [n_types] when the env types set their own
+(`learner.popart_beta` on an env node, rlpipe/learner/type_settings.py).
+
 Everything lives in buffers: it travels with `state_dict` (the serving copy of the policy,
 checkpoints, export) and is restored bit for bit. With value_norm=none nothing is updated
 and (mu, sigma) stay (0, 1): the critic predicts returns directly.
@@ -43,7 +46,7 @@ class PopArt(nn.Module):
         return (x - self.mu[types].to(x.dtype)) / self.sigma[types].to(x.dtype)
 
     @torch.no_grad()
-    def update(self, returns: torch.Tensor, types: torch.Tensor, beta: float, out_layer) -> None:
+    def update(self, returns: torch.Tensor, types: torch.Tensor, beta: float | torch.Tensor, out_layer) -> None:
         """Move each type's statistics toward `returns` (return space) and rescale row t of
         `out_layer` (a TypedLinear with one output: weight [n_types, 1, h], bias
         [n_types, 1]) so that sigma * v + mu is unchanged for every input."""
@@ -59,8 +62,8 @@ class PopArt(nn.Module):
         self._move(count, mean, sq, beta, out_layer)
 
     @torch.no_grad()
-    def update_sums(self, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor, beta: float,
-                    out_layer) -> None:
+    def update_sums(self, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor,
+                    beta: float | torch.Tensor, out_layer) -> None:
         """`update` from per-type sample counts, sums and sums of squares of the returns
         (float64, [n_types]): what ranks all-reduce so every rank moves the same statistics
         by the same batch (rlpipe.dist)."""
@@ -70,8 +73,11 @@ class PopArt(nn.Module):
         self._move(count, total / count.clamp_min(1), total_sq / count.clamp_min(1), beta, out_layer)
 
     @torch.no_grad()
-    def _move(self, count: torch.Tensor, mean: torch.Tensor, sq: torch.Tensor, beta: float, out_layer) -> None:
+    def _move(self, count: torch.Tensor, mean: torch.Tensor, sq: torch.Tensor, beta: float | torch.Tensor,
+              out_layer) -> None:
         seen = count > 0
+        if isinstance(beta, torch.Tensor):
+            beta = beta.to(torch.float64).cpu()
         keep = torch.where(seen, (1.0 - beta) ** count, torch.ones_like(count))
         self.m1.mul_(keep).add_((1 - keep) * mean)
         self.m2.mul_(keep).add_((1 - keep) * sq)

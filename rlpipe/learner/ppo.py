@@ -10,6 +10,10 @@ for one policy over many env types:
 - every sample is trained on each epoch: the batch is cut into ceil(n / minibatch_size)
   near-equal minibatches, none dropped;
 - each sample's loss terms weighted by its env's stability weight when scaling is on;
+- per-type settings (`per_type`, rlpipe/learner/type_settings.py): each row's entropy bonus
+  is its type's ent_coef, each type's PopArt statistics move with its popart_beta (GAE's
+  gamma and lambda were applied when the rollouts were finished); without them, or where
+  every type has the same value, the learner's one value, computed as before;
 - across torchrun ranks (`sync`, rlpipe.dist.RankSync): PopArt and per-type advantage
   statistics come from all ranks' batches, every rank cuts its batch into the same number of
   minibatches (ceil(global batch / minibatch_size)), and after each backward pass the
@@ -26,7 +30,8 @@ import torch
 from torch import nn
 
 from rlpipe.config import LearnerSpec
-from rlpipe.learner.scaling import weighted_ppo_terms
+from rlpipe.learner.scaling import weighted_mean, weighted_ppo_terms
+from rlpipe.learner.type_settings import TypeSettings
 
 
 @dataclass
@@ -94,21 +99,24 @@ def normalize_per_type_sums(adv: torch.Tensor, types: torch.Tensor, count: torch
 
 
 def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
-               cfg: LearnerSpec, generator: torch.Generator, sync=None) -> UpdateStats:
+               cfg: LearnerSpec, generator: torch.Generator, sync=None,
+               per_type: TypeSettings | None = None) -> UpdateStats:
     types = batch["types"]
     n_types = len(policy.popart.mu)
     adv_all = batch["adv"]
     n = len(adv_all)
+    beta = cfg.popart_beta if per_type is None else per_type.popart_beta_by_type()
+    ent_coef = cfg.ent_coef if per_type is None else per_type.ent_coef_rows(types)
     if sync is None:
         if cfg.value_norm == "popart":
-            policy.popart.update(batch["ret"], types, cfg.popart_beta, policy.critic.out)
+            policy.popart.update(batch["ret"], types, beta, policy.critic.out)
         if cfg.adv_norm == "per_type":
             adv_all = normalize_per_type(adv_all, types, n_types)
         n_minibatches = max(math.ceil(n / cfg.minibatch_size), 1)
     else:
         m = sync.type_sums(batch["ret"], adv_all, types, n_types)     # one all-reduce
         if cfg.value_norm == "popart":
-            policy.popart.update_sums(m.count, m.ret_sum, m.ret_sq, cfg.popart_beta, policy.critic.out)
+            policy.popart.update_sums(m.count, m.ret_sum, m.ret_sq, beta, policy.critic.out)
         if cfg.adv_norm == "per_type":
             adv_all = normalize_per_type_sums(adv_all, types, m.count, m.adv_sum, m.adv_sq)
         n_minibatches = max(math.ceil(m.samples / cfg.minibatch_size), 1)
@@ -118,6 +126,8 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
             "logp": batch["logp"], "old_value": old_value, "adv": adv_all, "ret": ret}
     if "weight" in batch:
         rows["weight"] = batch["weight"]
+    if isinstance(ent_coef, torch.Tensor):     # types differ: each row's own (shuffled with it)
+        rows["ent_coef"] = ent_coef
     params = [p for p in policy.parameters()]
     terms_sum = torch.zeros(6, dtype=torch.float64)
     count = 0
@@ -144,7 +154,11 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             terms = weighted_ppo_terms(logp, entropy, value, mb["logp"], mb["old_value"],
                                        adv, mb["ret"], cfg.clip_coef, cfg.clip_vloss, mb.get("weight"))
-            loss = terms.pg_loss - cfg.ent_coef * terms.entropy + cfg.vf_coef * terms.v_loss
+            if "ent_coef" in mb:
+                bonus = weighted_mean(mb["ent_coef"].to(entropy.dtype) * entropy, mb.get("weight"))
+            else:
+                bonus = ent_coef * terms.entropy
+            loss = terms.pg_loss - bonus + cfg.vf_coef * terms.v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if sync is None or sync.average_gradients(params, size):

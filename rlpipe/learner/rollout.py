@@ -15,6 +15,12 @@ gets gamma * V(final obs) added, the value of the obs the time limit stopped at 
 hands it over in its final-obs rows, since the autoreset replaced it on the board). An
 episode cut by an env rebuild has no final obs: it bootstraps from V(s_t), the value of the
 last obs it had.
+
+gamma and lambda are the env types' (rlpipe/learner/type_settings.py): one float for the
+whole slice, or one value per env column where the slice mixes types that set them
+differently. Both forms compute the same numbers for a column of the same values: the
+product gamma * V in float32 (what a Python float meets a float32 array as), the trace's
+decay gamma * lambda in float64 (as the product of two Python floats).
 """
 from __future__ import annotations
 
@@ -45,15 +51,16 @@ class SliceRollout:
         self.t = 0
 
     def add_outcome(self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                    gamma: float, final_value: np.ndarray | None = None) -> None:
+                    gamma: float | np.ndarray, final_value: np.ndarray | None = None) -> None:
         """Reward and end flags of the transition taken at t - 1; `final_value`: V(final obs)
-        of the envs whose episode a time limit ended (NaN elsewhere), or None."""
+        of the envs whose episode a time limit ended (NaN elsewhere), or None. `gamma`: a
+        float, or one per env."""
         t = self.t - 1
         timeout = truncated.astype(bool) & ~terminated.astype(bool)
         boot = self.value[t]
         if final_value is not None:
             boot = np.where(np.isnan(final_value), boot, final_value)
-        self.reward[t] = reward + gamma * boot * timeout
+        self.reward[t] = reward + _value_discount(gamma) * boot * timeout
         self.done[t] = terminated.astype(bool) | truncated.astype(bool)
 
     def add_step(self, obs: dict, a_disc, a_cont, logp, value) -> None:
@@ -80,17 +87,20 @@ class SliceRollout:
     def full(self) -> bool:
         return self.t == self.length
 
-    def finish(self, next_value: np.ndarray, gamma: float, lam: float) -> dict:
-        """GAE over the block; returns it flattened to [length * n] (and its `n_envs`) and
-        resets the slice for a block of T."""
+    def finish(self, next_value: np.ndarray, gamma: float | np.ndarray, lam: float | np.ndarray) -> dict:
+        """GAE over the block (`gamma`, `lam`: floats, or one per env); returns it flattened
+        to [length * n] (and its `n_envs`) and resets the slice for a block of T."""
         L = self.length
         adv = np.zeros((L, self.n), dtype=np.float32)
         last = np.zeros(self.n, dtype=np.float32)
+        discount = _value_discount(gamma)
+        decay = gamma * lam if isinstance(gamma, float) and isinstance(lam, float) else \
+            np.asarray(gamma, dtype=np.float64) * np.asarray(lam, dtype=np.float64)
         for t in reversed(range(L)):
             nonterminal = 1.0 - self.done[t]
             nv = next_value if t == L - 1 else self.value[t + 1]
-            delta = self.reward[t] + gamma * nv * nonterminal - self.value[t]
-            last = delta + gamma * lam * nonterminal * last
+            delta = self.reward[t] + discount * nv * nonterminal - self.value[t]
+            last = delta + decay * nonterminal * last
             adv[t] = last
         m = L * self.n
         block = {
@@ -109,3 +119,9 @@ class SliceRollout:
         self.t = 0
         self.length = self.T
         return block
+
+
+def _value_discount(gamma: float | np.ndarray) -> float | np.ndarray:
+    """gamma as it multiplies a float32 value: a Python float as it is (NumPy computes the
+    product in float32), per-env gammas as float32 (the same product, column by column)."""
+    return gamma if isinstance(gamma, float) else np.asarray(gamma, dtype=np.float32)

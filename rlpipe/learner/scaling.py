@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["score_to_weight", "score_to_epsilon", "weighted_ppo_terms", "PPOTerms"]
+__all__ = ["score_to_weight", "score_to_epsilon", "weighted_ppo_terms", "weighted_mean", "PPOTerms"]
 
 
 def _clip01(x):
@@ -87,3 +87,12 @@ def weighted_ppo_terms(new_logp: torch.Tensor, entropy: torch.Tensor, new_value:
     wsum = w.sum().clamp_min(1e-12)
     return PPOTerms((w * pg).sum() / wsum, 0.5 * (w * v).sum() / wsum, (w * entropy).sum() / wsum,
                     approx_kl, clipfrac)
+
+
+def weighted_mean(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """A per-row term averaged as `weighted_ppo_terms` averages its terms: x.mean(), or
+    sum(w * x) / sum(w) with weights (the per-type entropy bonus, rlpipe.learner.ppo)."""
+    if weights is None:
+        return x.mean()
+    w = weights.to(x.dtype)
+    return (w * x).sum() / w.sum().clamp_min(1e-12)
