@@ -5,7 +5,9 @@ well as in conf/ would be a second declaration that can drift (a reader could no
 which is live), and a key that no code reads is a setting that does nothing. The same holds
 for the env nodes (conf/env/<type>.yaml, and the nodes and tunings of conf/env_mix and
 conf/stage): they are the env types' constructor parameters, so a constructor (its `*Params`
-dataclass, its `__init__` or `describe`) declares none of their values again.
+dataclass, its `__init__` or `describe`) declares none of their values again. A node's
+`learner:` is no constructor parameter: its keys are learner settings the type sets for
+itself (rlpipe.config.TYPE_LEARNER_KEYS), each a LearnerSpec field read by code.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from conftest import REPO, compose_cfg
-from rlpipe.config import RunSpec, conf_dir
+from rlpipe.config import TYPE_LEARNER_KEYS, LearnerSpec, RunSpec, conf_dir
 
 # Schema defaults allowed, each for a key that not every option file sets.
 ALLOWED_DEFAULTS = {
@@ -141,6 +143,8 @@ def test_every_conf_key_is_read_by_code():
 
 
 # -- env nodes -------------------------------------------------------------------------------------
+
+TYPE_LEARNER_NODE = "learner"     # an env node's per-type learner settings (taken out before construction)
 
 # Constructor defaults allowed, each for a parameter that not every node of its type sets. Such a
 # default says "left out" (None), never a value: a value belongs in the node.
@@ -270,11 +274,28 @@ def test_every_env_node_key_is_a_parameter_read_by_code():
     for file, name, cls, node, _defines in env_nodes():
         params, read = env_parameters(cls), parameters_read(cls)
         for key in node:
-            if key in ("_target_", "_partial_"):
+            if key in ("_target_", "_partial_", TYPE_LEARNER_NODE):
                 continue
             if key not in params:
                 problems.append(f"{file}: {name}.{key} is no parameter of {cls.__name__}")
             elif key not in read:
                 problems.append(f"{file}: {name}.{key} is set but no code of {cls.__name__} reads `.{key}` "
                                 "(or the name in the method taking it)")
+    assert not problems, "\n".join(problems)
+
+
+def test_env_node_learner_keys_are_per_type_learner_settings():
+    """`learner:` in an env node sets LearnerSpec fields named in TYPE_LEARNER_KEYS, each read
+    by code (as `.name`, like every learner setting); no env type takes a `learner` parameter
+    of its own (the node key could not reach it)."""
+    learner_fields, read = {f.name for f in dataclasses.fields(LearnerSpec)}, attributes_read()
+    problems = [f"TYPE_LEARNER_KEYS: {k} is no LearnerSpec field" for k in TYPE_LEARNER_KEYS if k not in learner_fields]
+    problems += [f"TYPE_LEARNER_KEYS: {k} is read by no code outside rlpipe/config*.py"
+                 for k in TYPE_LEARNER_KEYS if k not in read]
+    for file, name, cls, node, _defines in env_nodes():
+        if TYPE_LEARNER_NODE in env_parameters(cls):
+            problems.append(f"{cls.__name__} takes a `{TYPE_LEARNER_NODE}` parameter, which the node key shadows")
+        for key in node.get(TYPE_LEARNER_NODE) or {}:
+            if key not in TYPE_LEARNER_KEYS:
+                problems.append(f"{file}: {name}.learner.{key} is not one of {', '.join(TYPE_LEARNER_KEYS)}")
     assert not problems, "\n".join(problems)
