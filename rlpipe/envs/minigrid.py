@@ -8,6 +8,14 @@ symbolic grid MiniGrid itself observes. `view` picks one:
   `vector`) for the type's own MLP input layer: exact, and 588 bytes a row. buffer=auto grows
   that key to 147 (rlpipe/envs/sizing.py); a fixed board must have a row that long.
 
+What symbolic costs and saves at day4's size (+stage=day4 buffer=auto, 7,000 envs, 840 of
+them minigrid; bytes per row x envs from the plan): the `vector` row grows from 64 to 588 B
+for every env, so the worker segments grow 11.8 MB (368.8 -> 380.6 MB: two 640 B slots and a
+final-obs row per env), the learner's batch buffer and the workers' staging 7.3 MB, and the
+vector rollouts 16.1 MB (1,820 producing envs x T 16 x 588 B); the rgb rollouts shrink by
+165 MB (323.4 -> 158.3 MB: 805 rgb envs instead of 1,645), and the CNN sees 805 rows a round
+instead of 1,645. day4's own buffer=small is fixed (vector 16): symbolic needs buffer=auto.
+
 Both are GymnasiumEnv (rlpipe/envs/classic.py) with MiniGrid's wrappers. The agent's direction
 and the mission text are left out of both (the view is already egocentric; a DoorKey mission
 is always the same sentence).
