@@ -146,6 +146,7 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str, overrides: l
     from rlpipe.dist.sync import RankSync
     from rlpipe.learner.policy import Policy
     from rlpipe.learner.ppo import ppo_update
+    from rlpipe.learner.type_settings import TypeSettings
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     spec, plan = _plan_and_spec(overrides)
@@ -166,7 +167,8 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str, overrides: l
     probe.counters = type("C", (), {"updates": 0})()
     for u, per_rank in enumerate(sizes):
         batch = _batch(policy, plan, per_rank[rank], seed=10 * u + rank)
-        ppo_update(policy, opt, batch, spec.learner, gen, sync=sync)
+        ppo_update(policy, opt, batch, spec.learner, gen, sync=sync,
+                   per_type=TypeSettings.of(spec.learner, spec.env_types))
         probe.counters.updates = u + 1
         digests.append(state_checksums(probe))
     torch.save({"digests": digests, "collectives": sync.collectives,
@@ -194,13 +196,17 @@ def test_two_gloo_ranks_stay_bit_identical_over_unequal_and_empty_batches(tmp_pa
     assert float(r0["mu"].abs().max()) > 1.0
 
 
-def test_two_ranks_take_the_step_one_process_takes_on_the_union_batch(tmp_path):
+@pytest.mark.parametrize("per_type", [(), ("learner.ent_coef=0.0", "+env_mix.types.cartpole.learner.ent_coef=0.05",
+                                               "+env_mix.types.pendulum.learner.popart_beta=0.01")])
+def test_two_ranks_take_the_step_one_process_takes_on_the_union_batch(tmp_path, per_type):
     """One epoch, one minibatch: the sample-weighted gradient mean over ranks, PopArt and
     per-type advantage statistics from both ranks' batches make the update of one process
-    on the two batches concatenated (to float rounding)."""
+    on the two batches concatenated (to float rounding); with env types' own entropy bonus
+    and PopArt step (env nodes' `learner:`) too."""
     from rlpipe.learner.policy import Policy
     from rlpipe.learner.ppo import ppo_update
-    overrides = ["learner.minibatch_size=100000", "learner.epochs=1", "learner.hidden=[16]"]
+    from rlpipe.learner.type_settings import TypeSettings
+    overrides = ["learner.minibatch_size=100000", "learner.epochs=1", "learner.hidden=[16]", *per_type]
     sizes = [(120, 50)]
     r0, _r1 = _spawn_two(tmp_path, overrides, sizes)
     spec, plan = _plan_and_spec(overrides)
@@ -210,7 +216,8 @@ def test_two_ranks_take_the_step_one_process_takes_on_the_union_batch(tmp_path):
     union = {k: ({kk: torch.cat([p[k][kk] for p in parts]) for kk in parts[0][k]} if k == "obs"
                  else torch.cat([p[k] for p in parts])) for k in parts[0]}
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3, eps=1e-5)
-    ppo_update(policy, opt, union, spec.learner, torch.Generator().manual_seed(0))
+    ppo_update(policy, opt, union, spec.learner, torch.Generator().manual_seed(0),
+               per_type=TypeSettings.of(spec.learner, spec.env_types))
     for name, value in policy.state_dict().items():
         assert torch.allclose(value, r0["state"][name], rtol=1e-4, atol=1e-5), name
 
