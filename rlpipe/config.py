@@ -301,8 +301,9 @@ class DistSpec(_Section):
 class RunSpec(_Section):
     """Everything a run needs. Derived on construction, beside the fields:
     `env_types` (EnvTypeSpec per weighted type of env_mix; the type running env_mix.id named
-    after it; its node's `learner:` overrides checked and kept apart as its `learner`), `obs_keys` (ObsKey per buffer key, in board order, before sizing=auto grows
-    them) and `worker.slices` resolved to an int."""
+    after it; a node's `learner:` checked and kept apart as the type's `learner`), `obs_keys`
+    (ObsKey per buffer key, in board order, before sizing=auto grows them) and
+    `worker.slices` resolved to an int."""
     env_mix: EnvMixSpec = MISSING
     buffer: BufferSpec = MISSING
     groups: GroupsSpec = MISSING

@@ -189,8 +189,10 @@ class CentralLearner:
             key = (ref.handle.worker_id, ref.slice_index)
             ro = self.rollouts.get(key)
             sl = slice(row, row + hi - lo)
-            gamma, lam = self.slice_gae.get(key) or self.slice_gae.setdefault(
-                key, self.type_settings.gae(types_np[sl]))
+            gae = self.slice_gae.get(key)
+            if gae is None:
+                gae = self.slice_gae[key] = self.type_settings.gae(types_np[sl])
+            gamma, lam = gae
             if ro is None or ref.seq == 0:
                 # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
                 ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
