@@ -56,7 +56,7 @@ def main() -> int:
     from rlpipe.config import conf_dir, register_schema, run_spec
     from rlpipe.envs.registry import plan_mix, preload_modules
     from rlpipe.learner.central import CentralLearner
-    from rlpipe.learner.rollout import SliceRollout
+    from rlpipe.learner.rollout import SliceRollout, key_rows
     from rlpipe.protocol import slice_bounds
     from rlpipe.shm.layout import WorkerLayout
     from rlpipe.supervisor.workers import group_ranges
@@ -88,7 +88,7 @@ def main() -> int:
             k = s_hi - s_lo
             slice_types = plan.env_type[lo + s_lo:lo + s_hi].astype(np.int64)
             ro = SliceRollout(k, T, plan.obs_keys, plan.actions.cont_dim, spec.scaling.enabled,
-                              key_rows=learner._key_rows(slice_types))
+                              key_rows=key_rows(learner.plan, slice_types))
             for _t in range(T):
                 ro.add_step({key.name: np.ones((k,) + key.shape, dtype=key.dtype) for key in plan.obs_keys},
                             np.zeros(k, np.int64), np.zeros((k, max(plan.actions.cont_dim, 1)), np.float32),

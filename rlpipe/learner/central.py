@@ -5,10 +5,9 @@ The learner never waits for a particular worker: it serves whichever slices have
 a PPO update starts once `update_envs` env-rollouts' worth of samples (update_envs x
 rollout_len) is ready, wherever it came from.
 
-Longer than ~400 lines on purpose: serving, the rollout queue, the update thread and the
-checkpointed state share the same few fields (the ready queue, the actor/policy pair, the
-counters and RNG streams); the pieces that need none of them live beside it (policy, ppo,
-rollout, popart, checkpoint).
+Serving, the rollout queue, the update thread and the checkpointed state share the same few
+fields (the ready queue, the actor/policy pair, the counters and RNG streams); the pieces that
+need none of them live beside it (policy, ppo, rollout, popart, checkpoint, counters, latency).
 """
 from __future__ import annotations
 
@@ -17,52 +16,29 @@ import copy
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from rlpipe import heap
-from rlpipe.bounded import Thinned
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
+from rlpipe.learner.counters import FIRST_EPISODES, Counters
+from rlpipe.learner.latency import StepLatencies
 from rlpipe.learner.policy import Policy
 from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
-from rlpipe.learner.rollout import SliceRollout
-from rlpipe.learner.slices import SliceRef
+from rlpipe.learner.rollout import SliceRollout, key_rows
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
+from rlpipe.learner.slices import SliceRef
 from rlpipe.learner.type_settings import TypeSettings
-
 
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
 POLICY_LAYOUT = "typed-towers-popart-1"
 
-# Episodes per type behind the "first 100" window the learned verdicts compare with.
-FIRST_EPISODES = 100
-LOSS_HISTORY_POINTS = 4096   # (time, loss) samples kept over the whole run for the late-loss std
-
 # What the learner reads of a slice's last step (copied before the slice is rung again).
 OUTCOME_FIELDS = ("reward", "terminated", "truncated", "ep_return", "ep_len", "step_ms")
 SCALING_FIELDS = ("score", "exec_discrete", "exec_continuous", "behaviour_logp")
-
-
-@dataclass
-class Counters:
-    env_steps: int = 0
-    updates: int = 0
-    episodes: int = 0
-    torn_retries: int = 0
-    dropped_rollouts: int = 0        # env-rollouts discarded under learner.backlog=drop
-    trained_samples: int = 0         # transitions that went into PPO updates (each once)
-    first_step_at: float | None = None
-    returns: dict = field(default_factory=dict)     # type name -> deque of last 100 returns
-    first_returns: dict = field(default_factory=dict)   # type name -> its first 100 returns of this run
-    episodes_by_type: dict = field(default_factory=dict)
-    # (time, total loss) of the updates, thinned evenly over the run so six days of updates
-    # stay a few thousand entries (summary.json's loss_std of the second half)
-    losses: Thinned = field(default_factory=lambda: Thinned(LOSS_HISTORY_POINTS))
-    recent_losses: collections.deque = field(default_factory=collections.deque)   # the last loss_std_window
 
 
 def pick_device(name: str) -> torch.device:
@@ -107,8 +83,7 @@ class CentralLearner:
                                  recent_losses=collections.deque(maxlen=self.cfg.loss_std_window))
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
-        # env step() latencies since the last chart, per type (ms; the workers time each call)
-        self.recent_step_ms: dict[str, list[np.ndarray]] = {n: [] for n in plan.names}
+        self.step_ms = StepLatencies(plan.names)   # env step() latencies since the last chart
         self.random = self.cfg.mode == "random"
         self.scaling = spec.scaling
         # Exploration alternatives get their own stream: the policy's samples stay reproducible.
@@ -178,7 +153,7 @@ class CentralLearner:
         for (ref, lo, hi, _row), res in zip(rows, outcomes):
             if res is not None:
                 self._episodes(ref, lo, hi, res)
-                self._latencies(ref, res["step_ms"])
+                self.step_ms.add(ref.handle.slice_types[ref.slice_index], res["step_ms"])
                 self.counters.env_steps += hi - lo
                 if self.counters.first_step_at is None:
                     self.counters.first_step_at = now
@@ -198,7 +173,7 @@ class CentralLearner:
                 ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
                                                        self.plan.actions.cont_dim, self.scaling.enabled,
                                                        first_len=self._first_len(ref),
-                                                       key_rows=self._key_rows(types_np[sl]))
+                                                       key_rows=key_rows(self.plan, types_np[sl]))
             else:
                 ro.add_outcome(res["reward"], res["terminated"], res["truncated"], gamma, fv)
                 if self.scaling.enabled:
@@ -213,16 +188,6 @@ class CentralLearner:
                 self.ready_samples += length * (hi - lo)
             ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
                         logp[sl], value[sl])
-
-    def _key_rows(self, types: np.ndarray) -> dict[str, np.ndarray]:
-        """For each obs key that only some of these envs' types produce, those envs' rows: the
-        rollout stores nothing for the others (SliceRollout's `key_rows`)."""
-        out = {}
-        for k in self.plan.obs_keys:
-            produces = np.array([k.name in self.plan.specs[t].obs for t in types])
-            if not produces.all():
-                out[k.name] = np.flatnonzero(produces)
-        return out
 
     def _first_len(self, ref: SliceRef) -> int:
         """Length of a new slice rollout's first block: T - (slice ordinal mod T), so the
@@ -272,24 +237,9 @@ class CentralLearner:
             return a_disc, np.zeros((len(types), 1), dtype=np.float32)
         return a_disc, self.rng.uniform(-1.0, 1.0, (len(types), cont_dim)).astype(np.float32)
 
-    def _latencies(self, ref: SliceRef, step_ms: np.ndarray) -> None:
-        types = ref.handle.slice_types[ref.slice_index]
-        first = types[0]
-        if (types == first).all():                  # the common case: a slice of one type
-            self.recent_step_ms[self.plan.names[first]].append(step_ms)
-            return
-        for t in np.unique(types):
-            self.recent_step_ms[self.plan.names[t]].append(step_ms[types == t])
-
     def latency_percentiles(self) -> dict[str, tuple[float, float]]:
         """(p50, p99) of each type's step latency since the last call, in ms."""
-        out = {}
-        for name, parts in self.recent_step_ms.items():
-            if parts:
-                p50, p99 = np.percentile(np.concatenate(parts), (50, 99))
-                out[name] = (float(p50), float(p99))
-                parts.clear()
-        return out
+        return self.step_ms.percentiles()
 
     def _episodes(self, ref: SliceRef, lo: int, hi: int, res: dict) -> None:
         done = np.nonzero(res["ep_len"] > 0)[0]
