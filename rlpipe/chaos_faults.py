@@ -165,6 +165,36 @@ class KillRedis(OnceFault):
             proc.kill()
 
 
+class PauseRedis(OnceFault):
+    """SIGSTOP the embedded redis-server once, chaos.pause_redis_at_s into the run, and SIGCONT
+    it PAUSE_S later: every Redis call meanwhile times out, nothing restarts. Healed when every
+    live worker has beaten into it again after the SIGCONT (`redis_recovered`, as a kill)."""
+    what = "pause_redis"
+    healed_by = REDIS_RECOVERED
+    PAUSE_S = 3.0      # past a Redis client's 2 s timeout (rlpipe.redis_client): calls fail, not wait
+
+    @staticmethod
+    def setting(chaos) -> Optional[float]:
+        return chaos.pause_redis_at_s
+
+    def __init__(self, chaos, t0: float):
+        super().__init__(chaos, t0)
+        self.paused: tuple[int, float] | None = None     # (pid, when to continue it)
+
+    def inject(self, run: ChaosRun, handles, now: float) -> None:
+        proc = run.services.redis.proc
+        if proc is not None and proc.poll() is None:
+            run.record(self.what, pid=proc.pid, signal="SIGSTOP", pause_s=self.PAUSE_S, t=run.t(now))
+            run.sigstop(proc.pid)
+            self.paused = (proc.pid, now + self.PAUSE_S)
+
+    def upkeep(self, run: ChaosRun, now: float) -> None:
+        if self.paused is not None and now >= self.paused[1]:
+            run.sigcont(self.paused[0])
+            self.paused = None
+            run.services.await_worker_beats()
+
+
 class FreezeDriver(Fault):
     """Block the driver's own loop for good chaos.freeze_driver_at_s after it served its first
     env step, for the stall detector (rlpipe.supervisor.stall) to find; it ends the run for its
@@ -198,7 +228,7 @@ class FreezeDriver(Fault):
 
 # In the order a tick injects them (one random generator picks every target: the order keeps
 # a seed's schedule).
-FAULTS: tuple[type[Fault], ...] = (KillWorker, StopWorker, KillRedis, FreezeDriver)
+FAULTS: tuple[type[Fault], ...] = (KillWorker, StopWorker, KillRedis, PauseRedis, FreezeDriver)
 BY_WHAT = {f.what: f for f in FAULTS}
 
 

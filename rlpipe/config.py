@@ -215,6 +215,7 @@ class ChaosSpec(_Section):
     kill_worker_every_s: Optional[float] = setting(positive_or_null)
     stop_worker_every_s: Optional[float] = setting(positive_or_null)
     kill_redis_at_s: Optional[float] = setting(positive_or_null)
+    pause_redis_at_s: Optional[float] = setting(positive_or_null)
     freeze_driver_at_s: Optional[float] = setting(positive_or_null)
 
     @property
