@@ -1,6 +1,7 @@
 """The chaos faults' registry (rlpipe/chaos_faults.py): every registered fault has one setting,
 off by default, the runner injects what the registry lists on its schedule, and the recovery
-report judges every registered fault by its class's rule."""
+report judges every registered fault by its class's rule; the fault added last (a Redis
+pause) injected and healed in a short real run."""
 from __future__ import annotations
 
 import dataclasses
@@ -137,3 +138,26 @@ def test_the_driver_freezes_from_its_first_step_unless_resumed():
     assert FreezeDriver.due_at(spec, 50.0, resumed=False) == 54.0
     assert FreezeDriver.due_at(spec, 50.0, resumed=True) is None
     assert FreezeDriver.due_at(_chaos(), 50.0, resumed=False) is None
+
+
+def test_a_redis_pause_in_a_real_run_is_healed_in_the_recovery_report(short_tmp):
+    """chaos.pause_redis_at_s in a short real run (16 CartPoles, 2 workers, the real embedded
+    Redis): the server is SIGSTOPped, continued PAUSE_S later, and the recovery report finds
+    the `redis_recovered` row once both workers beat into it again. A pause is not a dead
+    worker (Redis down is never read as one) and the run ends clean."""
+    from conftest import read_summary, run_cli, run_leftovers
+    from rlpipe.chaos_faults import PauseRedis
+    run_dir = short_tmp / "run"
+    out = run_cli(run_dir, "env_count=16", "groups.size=8", "run.duration_s=30", "run.total_env_steps=null",
+                  "chaos.pause_redis_at_s=4", "heartbeat.timeout_s=10", "heartbeat.scan_interval_s=0.5",
+                  "heartbeat.redis_interval_s=0.5", "heartbeat.signal_interval_s=0.2",
+                  "heartbeat.term_grace_s=1", timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rep = recovery_report(run_dir / "lifecycle.sqlite")
+    assert rep["by_kind"].keys() == {"pause_redis"} and rep["unrecovered"] == 0, rep
+    (event,) = rep["events"]
+    assert event["recovered_by"] == "redis_recovered"
+    assert event["recover_s"] >= PauseRedis.PAUSE_S          # healed after the SIGCONT, not before
+    assert read_summary(run_dir)["faults"]["worker_restarts"] == 0
+    assert "every injected fault recovered: **yes**" in (run_dir / "health_report.md").read_text()
+    assert run_leftovers(out.pid) == []
