@@ -33,6 +33,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlpipe import config_checks as checks
+from rlpipe.chaos_faults import ticked_faults
 from rlpipe.config_checks import (count, fail, fifo, fraction_of_ranks, one_of, positive, positive_int,
                                   positive_int_or_null, positive_ints, positive_or_null, redis_url, run_checks,
                                   setting, step_size, unit_interval, unit_intervals)
@@ -226,18 +227,19 @@ class HeartbeatSpec(_Section):
 
 @dataclass
 class ChaosSpec(_Section):
+    """`chaos:`, one setting per fault of rlpipe.chaos_faults (null: off); what each does is
+    its fault class's docstring."""
     _key = "chaos"
     kill_worker_every_s: Optional[float] = setting(positive_or_null)
     stop_worker_every_s: Optional[float] = setting(positive_or_null)
     kill_redis_at_s: Optional[float] = setting(positive_or_null)
-    # the driver's loop blocks for good this long after its first served step, in a run that did
-    # not resume (the stall detector's test: a resumed run must not freeze again)
+    pause_redis_at_s: Optional[float] = setting(positive_or_null)
     freeze_driver_at_s: Optional[float] = setting(positive_or_null)
 
     @property
     def enabled(self) -> bool:
-        return any(v is not None for v in (self.kill_worker_every_s, self.stop_worker_every_s,
-                                           self.kill_redis_at_s))
+        """Whether the chaos runner has a fault to inject (the driver's loop freezes itself)."""
+        return bool(ticked_faults(self))
 
 
 @dataclass

@@ -231,9 +231,10 @@ def test_day5_composes_to_its_chaos_schedule_and_tightened_heartbeats():
 
     cfg = compose_cfg(["+stage=day5"])
     got = {k: OmegaConf.to_container(cfg[k]) for k in ("chaos", "heartbeat", "groups", "buffer")}
+    # the faults it turns on; every other fault's setting stays off (null)
+    got["chaos"] = {k: v for k, v in got["chaos"].items() if v is not None}
     assert got == {
-        "chaos": {"kill_worker_every_s": 30.0, "stop_worker_every_s": 45.0, "kill_redis_at_s": 20.0,
-                  "freeze_driver_at_s": None},
+        "chaos": {"kill_worker_every_s": 30.0, "stop_worker_every_s": 45.0, "kill_redis_at_s": 20.0},
         "heartbeat": {"signal_interval_s": 0.5, "redis_interval_s": 1.0, "scan_interval_s": 2.0,
                       "timeout_s": 10.0, "term_grace_s": 2.0, "startup_timeout_s": 300.0},
         "groups": {"size": 70, "hot": 4, "wake_after_steps": 20, "wake_batch": 4, "wake_growth": 2.0,
@@ -242,7 +243,7 @@ def test_day5_composes_to_its_chaos_schedule_and_tightened_heartbeats():
                    "keys": {"rgb": {"shape": [64, 64, 3], "dtype": "uint8"},
                             "state": {"shape": [32], "dtype": "float32"},
                             "vector": {"shape": [16], "dtype": "float32"}}}}
-    assert all(type(v) is float for k, v in got["chaos"].items() if k != "freeze_driver_at_s")
+    assert all(type(v) is float for v in got["chaos"].values())
     assert (cfg.stage, cfg.env_count, cfg.worker.step_timeout_s, cfg.logging.aggregate_interval_s,
             cfg.learner.update_envs, cfg.learner.minibatch_size, cfg.run.duration_s,
             cfg.run.total_env_steps) == ("day5", 1000, 2.0, 15.0, 256, 2048, 180.0, None)

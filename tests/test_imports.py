@@ -14,7 +14,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rlpipe"
 
 # Modules every layer may use; they import nothing of rlpipe outside this set.
 BASE = ("rlpipe", "rlpipe.spec", "rlpipe.protocol", "rlpipe.doorbell", "rlpipe.redis_client", "rlpipe.files",
-        "rlpipe.procs", "rlpipe.cadence", "rlpipe.bounded", "rlpipe.heap", "rlpipe.lifecycle")
+        "rlpipe.procs", "rlpipe.cadence", "rlpipe.bounded", "rlpipe.heap", "rlpipe.chaos_faults", "rlpipe.lifecycle")
+# Neutral modules that import no other base module, and the one each may import all the same
+# (docs/architecture.md: the recovery report reads the faults' healing rules in their classes).
+ISOLATED = {"rlpipe.lifecycle": {"rlpipe.chaos_faults"}, "rlpipe.chaos_faults": set()}
 
 # layer -> the layers it may import (its own layer is always allowed).
 ALLOWED = {
@@ -118,6 +121,20 @@ def test_every_module_has_a_layer():
 def test_imports_point_one_way():
     bad = upward_imports()
     assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_the_lifecycle_log_and_the_chaos_faults_import_nothing_else_of_rlpipe():
+    bad = []
+    for name, allowed in ISOLATED.items():
+        root = PACKAGE.parent / Path(*name.split("."))
+        paths = sorted(root.rglob("*.py")) if root.is_dir() else [root.with_suffix(".py")]
+        for path in paths:
+            mod = module_name(path)
+            package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+            for line, target in sorted(set(_imports(ast.parse(path.read_text(), str(path)), package))):
+                if not (target == name or target.startswith(name + ".")) and target not in allowed:
+                    bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: imports {target}")
+    assert not bad, "\n".join(bad)
 
 
 def test_the_layer_table_has_no_cycle():

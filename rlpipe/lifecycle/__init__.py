@@ -11,7 +11,9 @@ Readers (`fault_counts`, `event_counts`, `env_history`, the recovery report, the
 `python -m rlpipe.lifecycle <run_dir>`) open the file read-only, so they are safe to use
 while a run is still writing.
 
-This package imports nothing else of rlpipe: workers, the driver and the reports all use it.
+This package imports nothing else of rlpipe but rlpipe.chaos_faults (which imports nothing of
+rlpipe; the recovery report reads each chaos fault's healing rule there): workers, the driver
+and the reports all use it.
 """
 from rlpipe.lifecycle.client import LifecycleClient
 from rlpipe.lifecycle.events import DB_NAME, EVENT_KINDS, FAULT_KINDS

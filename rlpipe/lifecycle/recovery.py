@@ -1,25 +1,24 @@
-"""How a run healed from the faults it injected into itself (day5 chaos), read from its
-lifecycle log after the fact.
+"""How a run healed from the faults it injected into itself (chaos), read from its lifecycle
+log after the fact.
 
-Every `chaos_inject` row is matched with the row that says the fault is healed:
-
-- kill_worker / stop_worker -> the first `worker_ready` of the same worker id with a higher
-  generation, at or after the injection (the replacement has stepped its envs once);
-- kill_redis -> the first `redis_recovered` at or after the injection (each heals one
-  injection): the driver writes it once every live worker has beaten into the restarted
-  server, not when the server merely answers a ping;
-- freeze_driver -> the first `driver_stall` at or after the injection: the stall detector
-  found the frozen loop and ended the run for its supervisor to restart (the restart is a
-  new run in the same log).
+Every `chaos_inject` row is matched with the row that says the fault is healed, by the rule
+its fault class declares (`healed_by`, rlpipe.chaos_faults): the first row of that kind at or
+after the injection; for a worker fault, of the same worker id with a higher generation (the
+replacement has stepped its envs once); for a Redis fault, one `redis_recovered` per
+injection (the driver writes it once every live worker has beaten into Redis again, not when
+the server merely answers a ping); a frozen driver heals at the `driver_stall` row (the stall
+detector ended the run for its supervisor to restart; the restart is a new run in the same
+log). An injection whose fault the registry does not know is counted and never healed.
 
 Time to recover is the difference of the two rows' timestamps (both wall clock, written by
-the driver). `lost_env_steps_est` estimates how much stepping a worker fault cost: for each
-healed worker fault, the seconds its envs did not step (injection -> ready) times the worker's env
-count (its `worker_spawn` detail "envs") times the run's per-env step rate
-(summary.json: env_steps / env_count / wall_s). Without a summary.json beside the db the
-estimate is None. A Redis kill costs no env steps (Redis down is not a dead worker).
+the driver). `lost_env_steps_est` estimates how much stepping the worker faults (those with
+`costs_env_steps`) cost: for each healed one, the seconds its envs did not step (injection ->
+ready) times the worker's env count (its `worker_spawn` detail "envs") times the run's per-env
+step rate (summary.json: env_steps / env_count / wall_s). Without a summary.json beside the db
+the estimate is None.
 
-Read-only: safe on a finished run and on one that is still writing.
+Read-only: safe on a finished run and on one that is still writing. The one module of rlpipe
+this package imports: rlpipe.chaos_faults, which imports nothing of rlpipe.
 """
 from __future__ import annotations
 
@@ -33,11 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from rlpipe.chaos_faults import BY_WHAT, FAULTS, Healed
 from rlpipe.lifecycle.readers import connect_ro
-
-WORKER_FAULTS = ("kill_worker", "stop_worker")
-REDIS_FAULTS = ("kill_redis",)
-DRIVER_FAULTS = ("freeze_driver",)
 
 
 def _detail(text: str | None) -> dict:
@@ -72,6 +68,39 @@ def _first(rows: list[dict], start: int, ok) -> dict | None:
         if ok(rows[i]):
             return rows[i]
     return None
+
+
+class _Healings:
+    """The rows that can heal an injection, by kind (and by worker id for the rules that
+    follow a worker), each list in time order, and the rows already used by a `one_each` rule."""
+
+    def __init__(self, rows_of: dict[str, list[dict]]):
+        self.rows_of = rows_of
+        self.ts_of = {kind: [r["ts"] for r in rows] for kind, rows in rows_of.items()}
+        self.by_worker: dict[tuple[str, int], list[dict]] = {}
+        for kind, rows in rows_of.items():
+            for r in rows:
+                if r["worker_id"] is not None and r["generation"] is not None:
+                    self.by_worker.setdefault((kind, r["worker_id"]), []).append(r)
+        self.by_worker_ts = {k: [r["ts"] for r in rows] for k, rows in self.by_worker.items()}
+        self.used: set[int] = set()
+
+    def match(self, rule: Healed, inj: dict) -> dict | None:
+        if rule.newer_generation:
+            wid = inj["worker_id"]
+            if wid is None:
+                return None
+            gen0 = inj["generation"] if inj["generation"] is not None else -1
+            rows = self.by_worker.get((rule.kind, wid), [])
+            start = bisect.bisect_left(self.by_worker_ts.get((rule.kind, wid), []), inj["ts"])
+            return _first(rows, start, lambda r: r["generation"] > gen0)
+        start = bisect.bisect_left(self.ts_of[rule.kind], inj["ts"])
+        if not rule.one_each:
+            return _first(self.rows_of[rule.kind], start, lambda r: True)
+        match = _first(self.rows_of[rule.kind], start, lambda r: r["id"] not in self.used)
+        if match is not None:
+            self.used.add(match["id"])
+        return match
 
 
 def per_env_step_rate(summary: dict | None) -> float | None:
@@ -132,21 +161,12 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
     rate = per_env_step_rate(summary)
     with contextlib.closing(connect_ro(db_path)) as db:
         injects = _rows(db, ("chaos_inject",))
-        readies = _rows(db, ("worker_ready",))
-        restarts = _rows(db, ("redis_recovered",))
-        stalls = _rows(db, ("driver_stall",))
+        healings = _Healings({kind: _rows(db, (kind,)) for kind in sorted({f.healed_by.kind for f in FAULTS})})
         spawns = _rows(db, ("worker_spawn",))
         creates = db.execute("SELECT DISTINCT worker_id, env_id FROM events WHERE kind = 'env_create' "
                              "AND worker_id IS NOT NULL AND env_id IS NOT NULL").fetchall()
     envs_by_gen, envs_by_worker = _worker_env_counts(spawns, creates)
 
-    readies_of: dict[int, list[dict]] = {}            # worker id -> its ready rows, by time
-    for r in readies:
-        if r["worker_id"] is not None and r["generation"] is not None:
-            readies_of.setdefault(r["worker_id"], []).append(r)
-    ready_ts = {w: [r["ts"] for r in rows] for w, rows in readies_of.items()}
-    restart_ts = [r["ts"] for r in restarts]
-    used_restarts: set[int] = set()
     events: list[dict] = []
     by_kind: dict[str, dict] = {}
     times: dict[str, list[float]] = {}
@@ -154,19 +174,8 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
     for inj in injects:
         what = str(inj["detail"].get("what", "unknown"))
         wid, gen = inj["worker_id"], inj["generation"]
-        match = None
-        if what in WORKER_FAULTS and wid is not None:
-            gen0 = gen if gen is not None else -1
-            rows = readies_of.get(wid, [])
-            start = bisect.bisect_left(ready_ts.get(wid, []), inj["ts"])
-            match = _first(rows, start, lambda r: r["generation"] > gen0)
-        elif what in REDIS_FAULTS:
-            start = bisect.bisect_left(restart_ts, inj["ts"])
-            match = _first(restarts, start, lambda r: r["id"] not in used_restarts)
-            if match is not None:
-                used_restarts.add(match["id"])
-        elif what in DRIVER_FAULTS:
-            match = next((r for r in stalls if r["ts"] >= inj["ts"]), None)
+        fault = BY_WHAT.get(what)
+        match = healings.match(fault.healed_by, inj) if fault is not None else None
         k = by_kind.setdefault(what, {"injected": 0, "recovered": 0, "p50_s": None, "p99_s": None})
         k["injected"] += 1
         recover_s = None
@@ -174,13 +183,12 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
             recover_s = round(match["ts"] - inj["ts"], 3)
             k["recovered"] += 1
             times.setdefault(what, []).append(recover_s)
-            if what in WORKER_FAULTS:
+            if fault.costs_env_steps:
                 n_envs = envs_by_gen.get((wid, gen), envs_by_worker.get(wid, 0))
                 lost += recover_s * n_envs * (rate or 0.0)
         events.append({"id": inj["id"], "what": what, "worker_id": wid, "generation": gen,
                        "t": inj["detail"].get("t"), "recover_s": recover_s,
-                       "recovered_by": None if match is None else f"{match['kind']}"
-                       + (f" gen {match['generation']}" if match["kind"] == "worker_ready" else "")})
+                       "recovered_by": None if match is None else fault.healed_by.label(match)})
     for what, k in by_kind.items():
         k["p50_s"] = _pct(times.get(what, []), 50)
         k["p99_s"] = _pct(times.get(what, []), 99)

@@ -27,13 +27,13 @@ import psutil
 import rlpipe
 from rlpipe import heap
 from rlpipe.cadence import Every
+from rlpipe.chaos_faults import FreezeDriver
 from rlpipe.config import RunSpec
 from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.slices import SliceRef
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
-from rlpipe.supervisor.chaos import freeze_driver
 from rlpipe.supervisor.checkpoints import Checkpoints
 from rlpipe.supervisor.evaluation import Evaluation
 from rlpipe.supervisor.fleet import Fleet, current_refs
@@ -181,8 +181,7 @@ class Driver:
         """When chaos.freeze_driver_at_s freezes the loop: counted from its first served step
         (start-up on a loaded machine takes from a few to tens of seconds, and the freeze is
         for a loop that serves); never in a resumed run."""
-        at = self.spec.chaos.freeze_driver_at_s
-        return None if at is None or self.checkpoints.resumed_from_step else first_served + at
+        return FreezeDriver.due_at(self.spec.chaos, first_served, bool(self.checkpoints.resumed_from_step))
 
     def loop(self) -> None:
         spec, learner, fleet, metrics, marks = self.spec, self.learner, self.fleet, self.metrics, self.marks
@@ -198,7 +197,7 @@ class Driver:
                     marks.alive_at = now        # start-up: the loop turning is progress until it serves
                 if freeze_at is not None and now >= freeze_at:
                     marks.phase = "chaos.freeze_driver_at_s"
-                    freeze_driver(self.services.lifecycle, now - self.t0)
+                    FreezeDriver.freeze_driver(self.services.lifecycle, now - self.t0)
                 poll_ms = 10
                 if held and learner.updating and learner.backlogged:
                     # everything waits for the running update: return the moment it ends

@@ -100,8 +100,8 @@ class Fleet:
         hb = spec.heartbeat
         quiet = (self.t0 + spec.run.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
                  if spec.run.duration_s else None)
-        self.chaos = Chaos(spec.chaos, spec.run.seed, self.t0, services.lifecycle, services.redis,
-                           self.watchdog.pending, quiet) if spec.chaos.enabled else None
+        self.chaos = Chaos(spec.chaos, spec.run.seed, self.t0, services, self.watchdog.pending,
+                           quiet) if spec.chaos.enabled else None
         for k, (lo, hi) in enumerate(ranges):
             h = WorkerHandle(k, lo, hi, spec, plan, self.run_id)
             h.awake = self.schedule.awake[k]
@@ -311,7 +311,8 @@ class Fleet:
 
     # -- stop --------------------------------------------------------------------------------
     def continue_stopped(self) -> None:
-        """Workers the chaos monkey SIGSTOPped and nobody replaced yet: let them hear STOP."""
+        """Processes the chaos SIGSTOPped that nobody replaced or continued since: continued, so
+        each answers the teardown (a worker hears STOP)."""
         for pid in self.chaos.stopped if self.chaos else ():
             try:
                 os.kill(pid, signal.SIGCONT)

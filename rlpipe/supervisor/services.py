@@ -117,8 +117,13 @@ class Services:
         if not self.redis_check.due(now) or not self.redis.restart_if_dead():
             return False
         self.lifecycle.record("redis_restart", detail={"url_kind": self.redis.mode})
-        self.redis_down_since = time.time()
+        self.await_worker_beats()
         return True
+
+    def await_worker_beats(self) -> None:
+        """Redis is back from now on (restarted, or continued after a chaos pause): it counts
+        as recovered once every live worker has beaten into it again (`check_redis_recovered`)."""
+        self.redis_down_since = time.time()
 
     def check_redis_recovered(self, live_worker_ids: list[int]) -> None:
         """A restarted Redis (redis_down_since set) counts as recovered once every live worker
