@@ -19,9 +19,10 @@ The rule (docs/benchmarks.md has the measurements behind it):
   twice the CPUs; with more, other workers fill a core while one waits.
 - CPUs: `learner_core` when PPO trains on this machine's CPU with 2 or more usable CPUs (the
   update thread gets a core of its own; the workers the rest), `null` otherwise. Measured on
-  2 CPUs at 7,000 envs, `learner.backlog=hold`: trained samples/s 0.62-0.67x of
-  SyncVectorEnv with it against 0.41-0.53x without, in each of three runs and both layouts;
-  under `backlog=drop` it trades env steps for about 3x the trained samples. The workers
+  2 CPUs at 7,000 envs, `learner.backlog=hold`: trained samples/s 0.55-0.67x of
+  SyncVectorEnv with it against 0.41-0.53x without, higher in each of three runs and both
+  layouts; under `backlog=drop` (day4's) 2.5-3x the trained samples for 0.7-0.8x the env
+  steps; at 1,000 envs as good or better (hold 0.47x against 0.41x, 0.43x both). The workers
   move off the learner's CPU only once every env has stepped (the fleet does it,
   rlpipe/supervisor/fleet.py): start-up builds its envs on every CPU.
 
@@ -79,7 +80,10 @@ def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) 
         return None
     limits = []
     for line in lines:
-        _, controllers, rel = line.split(":", 2)
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
         if controllers == "" and (root / "cgroup.controllers").is_file():        # v2, unified
             limits += [_quota(d, v2=True) for d in _chain(root, rel)]
         elif "cpu" in controllers.split(","):                                     # v1
@@ -153,8 +157,13 @@ class Layout:
     auto: tuple[str, ...]
 
     @property
+    def largest_group(self) -> int:
+        """The envs of the first (largest) group: an explicit size may exceed env_count."""
+        return min(self.group_size, self.env_count)
+
+    @property
     def envs_per_slice(self) -> int:
-        return math.ceil(self.group_size / self.slices)
+        return math.ceil(self.largest_group / self.slices)
 
     def describe(self) -> str:
         """One line for the start-up log: what runs where, and what auto chose it from."""
@@ -166,9 +175,8 @@ class Layout:
             cpus = f"workers on CPUs {_cpu_list(self.worker_cpus)}"
         else:
             cpus = "workers on every CPU"
-        slices = f"{self.slices} slice" + ("s" if self.slices > 1 else "")
-        return (f"{self.workers} workers of {self.group_size} envs, {slices} of <= {self.envs_per_slice} "
-                f"envs each, {cpus}{chosen}")
+        return (f"{_count(self.workers, 'worker')} of {self.largest_group} envs, {_count(self.slices, 'slice')} "
+                f"of <= {self.envs_per_slice} envs each, {cpus}{chosen}")
 
     def as_dict(self) -> dict:
         """summary.json's `layout`."""
@@ -177,6 +185,10 @@ class Layout:
                 "worker_cpus": list(self.worker_cpus) if self.worker_cpus is not None else None,
                 "learner_cpu": self.learner_cpu, "usable_cpus": round(self.cpus, 3),
                 "auto": list(self.auto)}
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("s" if n != 1 else "")
 
 
 def _cpu_list(cpus: tuple[int, ...]) -> str:
