@@ -3,6 +3,7 @@ learner.backlog=hold and drop), beside Gymnasium's SyncVectorEnv and AsyncVector
 same envs, all in one run.
 
     python benchmarks/engine_sps.py [--counts 1000 7000] [--ppo-counts 1000 7000]
+                                    [--layouts auto 70] [--ppo-modes hold drop hold+null drop+null]
                                     [--seconds 60] [--json] [hydra overrides for the engine...]
 
 Baselines are built exactly as the engine's adapter builds its envs
@@ -31,16 +32,19 @@ A run in which no window had every env active is an error (exit 1, named), not a
 PPO rows: `+stage=day4 learner.mode=ppo env_mix=cartpole`, every group hot: the learner
 settings of the stage that runs 7,000 envs (rollout_len 16, update_envs 512, minibatch 2048,
 4 epochs, gradient scaling and per-env reward normalization on; the same figures at 1,000 envs
-so the two rows compare). Each backlog runs with the workers on every CPU, and again with
-`worker.cpu_affinity=learner_core` (one CPU kept for the PPO update thread, the workers on the
-rest). Overrides given on the command line apply to every engine run.
+so the two rows compare). `--ppo-modes` names each PPO row as BACKLOG[+AFFINITY]: `hold`
+and `drop` run conf/'s `worker.cpu_affinity` (auto: learner_core where PPO trains on 2+ CPUs,
+rlpipe/process_layout.py), `+null` with the workers on every CPU (the default before auto),
+`+core` with `worker.cpu_affinity=learner_core`. Overrides given on the command line apply
+to every engine run.
 
-Process layouts (`--layouts`): each engine row runs once per layout. `70` is the default and
-day4's: groups of 70 envs, one worker process each, one slice (100 processes at 7,000 envs).
-`350x5` is groups of 350 in 5 slices of 70 (20 processes at 7,000 envs): the same slices,
-doorbells and rollout blocks of 70 envs (so PPO batches are the same size), in a fifth of
-the processes. On 2 cores each process switch refills the caches with that process's own
-interpreter and env objects; the fewer, larger workers pay that less often.
+Process layouts (`--layouts`): each engine row runs once per layout. `auto` overrides nothing:
+conf/'s `groups.size=auto worker.slices=auto` resolved for this machine (rlpipe/
+process_layout.py; on 2 CPUs 7,000 envs are 20 groups of 350 in 5 slices of 70). `70` is the
+layout before auto, the origin system's: groups of 70 envs, one worker process each, one
+slice (100 processes at 7,000 envs). `GxS` is groups of G in S slices (`350x5`: 20 processes
+at 7,000 envs, the same 70-env slices, doorbells and rollout blocks, so PPO batches are the
+same size). Each row's notes print the layout the run resolved (summary.json `layout`).
 """
 from __future__ import annotations
 
@@ -76,26 +80,60 @@ class NotSteady(RuntimeError):
 # --- the engine -------------------------------------------------------------------------------
 
 def layout_overrides(layout: str) -> list[str]:
-    """'G' or 'GxS': groups of G envs (one worker process each), in S slices."""
+    """'auto' (conf/'s defaults), 'G' or 'GxS': groups of G envs (one worker process each), in
+    S slices (auto slices for 'G')."""
+    if layout == "auto":
+        return []
     size, x, slices = layout.partition("x")
     if not size.isdigit() or (x and not slices.isdigit()):
-        raise SystemExit(f"--layouts: {layout!r} is not GROUP_SIZE or GROUP_SIZExSLICES (e.g. 70, 350x5)")
+        raise SystemExit(f"--layouts: {layout!r} is not auto, GROUP_SIZE or GROUP_SIZExSLICES (e.g. 70, 350x5)")
     return [f"groups.size={size}"] + ([f"worker.slices={slices}"] if slices else [])
 
 
 def layout_name(layout: str) -> str:
+    if layout == "auto":
+        return "layout auto"
     size, _, slices = layout.partition("x")
     return f"groups of {size}" + (f" x {slices} slices" if slices else "")
 
 
+def resolved_layout(summary: dict) -> str:
+    """What the run ran, from summary.json `layout` (absent before auto existed)."""
+    lay = summary.get("layout")
+    if not lay:
+        return "layout not reported"
+    cpus = ("workers on every CPU" if lay["cpu_affinity"] == "null" else
+            f"learner core {lay['learner_cpu']} from {lay['workers_pinned_s']} s"
+            if lay["cpu_affinity"] == "learner_core" else f"workers on CPUs {lay['worker_cpus']}")
+    return f"ran {lay['workers']} x {lay['group_size']} in {lay['slices']} slices, {cpus}"
+
+
+AFFINITIES = {"": [], "null": ["worker.cpu_affinity=null"], "core": ["worker.cpu_affinity=learner_core"]}
+
+
+def mode_overrides(mode: str) -> list[str]:
+    """'random', or BACKLOG[+AFFINITY]: PPO with that learner.backlog and conf/'s
+    worker.cpu_affinity (auto), every CPU for the workers (+null) or learner_core (+core)."""
+    if mode == "random":
+        return ["learner.mode=random"]
+    backlog, _, affinity = mode.partition("+")
+    if backlog not in ("hold", "drop") or affinity not in AFFINITIES:
+        raise SystemExit(f"--ppo-modes: {mode!r} is not hold or drop, optionally with +null or +core")
+    return ["+stage=day4", "learner.mode=ppo", f"learner.backlog={backlog}", *AFFINITIES[affinity]]
+
+
+def mode_name(mode: str) -> str:
+    if mode == "random":
+        return "engine random actions"
+    backlog, _, affinity = mode.partition("+")
+    return f"engine PPO backlog={backlog}" + {"": "", "null": ", workers on every CPU",
+                                              "core": ", learner core"}[affinity]
+
+
 def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
-    """One engine run; mode is 'random', or 'hold'/'drop' (PPO with that learner.backlog), the
-    latter with '+core' for worker.cpu_affinity=learner_core (a CPU kept for the update).
-    `extra`: the layout's overrides and the command line's."""
-    backlog, _, core = mode.partition("+")
-    learner = (["learner.mode=random"] if mode == "random"
-               else ["+stage=day4", "learner.mode=ppo", f"learner.backlog={backlog}"]
-               + (["worker.cpu_affinity=learner_core"] if core else []))
+    """One engine run in `mode` (mode_overrides); `extra`: the layout's overrides and the
+    command line's."""
+    learner = mode_overrides(mode)
     with tempfile.TemporaryDirectory(prefix="rlb", dir="/tmp") as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "env_mix=cartpole",
@@ -134,7 +172,8 @@ def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
                                       if stepping_s else None),
             "updates": summary["updates"], "all_envs_ready_s": summary["all_envs_ready_s"],
             "startup_first_step_s": summary["startup_first_step_s"],
-            "peak_rss_mb": summary["peak_rss_mb"]}
+            "peak_rss_mb": summary["peak_rss_mb"], "layout": summary.get("layout"),
+            "layout_note": resolved_layout(summary)}
 
 
 # --- the baselines ----------------------------------------------------------------------------
@@ -240,7 +279,7 @@ def fmt(x, spec=",.0f", width=10) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:>{width}{spec}}"
 
 
-PPO_MODES = ["hold", "drop", "hold+core", "drop+core"]
+PPO_MODES = ["hold", "drop", "hold+null", "drop+null"]
 
 
 def main() -> int:
@@ -255,14 +294,21 @@ def main() -> int:
                     "default --seconds)")
     ap.add_argument("--sync-seconds", type=float, default=16.0, help="split before/after the engine")
     ap.add_argument("--async-seconds", type=float, default=8.0, help="split before/after the engine")
-    ap.add_argument("--layouts", nargs="+", default=["70", "350x5"],
-                    help="process layouts, GROUP_SIZE or GROUP_SIZExSLICES: each engine row runs once per layout")
+    ap.add_argument("--layouts", nargs="+", default=["auto", "70"],
+                    help="process layouts, auto (conf/'s, no override), GROUP_SIZE or GROUP_SIZExSLICES: "
+                    "each engine row runs once per layout")
+    ap.add_argument("--ppo-modes", nargs="*", default=PPO_MODES,
+                    help="PPO rows, BACKLOG[+null|+core]: conf/'s cpu_affinity (auto), every CPU, learner_core")
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for the engine")
     args = ap.parse_args()
     ppo_counts = args.counts if args.ppo_counts is None else args.ppo_counts
     async_counts = args.counts if args.async_counts is None else args.async_counts
     ppo_seconds = args.ppo_seconds or args.seconds
+    for layout in args.layouts:
+        layout_overrides(layout)              # a malformed one fails before anything runs
+    for mode in args.ppo_modes:
+        mode_overrides(mode)
     results: dict = {"load_start": os.getloadavg(), "cpus": os.cpu_count(), "counts": {}}
     errors: list[str] = []
     probe = async_probe() if async_counts else None
@@ -278,7 +324,7 @@ def main() -> int:
         async_b = async_windows(n, args.async_seconds / 2) if async_skip is None else None
         runs = {}
         for layout in args.layouts:
-            for mode in ["random"] + (PPO_MODES if n in ppo_counts else []):
+            for mode in ["random"] + (args.ppo_modes if n in ppo_counts else []):
                 try:
                     runs[mode, layout] = engine_run(n, args.seconds if mode == "random" else ppo_seconds,
                                                     mode, layout_overrides(layout) + args.overrides)
@@ -303,9 +349,7 @@ def main() -> int:
             print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<64} {'skipped':>11}  {async_skip}",
                   flush=True)
         for (mode, layout), r in runs.items():
-            name = ("engine random actions" if mode == "random" else
-                    f"engine PPO backlog={mode.replace('+core', ', learner core')}")
-            name = f"{name}, {layout_name(layout)}"
+            name = f"{mode_name(mode)}, {layout_name(layout)}"
             key = f"engine_{mode}@{layout}"
             if r is None:
                 print(f"{n:>6}  {name:<64} {'FAILED':>11}  no window with every env active", flush=True)
@@ -324,7 +368,8 @@ def main() -> int:
                     f"{r['trained_over_sync']}x, {r['updates']} updates")
             print(f"{n:>6}  {name:<64} {fmt(env, width=11)} {fmt(trained)} "
                   f"{fmt(r['env_over_sync'], '.2f', 7)}x {fmt(r['env_over_async'], '.2f', 7)}"
-                  f"{'x' if a_sps else ' '}  {note}; all ready {r['all_envs_ready_s']} s", flush=True)
+                  f"{'x' if a_sps else ' '}  {note}; all ready {r['all_envs_ready_s']} s; "
+                  f"{r['layout_note']}", flush=True)
     results["load_end"] = os.getloadavg()
     if args.json:
         print(json.dumps(results))

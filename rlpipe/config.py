@@ -6,8 +6,9 @@ same dataclasses (`OmegaConf.to_object`): plain Python objects, so no hot loop t
 OmegaConf. Each dataclass checks its values in `__post_init__` (the check of a single value is
 declared beside its field with `setting(...)`; checks across fields follow it) and raises
 ConfigError with one paragraph naming the key and what is allowed. Values derived from
-several keys (the env types and their names, the obs keys, `worker.slices` resolved from
-`auto`, the CPUs of `worker.cpu_affinity`) are computed there once.
+several keys (the env types and their names, the obs keys, and the process layout:
+`groups.size`, `worker.slices` and `worker.cpu_affinity` resolved from `auto` by
+rlpipe/process_layout.py into `spec.layout`) are computed there once.
 
 Defaults live in `conf/` only: a field's default is MISSING, so a key that no YAML file sets
 is an error when the spec is built instead of silently taking a second, Python-side default.
@@ -33,6 +34,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlpipe import config_checks as checks
+from rlpipe import process_layout
 from rlpipe.chaos_faults import ticked_faults
 from rlpipe.config_checks import (count, fail, fifo, fraction_of_ranks, one_of, positive, positive_int,
                                   positive_int_or_null, positive_ints, positive_or_null, redis_url, run_checks,
@@ -86,7 +88,7 @@ class EnvMixSpec:
 @dataclass
 class GroupsSpec(_Section):
     _key = "groups"
-    size: int = setting(positive_int)               # envs per worker process
+    size: Any = setting(checks.group_size)          # auto | envs per worker process; RunSpec resolves auto
     hot: int = setting(positive_int)                # groups active from the start
     wake_after_steps: int = setting(positive_int)   # steps each env of the last woken group makes first
     wake_batch: int = setting(positive_int)         # groups woken at once
@@ -97,6 +99,7 @@ class GroupsSpec(_Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.size_setting = self.size     # as configured: RunSpec writes the resolved size over `size`
         if self.wake_growth < 1:
             fail("groups.wake_growth", self.wake_growth, "allowed is a number >= 1 (the wake batch never shrinks)")
         if self.dormant_cpu_pct > 100:
@@ -113,12 +116,17 @@ class WorkerPoolSpec(_Section):
     doorbell_timeout_s: float = setting(positive)
     step_timeout_s: Optional[float] = setting(positive_or_null)
     max_rss_mb: Optional[float] = setting(positive_or_null)
-    cpu_affinity: Any = MISSING      # null | auto | learner_core | [cpu, ...]; becomes None or a tuple of CPUs
+    # null | auto | learner_core | [cpu, ...]; becomes None or the workers' CPUs (learner_core:
+    # theirs once every env stepped, spec.layout)
+    cpu_affinity: Any = MISSING
     sched_fifo: Optional[int] = setting(fifo)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.cpu_affinity = checks.affinity(self.cpu_affinity)
+        # as configured (RunSpec writes the resolved values over `slices` and `cpu_affinity`,
+        # and resolves again from these in a dataclasses.replace: rlpipe.dist.rank_spec)
+        self.slices_setting = self.slices
+        self.affinity_setting = checks.affinity(self.cpu_affinity)
 
 
 @dataclass
@@ -304,8 +312,10 @@ class RunSpec(_Section):
     """Everything a run needs. Derived on construction, beside the fields:
     `env_types` (EnvTypeSpec per weighted type of env_mix; the type running env_mix.id named
     after it; a node's `learner:` checked and kept apart as the type's `learner`), `obs_keys`
-    (ObsKey per buffer key, in board order, before sizing=auto grows them) and
-    `worker.slices` resolved to an int."""
+    (ObsKey per buffer key, in board order, before sizing=auto grows them) and `layout`
+    (rlpipe.process_layout.Layout: workers, groups, slices and CPUs, `auto` resolved for this
+    machine), written back as ints into `groups.size` and `worker.slices`, the workers' CPUs
+    into `worker.cpu_affinity` and the update thread's into `learner_cpu`."""
     env_mix: EnvMixSpec = MISSING
     buffer: BufferSpec = MISSING
     groups: GroupsSpec = MISSING
@@ -334,10 +344,15 @@ class RunSpec(_Section):
             fail("env_count", self.env_count,
                  f"allowed is at least one env per type ({len(self.env_types)} types)")
         self.obs_keys = checks.obs_keys(self.buffer.keys)
-        self.worker.slices = checks.slices(self.worker.slices, self.env_count, self.groups.size)
+        # from the settings as configured, so a replace() with another env_count (a torchrun
+        # rank's share) resolves auto again
+        self.layout = process_layout.resolve(
+            self.env_count, self.groups.size_setting, self.worker.slices_setting,
+            self.worker.affinity_setting, self.learner.mode, self.learner.device)
+        checks.slices(self.worker.slices_setting, self.layout.group_size)
+        self.groups.size, self.worker.slices = self.layout.group_size, self.layout.slices
         # learner_core: the workers' CPUs and the one kept for the PPO update thread
-        self.worker.cpu_affinity, self.learner_cpu = checks.learner_core(
-            self.worker.cpu_affinity, self.learner.mode, self.learner.device)
+        self.worker.cpu_affinity, self.learner_cpu = self.layout.worker_cpus, self.layout.learner_cpu
 
 
 def register_schema() -> None:

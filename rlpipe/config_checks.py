@@ -1,5 +1,6 @@
 """The value checks behind `rlpipe.config`: one-paragraph ConfigErrors naming the key, and the
-derived values that need more than one key (env types, obs keys, slices, CPUs).
+derived values that need more than one key (env types, obs keys); the process layout
+(groups, slices, CPUs) is resolved by rlpipe.process_layout.
 
 A check is a function `(key, value) -> None` that raises ConfigError; `setting(check)` puts
 one next to a schema field, so each setting's type and what it allows are declared together.
@@ -17,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
+from rlpipe.process_layout import AUTO, LEARNER_CORE
 from rlpipe.spec import OBS_DTYPES, OBS_KEYS, ConfigError, EnvTypeSpec, ObsKey
 
 log = logging.getLogger("rlpipe.config")
@@ -253,47 +255,28 @@ def named_after_id(types: tuple[EnvTypeSpec, ...], gym_id: Optional[str],
     return tuple(replace(t, name=new, conf_key=t.name) if t is running[0] else t for t in types)
 
 
-def slices(value: Any, env_count: int, group_size: int) -> int:
-    """worker.slices; `auto` double-buffers (2 slices) only while there are fewer workers than
-    twice the CPUs we may use. With more, other workers fill a core while one waits for its
-    actions, and one slice a worker halves the doorbells and per-slice work (benchmarks/
-    engine_sps.py: many CartPole workers on few cores ran faster with 1 slice than with 2)."""
-    if value == "auto":
-        workers = -(-env_count // group_size)
-        return min(group_size, env_count, 2 if workers < 2 * len(os.sched_getaffinity(0)) else 1)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= group_size:
+def group_size(key: str, value: Any) -> None:
+    """groups.size: auto (rlpipe.process_layout's rule) or envs per worker process."""
+    if value != AUTO:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            fail(key, value, "allowed is auto (chosen from the usable CPUs and env_count), or a "
+                 "positive integer (envs per worker process)")
+
+
+def slices(value: Any, group_size: int) -> None:
+    """worker.slices: auto (rlpipe.process_layout's rule) or a count the group can hold."""
+    if value != AUTO and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= group_size):
         fail("worker.slices", value, f"allowed is auto, or a positive integer at most groups.size ({group_size})")
-    return value
 
 
 def affinity(value: Any) -> Optional[tuple[int, ...]] | str:
-    """worker.cpu_affinity: null, every CPU we may use (auto), learner_core (resolved with the
-    learner's settings by `learner_core`), or a list of CPUs."""
-    if value is None or value == LEARNER_CORE:
+    """worker.cpu_affinity as a setting: null, auto and learner_core (resolved with the
+    learner's settings by rlpipe.process_layout.resolve), or a tuple of CPUs we may use."""
+    if value is None or value in (AUTO, LEARNER_CORE):
         return value
-    if value == "auto":
-        return tuple(sorted(os.sched_getaffinity(0)))
     available = sorted(os.sched_getaffinity(0))
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, int) and c in available
                                                                     for c in value):
         fail("worker.cpu_affinity", value,
              f"allowed is null, auto, {LEARNER_CORE}, or a list of CPUs among {available}")
     return tuple(value)
-
-
-LEARNER_CORE = "learner_core"
-
-
-def learner_core(value, mode: str, device: str) -> tuple[Optional[tuple[int, ...]], Optional[int]]:
-    """(the workers' CPUs, the CPU kept for the PPO update thread). worker.cpu_affinity=
-    learner_core keeps the first usable CPU for the update and gives the workers the rest,
-    when PPO trains here (not on CUDA) and there are two CPUs or more; otherwise the workers
-    get every CPU and the update is not pinned. Under CFS the update thread is one of a
-    hundred runnable worker processes and gets a hundredth of the machine; on a core of its
-    own it keeps up with the workers (docs/benchmarks.md, engine_sps)."""
-    if value != LEARNER_CORE:
-        return value, None
-    cpus = sorted(os.sched_getaffinity(0))
-    if mode != "ppo" or device == "cuda" or len(cpus) < 2:
-        return None, None
-    return tuple(cpus[1:]), cpus[0]

@@ -49,8 +49,9 @@ OPTION_CHECKS = {
     ("env_mix", "reward_scales"): lambda s: _types(s) == {**CLASSIC, "physics_sim": 1.0},
     ("env_mix", "seed12"): lambda s: len(s.env_types) == 12 and {"atari", "bullet_reacher", "minigrid",
                                                                   "web_sim"} <= set(_types(s)),
-    ("groups", "default"): lambda s: (s.groups.size, s.groups.hot, s.groups.wake_after_steps,
-                                      s.groups.cgroup) == (70, 2, 100, "auto"),
+    ("groups", "default"): lambda s: (s.groups.size_setting, s.groups.hot, s.groups.wake_after_steps,
+                                      s.groups.cgroup) == ("auto", 2, 100, "auto")
+    and s.groups.size == s.layout.group_size,
     ("heartbeat", "default"): lambda s: (s.heartbeat.timeout_s, s.heartbeat.startup_timeout_s,
                                          s.heartbeat.scan_interval_s) == (90, 300, 30),
     ("learner", "ppo"): lambda s: (s.learner.mode, s.learner.rollout_len, s.learner.backlog, s.learner.hidden,
@@ -74,7 +75,9 @@ OPTION_CHECKS = {
     ("scaling", "off"): lambda s: not s.scaling.enabled,
     ("scaling", "on"): lambda s: s.scaling.enabled and s.scaling.window == 100,
     ("worker", "default"): lambda s: (s.worker.start_method, s.worker.step_timeout_s,
-                                      s.worker.doorbell_timeout_s, s.worker.threads) == ("forkserver", 30, 1.0, 1),
+                                      s.worker.doorbell_timeout_s, s.worker.threads,
+                                      s.worker.slices_setting, s.worker.affinity_setting)
+    == ("forkserver", 30, 1.0, 1, "auto", "auto"),
 }
 
 
@@ -112,6 +115,8 @@ def test_defaults_are_plain_values():
     ("worker.slices=often", "worker.slices"),
     ("worker.slices=0", "worker.slices"),
     ("worker.slices=71", "worker.slices"),
+    ("groups.size=0", "groups.size"),
+    ("groups.size=big", "groups.size"),
     ("learner.value_norm=popart_plus", "learner.value_norm"),
     ("learner.adv_norm=per_env", "learner.adv_norm"),
     ("learner.popart_beta=0", "learner.popart_beta"),
@@ -134,24 +139,45 @@ def test_bad_values_raise_config_error_naming_the_key(override, key):
 
 def test_worker_slices_auto_double_buffers_only_few_workers(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr("rlpipe.process_layout.cgroup_cpu_limit", lambda: None)
     slices = {n: run_spec(compose_cfg([f"env_count={n}"])).worker.slices for n in (1, 64, 210, 280, 7000)}
-    assert slices == {1: 1, 64: 2, 210: 2, 280: 1, 7000: 1}      # 1 env: at most the group; 4 workers: 1
+    # 1 env: at most the group; 4 workers: 1; 7,000: groups of 350 in slices of 70
+    assert slices == {1: 1, 64: 2, 210: 2, 280: 1, 7000: 5}
     assert run_spec(compose_cfg(["env_count=7000", "worker.slices=3"])).worker.slices == 3
+    explicit = run_spec(compose_cfg(["env_count=7000", "groups.size=70"]))
+    assert (explicit.groups.size, explicit.worker.slices, explicit.layout.workers) == (70, 1, 100)
 
 
-def test_learner_core_keeps_one_cpu_for_the_update_when_ppo_trains_here(monkeypatch):
+@pytest.mark.parametrize("setting", ["learner_core", "auto"])
+def test_learner_core_keeps_one_cpu_for_the_update_when_ppo_trains_here(monkeypatch, setting):
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2})
-    spec = run_spec(compose_cfg(["worker.cpu_affinity=learner_core"]))
+    monkeypatch.setattr("rlpipe.process_layout.cgroup_cpu_limit", lambda: None)
+    spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}"]))
     assert spec.worker.cpu_affinity == (1, 2) and spec.learner_cpu == 0
+    assert spec.layout.affinity == "learner_core" and spec.layout.pin_after_startup
     for other in (["learner.mode=random"], ["learner.device=cuda"]):    # no update on these CPUs
-        spec = run_spec(compose_cfg(["worker.cpu_affinity=learner_core", *other]))
+        spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}", *other]))
         assert spec.worker.cpu_affinity is None and spec.learner_cpu is None
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0})
-    spec = run_spec(compose_cfg(["worker.cpu_affinity=learner_core"]))   # one CPU: nothing to keep
+    spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}"]))   # one CPU: nothing to keep
     assert spec.worker.cpu_affinity is None and spec.learner_cpu is None
-    assert run_spec(compose_cfg()).learner_cpu is None
+    assert run_spec(compose_cfg(["worker.cpu_affinity=null"])).learner_cpu is None
     with pytest.raises(ConfigError, match="learner_core"):
         run_spec(compose_cfg(["worker.cpu_affinity=learner"]))
+
+
+def test_cpu_affinity_auto_is_the_default_and_a_list_pins_from_the_start(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
+    monkeypatch.setattr("rlpipe.process_layout.cgroup_cpu_limit", lambda: None)
+    spec = run_spec(compose_cfg())
+    assert spec.worker.affinity_setting == "auto" and spec.learner_cpu == 0
+    listed = run_spec(compose_cfg(["worker.cpu_affinity=[1]"]))
+    assert listed.worker.cpu_affinity == (1,) and listed.learner_cpu is None
+    assert not listed.layout.pin_after_startup
+    # a quota below two CPUs: auto keeps every CPU for the workers, learner_core still pins
+    monkeypatch.setattr("rlpipe.process_layout.cgroup_cpu_limit", lambda: 1.5)
+    assert run_spec(compose_cfg()).learner_cpu is None
+    assert run_spec(compose_cfg(["worker.cpu_affinity=learner_core"])).learner_cpu == 0
 
 
 def test_cli_bad_value_is_one_paragraph_no_traceback(short_tmp):
@@ -237,7 +263,7 @@ def test_day5_composes_to_its_chaos_schedule_and_tightened_heartbeats():
         "chaos": {"kill_worker_every_s": 30.0, "stop_worker_every_s": 45.0, "kill_redis_at_s": 20.0},
         "heartbeat": {"signal_interval_s": 0.5, "redis_interval_s": 1.0, "scan_interval_s": 2.0,
                       "timeout_s": 10.0, "term_grace_s": 2.0, "startup_timeout_s": 300.0},
-        "groups": {"size": 70, "hot": 4, "wake_after_steps": 20, "wake_batch": 4, "wake_growth": 2.0,
+        "groups": {"size": "auto", "hot": 4, "wake_after_steps": 20, "wake_batch": 4, "wake_growth": 2.0,
                    "cgroup": "auto", "dormant_cpu_pct": 1.0, "dormant_mem_mb": 512},
         "buffer": {"sync": "seqlock", "sizing": "fixed",
                    "keys": {"rgb": {"shape": [64, 64, 3], "dtype": "uint8"},

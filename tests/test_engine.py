@@ -18,7 +18,7 @@ SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps
                 "startup_first_step_s", "all_envs_ready_s", "startup_cpu_s", "updates", "trained_samples",
                 "episodes", "mean_return_last100", "random_return", "learned", "peak_rss_mb", "shm_bytes", "faults",
                 "board", "cgroup_driver", "redis", "env_versions", "loss_std", "loss_std_checkpoints",
-                "resumed_from_step", "dist"}
+                "resumed_from_step", "dist", "layout"}
 
 
 def run_processes(driver_pid, run_dir):
@@ -63,6 +63,20 @@ def tree_memory(pid: int) -> tuple[int, int]:
     return pss, rss
 
 
+def worker_cpu_sets(pid: int) -> set[tuple[int, ...]]:
+    """The CPU sets the run's worker processes may run on now, seen from outside."""
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
+    found = set()
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if "rlpipe: worker" in " ".join(p.cmdline()):
+                found.add(tuple(sorted(p.cpu_affinity())))
+    return found
+
+
 def expected_shm_bytes(*overrides: str) -> int:
     """The run's segments as the config lays them out: one WorkerLayout per group."""
     from rlpipe.config import run_spec
@@ -85,9 +99,11 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     proc = subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=driver_dies_with_pytest)
     samples = []                 # our own memory samples of the run's process tree
+    cpu_sets = set()             # the CPUs its workers were allowed, sample by sample
     try:
         while proc.poll() is None and time.monotonic() - t_start < 240:
             samples.append(tree_memory(proc.pid))
+            cpu_sets |= worker_cpu_sets(proc.pid)
             time.sleep(0.5)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -128,6 +144,16 @@ def test_short_run_learns_and_cleans_up(short_tmp):
         (summary["peak_rss_mb"], max(samples))
     assert summary["shm_bytes"] == expected_shm_bytes(*overrides)
     assert summary["faults"]["lifecycle_dropped"] == 0
+    # the layout conf/'s auto chose here, reported; under learner_core (2+ CPUs) the worker
+    # moved off the update's CPU the moment every env had stepped
+    from rlpipe.config import run_spec
+    layout = run_spec(compose_cfg(list(overrides))).layout
+    assert {k: summary["layout"][k] for k in layout.as_dict()} == layout.as_dict()
+    if layout.pin_after_startup:
+        assert ready <= summary["layout"]["workers_pinned_s"] <= ready + 1.0
+        assert layout.worker_cpus in cpu_sets, cpu_sets
+    else:
+        assert summary["layout"]["workers_pinned_s"] is None
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert "rlpipe done" in out.stdout
     assert_nothing_left(run_dir, out.pid)

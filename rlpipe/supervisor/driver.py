@@ -121,6 +121,7 @@ class Driver:
         self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
+        self._phase(f"layout: {spec.layout.describe()}")     # what groups.size=auto & co. chose
         commit = git_commit()
         versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
         services.start_redis(spec.redis.url, {
@@ -238,6 +239,7 @@ class Driver:
                         # after the serve that counted them: never before the learner's first step
                         metrics.all_ready_at = time.monotonic()
                         metrics.startup_cpu = fleet.cpu_seconds()
+                        fleet.startup_over(metrics.all_ready_at)   # learner_core: workers off its CPU
                 if learner.update_due:
                     learner.start_update()
                 if self.supervise_timer.due(now):

@@ -75,6 +75,7 @@ class Fleet:
         self.slice_seen: dict[tuple[int, int], float] = {}
         self.slice_first_step: dict[tuple[int, int], float] = {}
         self.lifecycle_dropped = 0      # workers' lifecycle events dropped at the ZMQ high-water mark
+        self.pinned_at: float | None = None   # learner_core: when the workers left the update's CPU
         # `cpu_seconds` counts from the job's start: a later job of a multirun shares the
         # driver process and the forkserver with the jobs before it, so what they had used by
         # then is taken off (the forkserver's at this job's first fork).
@@ -142,12 +143,32 @@ class Fleet:
             redis_url=services.redis.url, heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
             heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
             step_timeout_s=spec.worker.step_timeout_s, max_rss_mb=spec.worker.max_rss_mb,
-            cpu_affinity=spec.worker.cpu_affinity, sched_fifo=spec.worker.sched_fifo,
+            cpu_affinity=self.worker_cpus(), sched_fifo=spec.worker.sched_fifo,
             scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
             reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
             reward_norm_sync_every=spec.reward_norm.sync_every, reward_norm_gamma=spec.learner.gamma,
             doorbell_timeout_s=spec.worker.doorbell_timeout_s, driver_pid=os.getpid(),
             env_id_offset=spec.env_id_offset)
+
+    def worker_cpus(self) -> tuple[int, ...] | None:
+        """The CPUs a new worker process pins itself to (None: every CPU). Under learner_core
+        none until every env has stepped: start-up builds envs on every CPU, and a worker
+        pinned before then would build on all but one."""
+        layout = self.spec.layout
+        return None if layout.pin_after_startup and self.pinned_at is None else layout.worker_cpus
+
+    def startup_over(self, now: float) -> None:
+        """Every env has stepped (the driver's `all_envs_ready`): under learner_core the live
+        workers leave the PPO update's CPU now, and later generations start on theirs."""
+        layout = self.spec.layout
+        if not layout.pin_after_startup or self.pinned_at is not None:
+            return
+        self.pinned_at = now
+        for h in self.handles:
+            if h.alive():
+                h.pin(layout.worker_cpus)
+        self.phase(f"workers moved to CPUs {','.join(map(str, layout.worker_cpus))}, "
+                   f"CPU {layout.learner_cpu} kept for the PPO update")
 
     def _prepare(self, h: WorkerHandle):
         """A new generation of `h` and its process, not yet started."""

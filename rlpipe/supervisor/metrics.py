@@ -240,6 +240,10 @@ class RunMetrics:
             "shm_bytes": sum(h.layout.size for h in fleet.handles if h.generation > 0),
             "faults": faults,
             "board": {"torn_retries": c.torn_retries},
+            # the process layout as resolved (auto: from this machine) and, under learner_core,
+            # when the workers left the update's CPU
+            "layout": {**self.spec.layout.as_dict(), "workers_pinned_s": (
+                round(fleet.pinned_at - self.t0, 3) if fleet.pinned_at is not None else None)},
             "cgroup_driver": fleet.cgroups.name if fleet.cgroups else "none",
             "redis": self.services.redis.mode,
             "env_versions": {k: [v] for k, v in fleet.versions.items()},

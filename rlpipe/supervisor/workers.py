@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import threading
 import time
@@ -121,6 +122,23 @@ class WorkerHandle:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
+
+    def pin(self, cpus: tuple[int, ...]) -> None:
+        """Every thread of the running process onto `cpus`: the main thread first, so a thread
+        it starts from then on inherits them, then the others. A process or thread that exits
+        meanwhile is passed by: a next generation starts pinned (Fleet.worker_cpus)."""
+        pid = self.proc.pid
+        try:
+            os.sched_setaffinity(pid, cpus)
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return
+        for tid in tids:
+            if tid != pid:
+                try:
+                    os.sched_setaffinity(tid, cpus)
+                except OSError:
+                    pass
 
     def close(self) -> None:
         self.conn = None          # the doorbell server closes the connections

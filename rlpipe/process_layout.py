@@ -1,0 +1,220 @@
+"""The process layout chosen from the machine: how many worker processes a run starts, how
+many envs each holds, in how many slices, and which CPUs they run on (`groups.size: auto`,
+`worker.slices: auto`, `worker.cpu_affinity: auto`). `resolve` runs once, where the config
+becomes a RunSpec (rlpipe/config.py); everything after reads plain values.
+
+The rule (docs/benchmarks.md has the measurements behind it):
+
+- workers: one per `ENVS_PER_SLICE` envs (the origin system's 70-env groups), but at most
+  `WORKERS_PER_CPU` per usable CPU. On 2 CPUs 7,000 CartPoles stepped 1.21-1.24x faster in
+  20 processes of 350 than in 100 of 70 (benchmarks/engine_sps.py, the same run): each
+  process switch refills the caches with another interpreter and its envs, and the
+  scheduler juggles fewer tasks. On 128 CPUs the cap is 1,280, so 7,000 envs keep the
+  origin's 100 x 70; below the cap (64 and 1,000 envs on 2 CPUs) the layout is the 70-env
+  groups rlpipe has always run.
+- group size: the envs shared evenly among those workers (ceil).
+- slices: as many as keep each slice at most `ENVS_PER_SLICE` envs (the rollout blocks, the
+  doorbells and the PPO batches stay the origin's 70-env slices), and 2 (double-buffered:
+  one slice steps while the other waits for its actions) while there are fewer workers than
+  twice the CPUs; with more, other workers fill a core while one waits.
+- CPUs: `learner_core` when PPO trains on this machine's CPU with 2 or more usable CPUs (the
+  update thread gets a core of its own; the workers the rest), `null` otherwise. Measured on
+  2 CPUs at 7,000 envs, `learner.backlog=hold`: trained samples/s 0.55-0.67x of
+  SyncVectorEnv with it against 0.41-0.53x without, higher in each of three runs and both
+  layouts; under `backlog=drop` (day4's) 2.5-3x the trained samples for 0.7-0.8x the env
+  steps; at 1,000 envs as good or better (hold 0.47x against 0.41x, 0.43x both). The workers
+  move off the learner's CPU only once every env has stepped (the fleet does it,
+  rlpipe/supervisor/fleet.py): start-up builds its envs on every CPU.
+
+Usable CPUs are this process's affinity mask, capped by its cgroup's CPU quota (v2 cpu.max,
+v1 cpu.cfs_quota_us), and shared among the torchrun ranks of one node (LOCAL_WORLD_SIZE).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+AUTO = "auto"
+LEARNER_CORE = "learner_core"
+ENVS_PER_SLICE = 70          # the origin system's group (docs/origin.md): at most this many a slice
+WORKERS_PER_CPU = 10         # at most this many worker processes per usable CPU
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+
+# --- the machine --------------------------------------------------------------------------------
+
+def _quota(path: Path, v2: bool) -> Optional[float]:
+    """The CPU quota set on one cgroup directory, in CPUs (None: none set, or unreadable)."""
+    try:
+        if v2:
+            quota, period = (path / "cpu.max").read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        quota = int((path / "cpu.cfs_quota_us").read_text())
+        return None if quota < 0 else quota / int((path / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _chain(mount: Path, rel: str) -> list[Path]:
+    """The cgroup's directory under `mount` and its ancestors up to the mount (a limit set on
+    any of them applies). In a container the path /proc shows may lie outside its mount: then
+    the mount itself is the container's cgroup."""
+    start = mount / rel.lstrip("/")
+    if not start.is_dir():
+        start = mount
+    dirs = [start]
+    while dirs[-1] != mount and mount in dirs[-1].parents:
+        dirs.append(dirs[-1].parent)
+    return dirs
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) -> Optional[float]:
+    """The tightest CPU quota of this process's cgroup and its ancestors, in CPUs (None: none)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        if controllers == "" and (root / "cgroup.controllers").is_file():        # v2, unified
+            limits += [_quota(d, v2=True) for d in _chain(root, rel)]
+        elif "cpu" in controllers.split(","):                                     # v1
+            for name in (controllers, "cpu,cpuacct", "cpu"):
+                if (root / name).is_dir():
+                    limits += [_quota(d, v2=False) for d in _chain(root / name, rel)]
+                    break
+    limits = [q for q in limits if q is not None]
+    return min(limits) if limits else None
+
+
+def usable_cpus() -> float:
+    """CPUs this run's processes may use: the affinity mask, capped by a cgroup CPU quota,
+    shared among the torchrun ranks of this node (a fraction is kept: 1.5 CPUs allow 15
+    workers)."""
+    cpus = float(len(os.sched_getaffinity(0)))
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cpus = min(cpus, limit)
+    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return cpus / max(1, int(ranks)) if ranks.isdigit() else cpus
+
+
+# --- the rule -----------------------------------------------------------------------------------
+
+def auto_workers(env_count: int, cpus: float) -> int:
+    """Worker processes for `env_count` envs: one per ENVS_PER_SLICE envs, at most
+    WORKERS_PER_CPU per usable CPU, at least one."""
+    most = max(1, round(WORKERS_PER_CPU * cpus))
+    return max(1, min(most, math.ceil(env_count / ENVS_PER_SLICE)))
+
+
+def auto_group_size(env_count: int, cpus: float) -> int:
+    """groups.size=auto: the envs shared evenly among `auto_workers`."""
+    return math.ceil(env_count / auto_workers(env_count, cpus))
+
+
+def auto_slices(env_count: int, group_size: int, cpus: float) -> int:
+    """worker.slices=auto: at most ENVS_PER_SLICE envs a slice; 2 (double-buffered) while
+    there are fewer workers than twice the CPUs; never more slices than envs."""
+    workers = math.ceil(env_count / group_size)
+    envs = min(group_size, env_count)               # the largest group's envs
+    double = 2 if workers < 2 * cpus else 1
+    return min(envs, max(math.ceil(envs / ENVS_PER_SLICE), double))
+
+
+def trains_on_cpu(learner_mode: str, learner_device: str) -> bool:
+    """Whether a PPO update thread runs on this machine's CPUs (device auto counts as CPU:
+    CUDA is only known once torch is imported, after validation)."""
+    return learner_mode == "ppo" and learner_device != "cuda"
+
+
+# --- the layout ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """What the run starts: `workers` processes of `group_size` envs (the last may hold fewer)
+    in `slices` slices each; the workers' CPUs (None: every CPU) and the CPU kept for the PPO
+    update thread (None: not pinned). `pin_after_startup`: the workers run on every CPU until
+    every env has stepped, then on `worker_cpus` (learner_core). `auto`: the keys that were
+    `auto`, `cpus` the usable CPUs the rule saw."""
+    env_count: int
+    cpus: float
+    workers: int
+    group_size: int
+    slices: int
+    affinity: str                            # null | learner_core | cpus: what the workers' CPUs are
+    worker_cpus: Optional[tuple[int, ...]]
+    learner_cpu: Optional[int]
+    pin_after_startup: bool
+    auto: tuple[str, ...]
+
+    @property
+    def largest_group(self) -> int:
+        """The envs of the first (largest) group: an explicit size may exceed env_count."""
+        return min(self.group_size, self.env_count)
+
+    @property
+    def envs_per_slice(self) -> int:
+        return math.ceil(self.largest_group / self.slices)
+
+    def describe(self) -> str:
+        """One line for the start-up log: what runs where, and what auto chose it from."""
+        chosen = f"; auto: {', '.join(self.auto)} from {self.cpus:g} usable CPUs" if self.auto else ""
+        if self.affinity == LEARNER_CORE:
+            cpus = (f"workers on CPUs {_cpu_list(self.worker_cpus)} once every env stepped, "
+                    f"CPU {self.learner_cpu} kept for the PPO update")
+        elif self.worker_cpus is not None:
+            cpus = f"workers on CPUs {_cpu_list(self.worker_cpus)}"
+        else:
+            cpus = "workers on every CPU"
+        return (f"{_count(self.workers, 'worker')} of {self.largest_group} envs, {_count(self.slices, 'slice')} "
+                f"of <= {self.envs_per_slice} envs each, {cpus}{chosen}")
+
+    def as_dict(self) -> dict:
+        """summary.json's `layout`."""
+        return {"workers": self.workers, "group_size": self.group_size, "slices": self.slices,
+                "envs_per_slice": self.envs_per_slice, "cpu_affinity": self.affinity,
+                "worker_cpus": list(self.worker_cpus) if self.worker_cpus is not None else None,
+                "learner_cpu": self.learner_cpu, "usable_cpus": round(self.cpus, 3),
+                "auto": list(self.auto)}
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("s" if n != 1 else "")
+
+
+def _cpu_list(cpus: tuple[int, ...]) -> str:
+    return ",".join(str(c) for c in cpus)
+
+
+def resolve(env_count: int, size, slices, affinity, learner_mode: str, learner_device: str,
+            cpus: Optional[float] = None) -> Layout:
+    """The layout from the settings as checked (size and slices: auto or an int; affinity:
+    None, auto, learner_core or a tuple of CPUs); `cpus`: the usable CPUs (default: this
+    machine's). An explicit value is kept as it is; rlpipe.config_checks checks the ints."""
+    cpus = usable_cpus() if cpus is None else cpus
+    auto = tuple(key for key, value in (("groups.size", size), ("worker.slices", slices),
+                                        ("worker.cpu_affinity", affinity)) if value == AUTO)
+    group_size = auto_group_size(env_count, cpus) if size == AUTO else size
+    n_slices = auto_slices(env_count, group_size, cpus) if slices == AUTO else slices
+    mask = sorted(os.sched_getaffinity(0))
+    worker_cpus, learner_cpu, how = None, None, "null"
+    if affinity in (AUTO, LEARNER_CORE):
+        # auto asks more than the mask: two CPUs' worth of quota, and one learner on the node
+        # (torchrun ranks would all keep the same CPU for their updates)
+        pays = affinity == LEARNER_CORE or (cpus >= 2 and os.environ.get("WORLD_SIZE", "1") in ("", "1"))
+        if pays and trains_on_cpu(learner_mode, learner_device) and len(mask) >= 2:
+            worker_cpus, learner_cpu, how = tuple(mask[1:]), mask[0], LEARNER_CORE
+    elif affinity is not None:
+        worker_cpus, how = tuple(affinity), "cpus"
+    return Layout(env_count=env_count, cpus=cpus, workers=math.ceil(env_count / group_size),
+                  group_size=group_size, slices=n_slices, affinity=how, worker_cpus=worker_cpus,
+                  learner_cpu=learner_cpu, pin_after_startup=how == LEARNER_CORE, auto=auto)
