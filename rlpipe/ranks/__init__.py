@@ -1,6 +1,6 @@
 """Beyond one machine: DD-PPO (Wijmans et al. 2019) across torchrun ranks.
 
-The engine stays single-node (shared memory, one driver per node-local engine); scaling out
+The engine stays single-node (shared memory, one driver per node-local engine); scale-out
 runs one whole engine per rank, launched by torchrun (any --nnodes / --nproc_per_node, or
 Slurm's srun running torchrun). When torchrun's WORLD_SIZE and RANK are set:
 
@@ -21,6 +21,10 @@ Slurm's srun running torchrun). When torchrun's WORLD_SIZE and RANK are set:
 - rank 0 writes TensorBoard and the run's `summary.json` (SPS summed over ranks); rank N
   writes its logs, lifecycle db, checkpoints and its own summary under `rank<N>/` in the
   same run directory, which all ranks take from rank 0.
+
+The driver sees a rank only through its run mode (`Ranks`, rlpipe/ranks/run.py, one
+`rlpipe.supervisor.runmode.RunMode`); this module itself imports no torch, so the app reads
+the launcher's environment before deciding to.
 """
 from __future__ import annotations
 
