@@ -1,4 +1,4 @@
-"""The figures behind docs/scaling.md, measured on this machine: per policy (the cartpole mix,
+"""The figures behind docs/scale-out.md, measured on this machine: per policy (the cartpole mix,
 the 12-type seed12 mix, the rgb-only images mix) its parameter count and the bytes one gradient
 all-reduce moves, the time of a gloo all-reduce of that size between two local ranks, the
 time of one PPO update on one rank, and the memory budget (rlpipe.learner.budget) per env.

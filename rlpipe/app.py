@@ -6,17 +6,21 @@ import logging
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlpipe.config import ConfigError, conf_dir, register_schema, run_spec
-from rlpipe.dist import hydra_run_dir
+from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
+from rlpipe.ranks import hydra_run_dir
+
+if TYPE_CHECKING:
+    from rlpipe.supervisor.runmode import RunMode
 
 register_schema()
-# hydra.run.dir in conf/config.yaml: the same directory for every torchrun rank (rlpipe.dist)
+# hydra.run.dir in conf/config.yaml: the same directory for every torchrun rank (rlpipe.ranks)
 OmegaConf.register_new_resolver("rlpipe_run_dir", hydra_run_dir, replace=True)
 log = logging.getLogger("rlpipe")
 # conf/hydra/launcher/submitit_{slurm,local}.yaml share their names with the plugin's schemas on
@@ -30,41 +34,47 @@ EXIT_RANK_LOST = 3          # under torchrun: a peer rank (or the agent) went aw
 
 def run_job(cfg: DictConfig) -> int:
     """One job: validate, then drive the engine; a config error is one paragraph, no traceback.
-    Under torchrun (WORLD_SIZE and RANK set) the job is this rank's part (rlpipe.dist)."""
+    Under torchrun (WORLD_SIZE and RANK set) the job is this rank's part (rlpipe.ranks)."""
     faulthandler.enable()           # a crash in native code still says where it happened
     from rlpipe.telemetry.progress import quiet_console_logs
     quiet_console_logs()            # other libraries' INFO lines go to the run's log file only
     from rlpipe.supervisor.driver import Driver   # torch is imported only past validation
 
-    ranks = None
+    mode: RunMode | None = None     # built once the config is valid; closed on every way out
     try:
         spec = run_spec(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if spec.run.mode == "validate":
             from rlpipe.envs.validate import validate_types
             return validate_types(spec, run_dir)
-        from rlpipe.dist import rank_from_env
-        info = rank_from_env()
-        if info is not None:
-            from rlpipe.dist.run import DistRun
-            ranks = DistRun(info, spec)       # the rank's share of the job (ConfigError first)
-            ranks.start()
-            run_dir = ranks.agree_run_dir(run_dir)
-            spec = ranks.spec
-        driver = Driver(spec, run_dir, OmegaConf.to_yaml(cfg), dist=ranks)
+        mode = _run_mode(spec)
+        run_dir = mode.start(run_dir)
+        driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
         return driver.run()
     except (ConfigError, OmegaConfBaseException) as exc:
         print(f"rlpipe: {getattr(exc, 'what', 'config error')}: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as exc:
-        from rlpipe.dist.sync import RankLost
+        from rlpipe.ranks.sync import RankLost
         if not isinstance(exc, RankLost):
             raise
         print(f"rlpipe: {exc}", file=sys.stderr, flush=True)
         return EXIT_RANK_LOST
     finally:
-        if ranks is not None:
-            ranks.close()
+        if mode is not None:
+            mode.close()
+
+
+def _run_mode(spec: RunSpec) -> RunMode:
+    """Solo in a plain process; under torchrun this rank's share of the job (its ConfigError
+    before any collective)."""
+    from rlpipe.ranks import rank_from_env
+    from rlpipe.supervisor.runmode import Solo
+    info = rank_from_env()
+    if info is None:
+        return Solo(spec)
+    from rlpipe.ranks.run import Ranks
+    return Ranks(info, spec)
 
 
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")

@@ -19,7 +19,7 @@ some code.
 
 The dataclasses are not frozen: OmegaConf makes a frozen dataclass's node read-only, and Hydra
 could then not merge the YAML files and command-line overrides into the schema. Code treats
-them as read-only after `run_spec`; `rlpipe.dist.rank_spec` derives a rank's spec with
+them as read-only after `run_spec`; `rlpipe.ranks.rank_spec` derives a rank's spec with
 `dataclasses.replace` (which runs the replaced objects' checks again) and sets its
 `env_id_offset`.
 """
@@ -300,7 +300,7 @@ class EvalSpec(_Section):
 
 @dataclass
 class DistSpec(_Section):
-    """Multi-rank training under torchrun (rlpipe.dist); ignored in a single process."""
+    """Multi-rank training under torchrun (rlpipe.ranks); ignored in a single process."""
     _key = "dist"
     sync_frac: float = setting(fraction_of_ranks)      # an update round starts once this fraction has its rollout
     backend: str = setting(one_of("auto", "gloo", "nccl"))
@@ -332,7 +332,7 @@ class RunSpec(_Section):
     dist: DistSpec = MISSING
     env_count: int = setting(positive_int)
     stage: Optional[str] = MISSING
-    # Not a setting: the first global env id of this rank (rlpipe.dist.rank_spec sets it).
+    # Not a setting: the first global env id of this rank (rlpipe.ranks.rank_spec sets it).
     env_id_offset = 0
 
     def __post_init__(self) -> None:

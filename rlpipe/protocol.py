@@ -36,7 +36,7 @@ class SliceSource(Protocol):
     `views.results`, and rings the worker back; it never starts, stops or replaces a worker.
     """
     worker_id: int
-    env_lo: int                                  # first env id of the worker
+    env_lo: int                                  # first env id of the worker, local to this engine
     bounds: list[tuple[int, int]]                # per slice: [lo, hi) inside the worker
     slice_types: list[np.ndarray]                # per slice: env type index of each env
     views: WorkerViews                           # the current generation's shared memory

@@ -1,4 +1,4 @@
-"""DD-PPO across torchrun ranks (rlpipe.dist): shares, config errors, the collectives of an
+"""DD-PPO across torchrun ranks (rlpipe.ranks): shares, config errors, the collectives of an
 update with two gloo ranks, and whole 2-rank jobs under torchrun (ids, segments, a rank
 killed mid-run)."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from conftest import REPO, compose_cfg
 from rlpipe.config import ConfigError, run_spec
-from rlpipe.dist import RankInfo, rank_from_env, rank_spec, share
+from rlpipe.ranks import RankInfo, rank_from_env, rank_spec, share
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
@@ -90,7 +90,7 @@ class _Store:
 
 
 def test_rounds_start_when_sync_frac_of_ranks_are_ready_and_stragglers_are_preempted(monkeypatch):
-    from rlpipe.dist import sync
+    from rlpipe.ranks import sync
     monkeypatch.setattr(sync, "POLL_S", 0.0)
     store = _Store()
     ranks = [sync.Rounds(store, r, 4, 0.6) for r in range(4)]
@@ -120,7 +120,7 @@ def _plan_and_spec(overrides):
 
 
 def _batch(policy, plan, n: int, seed: int) -> dict:
-    from rlpipe.dist.learner import empty_batch
+    from rlpipe.ranks.learner import empty_batch
     if n == 0:
         return empty_batch(plan, torch.device("cpu"), False)
     g = torch.Generator().manual_seed(seed)
@@ -141,8 +141,8 @@ def _batch(policy, plan, n: int, seed: int) -> dict:
 def _rank_main(rank: int, world: int, init_file: str, out_dir: str, overrides: list, sizes: list) -> None:
     import torch.distributed as dist
 
-    from rlpipe.dist.run import state_checksums
-    from rlpipe.dist.sync import RankSync
+    from rlpipe.ranks.run import state_checksums
+    from rlpipe.ranks.sync import RankSync
     from rlpipe.learner.policy import Policy
     from rlpipe.learner.ppo import ppo_update
     from rlpipe.learner.type_settings import TypeSettings

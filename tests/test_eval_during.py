@@ -110,6 +110,7 @@ def eval_hook(short_tmp):
     from rlpipe.envs.registry import plan_mix
     from rlpipe.learner.central import CentralLearner
     from rlpipe.supervisor.evaluation import Evaluation
+    from rlpipe.supervisor.runmode import Solo
     from rlpipe.supervisor.services import Services
 
     run_dir = short_tmp / "run"
@@ -120,7 +121,7 @@ def eval_hook(short_tmp):
     spec = run_spec(cfg)
     learner = CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
     services = Services(run_dir, "evtest")
-    services.start_tensorboard(None, None)
+    services.start_tensorboard(None, Solo(spec))
     clock = [time.monotonic()]
     ev = Evaluation(spec, run_dir, clock[0], services)
 

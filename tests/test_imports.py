@@ -31,11 +31,12 @@ ALLOWED = {
     "telemetry": {"base"},                       # reads run files and public APIs only
     "learner": {"config", "worker", "envs", "shm", "native", "base"},
     "supervisor": {"telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
-    "dist": {"telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},   # torchrun
-                                                 # ranks; the driver holds its DistRun without importing it
-    "app": {"supervisor", "dist", "telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
+    "ranks": {"supervisor", "telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
+                                                 # torchrun ranks: the Ranks run mode; the driver holds
+                                                 # it as a supervisor.runmode.RunMode without importing it
+    "app": {"ranks", "supervisor", "telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
 }
-SUBPACKAGES = ("native", "shm", "envs", "worker", "learner", "supervisor", "dist", "telemetry")
+SUBPACKAGES = ("native", "shm", "envs", "worker", "learner", "supervisor", "ranks", "telemetry")
 
 
 def layer_of(module: str) -> str:

@@ -297,7 +297,7 @@ class CentralLearner:
 
     @property
     def global_env_steps(self) -> int:
-        """Env steps of the whole run (across torchrun ranks in rlpipe.dist's learner)."""
+        """Env steps of the whole run (across torchrun ranks in rlpipe.ranks.learner)."""
         return self.counters.env_steps
 
     def lr_now(self, steps: int | None = None) -> float:

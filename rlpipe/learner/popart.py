@@ -66,7 +66,7 @@ class PopArt(nn.Module):
                     beta: float | torch.Tensor, out_layer) -> None:
         """`update` from per-type sample counts, sums and sums of squares of the returns
         (float64, [n_types]): what ranks all-reduce so every rank moves the same statistics
-        by the same batch (rlpipe.dist)."""
+        by the same batch (rlpipe.ranks)."""
         count, total, total_sq = (x.detach().to(torch.float64).cpu() for x in (count, total, total_sq))
         if not bool((count > 0).any()):
             return

@@ -14,11 +14,12 @@ for one policy over many env types:
   is its type's ent_coef, each type's PopArt statistics move with its popart_beta (GAE's
   gamma and lambda were applied when the rollouts were finished); without them, or where
   every type has the same value, the learner's one value, computed as before;
-- across torchrun ranks (`sync`, rlpipe.dist.RankSync): PopArt and per-type advantage
-  statistics come from all ranks' batches, every rank cuts its batch into the same number of
-  minibatches (ceil(global batch / minibatch_size)), and after each backward pass the
-  gradients are averaged over the ranks' samples before clipping and the optimizer step
-  (DD-PPO), so every rank takes the same step.
+- what is batch-wide goes through `sync`: `WholeBatch` (below) when this learner's batch is the
+  whole update's; across torchrun ranks `rlpipe.ranks.sync.RankSync`, where PopArt and
+  per-type advantage statistics come from all ranks' batches, every rank cuts its batch into
+  the same number of minibatches (ceil(global batch / minibatch_size)), and after each
+  backward pass the gradients are averaged over the ranks' samples before clipping and the
+  optimizer step (DD-PPO), so every rank takes the same step.
 """
 from __future__ import annotations
 
@@ -98,28 +99,37 @@ def normalize_per_type_sums(adv: torch.Tensor, types: torch.Tensor, count: torch
     return ((adv.to(torch.float64) - m) / (s + 1e-8)).to(adv.dtype)
 
 
-def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
-               cfg: LearnerSpec, generator: torch.Generator, sync=None,
-               per_type: TypeSettings | None = None) -> UpdateStats:
-    types = batch["types"]
-    n_types = len(policy.popart.mu)
-    adv_all = batch["adv"]
-    n = len(adv_all)
-    beta = cfg.popart_beta if per_type is None else per_type.popart_beta_by_type()
-    ent_coef = cfg.ent_coef if per_type is None else per_type.ent_coef_rows(types)
-    if sync is None:
+class WholeBatch:
+    """The batch-wide steps of an update whose batch is this learner's alone (one process):
+    statistics of the batch itself, each minibatch's gradients as computed. Its torchrun twin,
+    with the same two methods, is `rlpipe.ranks.sync.RankSync`."""
+
+    def batch_statistics(self, policy: nn.Module, batch: dict, cfg: LearnerSpec, beta) -> tuple[torch.Tensor, int]:
+        """PopArt moved toward the batch's returns (with `beta`: the learner's popart_beta or one
+        per type); the advantages to train on and the number of minibatches."""
+        types, adv = batch["types"], batch["adv"]
         if cfg.value_norm == "popart":
             policy.popart.update(batch["ret"], types, beta, policy.critic.out)
         if cfg.adv_norm == "per_type":
-            adv_all = normalize_per_type(adv_all, types, n_types)
-        n_minibatches = max(math.ceil(n / cfg.minibatch_size), 1)
-    else:
-        m = sync.type_sums(batch["ret"], adv_all, types, n_types)     # one all-reduce
-        if cfg.value_norm == "popart":
-            policy.popart.update_sums(m.count, m.ret_sum, m.ret_sq, beta, policy.critic.out)
-        if cfg.adv_norm == "per_type":
-            adv_all = normalize_per_type_sums(adv_all, types, m.count, m.adv_sum, m.adv_sq)
-        n_minibatches = max(math.ceil(m.samples / cfg.minibatch_size), 1)
+            adv = normalize_per_type(adv, types, len(policy.popart.mu))
+        return adv, max(math.ceil(len(adv) / cfg.minibatch_size), 1)
+
+    def average_gradients(self, params: list[nn.Parameter], samples: int) -> bool:
+        """Whether the optimizer steps on this minibatch's gradients."""
+        return samples > 0
+
+
+WHOLE_BATCH = WholeBatch()
+
+
+def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
+               cfg: LearnerSpec, generator: torch.Generator, sync=WHOLE_BATCH,
+               per_type: TypeSettings | None = None) -> UpdateStats:
+    types = batch["types"]
+    n = len(batch["adv"])
+    beta = cfg.popart_beta if per_type is None else per_type.popart_beta_by_type()
+    ent_coef = cfg.ent_coef if per_type is None else per_type.ent_coef_rows(types)
+    adv_all, n_minibatches = sync.batch_statistics(policy, batch, cfg, beta)
     ret = policy.popart.normalize(batch["ret"], types).float()
     old_value = policy.popart.normalize(batch["value"], types).float()
     rows = {"obs": batch["obs"], "types": types, "a_disc": batch["a_disc"], "a_cont": batch["a_cont"],
@@ -139,8 +149,8 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
         shuffled = _take(rows, perm)
         start = 0
         for size in _split_sizes(n, n_minibatches):
-            if sync is not None and size == 0:
-                # this rank has no sample in this minibatch; it still joins the all-reduce
+            if size == 0:
+                # no sample here in this minibatch (a rank still joins the gradient all-reduce)
                 optimizer.zero_grad(set_to_none=True)
                 if sync.average_gradients(params, 0):
                     nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -161,7 +171,7 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
             loss = terms.pg_loss - bonus + cfg.vf_coef * terms.v_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if sync is None or sync.average_gradients(params, size):
+            if sync.average_gradients(params, size):
                 nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 optimizer.step()
             # summed as tensors: one host read at the end instead of six per minibatch

@@ -3,7 +3,8 @@ thread, watches the workers, and tears everything down on every way out.
 
 It orchestrates four parts, each None inside until started so teardown needs no guesses:
 `Services` (Redis, ZMQ, lifecycle log, TensorBoard writer), `Fleet` (the worker processes),
-`Checkpoints` and `RunMetrics` (charts and summary.json).
+`Checkpointing` and `RunMetrics` (charts and summary.json). What differs between a single
+process and a torchrun rank is asked of its run mode (rlpipe.supervisor.runmode).
 
 Exit codes: 0 when the run reached its stop condition, 128 + signal number when a signal
 (SIGINT, SIGTERM) ended it early; cleanup runs the same either way. 2 (bad config or
@@ -33,11 +34,12 @@ from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.slices import SliceRef
-from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
-from rlpipe.supervisor.checkpoints import Checkpoints
+from rlpipe.shm.segment import run_segments, sweep_dead_segments
+from rlpipe.supervisor.checkpointing import Checkpointing
 from rlpipe.supervisor.evaluation import Evaluation
 from rlpipe.supervisor.fleet import Fleet, current_refs
 from rlpipe.supervisor.metrics import RunMetrics
+from rlpipe.supervisor.runmode import RunMode
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
 from rlpipe.supervisor.stall import LIFECYCLE_FLUSH_S, LoopMarks, StallWatch, emergency_cleanup
 from rlpipe.supervisor.workers import group_ranges
@@ -68,9 +70,9 @@ def env_version(node: dict, commit: str) -> str:
 
 
 class Driver:
-    def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str, dist=None):
+    def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str, mode: RunMode):
         self.spec = spec
-        self.dist = dist            # rlpipe.dist.run.DistRun under torchrun, else None
+        self.mode = mode            # runmode.Solo, or rlpipe.ranks.run.Ranks under torchrun
         heap_line = heap.configure(spec.run.mmap_threshold_mb, spec.run.malloc_arena_max)
         if heap_line:
             log.warning(heap_line)
@@ -83,7 +85,7 @@ class Driver:
         since_start = max(0.0, time.time() - psutil.Process().create_time())
         self.t0 = time.monotonic() - (since_start if _first_job_in_process else 0.0)
         first_job, _first_job_in_process = _first_job_in_process, False
-        self.run_id = new_run_id(dist.rank if dist is not None else None)
+        self.run_id = mode.new_run_id()
         self.stop_signal: int | None = None
         self.plan: MixPlan | None = None
         self.learner = None         # learner.central.CentralLearner
@@ -91,10 +93,10 @@ class Driver:
         self.started = False        # services and workers up: a final checkpoint makes sense
         self.services = Services(run_dir, self.run_id)
         self.fleet = Fleet(spec, self.run_id, self.t0, self.services, self._phase, first_job)
-        self.checkpoints = Checkpoints(spec, run_dir, self.run_id, config_yaml, self.t0)
-        self.metrics = RunMetrics(spec, run_dir, self.run_id, self.t0, self.services, self.fleet, dist)
-        # evaluation during training (eval.interval_s), on rank 0 only: rank 0 charts the job
-        self.evaluation = Evaluation(spec, run_dir, self.t0, self.services, on=dist is None or dist.rank == 0)
+        self.checkpointing = Checkpointing(spec, run_dir, self.run_id, config_yaml, self.t0)
+        self.metrics = RunMetrics(spec, run_dir, self.run_id, self.t0, self.services, self.fleet, mode)
+        # evaluation during training (eval.interval_s), by the process charting the job (rank 0)
+        self.evaluation = Evaluation(spec, run_dir, self.t0, self.services, on=mode.writes_job_outputs)
         self.supervise_timer = Every(SUPERVISE_S)
         self.charts_timer = Every(TB_INTERVAL_S)
         self.scaling_timer = Every(spec.scaling.publish_interval_s)
@@ -115,7 +117,7 @@ class Driver:
         log.info("startup: %s at %.2f s", what, time.monotonic() - self.t0)
 
     def setup(self) -> None:
-        spec, services, dist = self.spec, self.services, self.dist
+        spec, services = self.spec, self.services
         sweep_dead_segments()
         sweep_dead_socket_dirs()
         self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
@@ -126,9 +128,7 @@ class Driver:
         versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
         services.start_redis(spec.redis.url, {
             "state": "starting", "pid": os.getpid(), "env_count": spec.env_count,
-            "run_dir": str(self.run_dir),
-            **({"job": dist.info.job_id, "rank": dist.rank, "world_size": dist.world,
-                "env_id_offset": spec.env_id_offset} if dist is not None else {})})
+            "run_dir": str(self.run_dir), **self.mode.redis_fields()})
         self._phase(f"redis ({services.redis.mode}) up")
         services.start_lifecycle()
         if spec.run.resume:     # true or auto: the workers' reward statistics must be in Redis before they start
@@ -136,7 +136,7 @@ class Driver:
         self.fleet.start(self.plan, versions)
         if self.learner is None:
             self._build_learner(versions)   # while the hot workers build their envs
-        if not self.learner.random and (dist is None or dist.rank == 0):
+        if not self.learner.random and self.mode.writes_job_outputs:
             self.random_probe = random_return.start(
                 self.fleet.ctx, {t.name: t.node for t in spec.env_types}, self.run_dir,
                 spec.logging.random_return_episodes, spec.logging.random_return_budget_s,
@@ -150,39 +150,23 @@ class Driver:
         # level: a second of imports that the hot workers spend building their envs instead of waiting.
         import torch
 
-        from rlpipe.learner.central import CentralLearner
         torch.set_num_threads(self.spec.learner.torch_threads)
-        if self.dist is not None:
-            self.learner = self.dist.make_learner(self.spec, self.plan)
-        else:
-            self.learner = CentralLearner(self.spec, self.plan)
+        self.learner = self.mode.make_learner(self.spec, self.plan)
         self.metrics.learner = self.learner
         if self.spec.run.resume:
-            self.checkpoints.resume(self.learner, self.services.rcli, required=self.spec.run.resume is True)
+            self.checkpointing.resume(self.learner, self.services.rcli, required=self.spec.run.resume is True)
             self.metrics.chart_mark = (self.learner.counters.env_steps, time.monotonic())
-        if self.dist is not None:
-            self.learner.start_in_sync(resumed=self.checkpoints.resumed_from_step > 0)
-        self.services.start_tensorboard(self.config_yaml, self.dist)
+        self.mode.start_learner(self.learner, resumed=self.checkpointing.resumed_from_step > 0)
+        self.services.start_tensorboard(self.config_yaml, self.mode)
         self.services.tb.text("env_versions", "\n".join(f"{k}: {v}" for k, v in versions.items()))
         self._phase("learner built")
 
     # -- the loop ----------------------------------------------------------------------------
-    def _should_stop(self, now: float) -> bool:
-        spec, learner = self.spec, self.learner
-        if self.dist is not None:
-            # ranks stop together, after an update round that says so (rlpipe.dist)
-            if spec.run.duration_s and now - self.t0 >= spec.run.duration_s:
-                learner.want_stop = True
-            return learner.finished
-        if spec.run.total_env_steps and learner.counters.env_steps >= spec.run.total_env_steps:
-            return True
-        return bool(spec.run.duration_s and now - self.t0 >= spec.run.duration_s)
-
     def _freeze_at(self, first_served: float) -> float | None:
         """When chaos.freeze_driver_at_s freezes the loop: counted from its first served step
         (start-up on a loaded machine takes from a few to tens of seconds, and the freeze is
         for a loop that serves); never in a resumed run."""
-        return FreezeDriver.due_at(self.spec.chaos, first_served, bool(self.checkpoints.resumed_from_step))
+        return FreezeDriver.due_at(self.spec.chaos, first_served, bool(self.checkpointing.resumed_from_step))
 
     def loop(self) -> None:
         spec, learner, fleet, metrics, marks = self.spec, self.learner, self.fleet, self.metrics, self.marks
@@ -192,7 +176,7 @@ class Driver:
                       self.run_dir / "lifecycle.sqlite") as progress:
             while self.stop_signal is None:
                 now = time.monotonic()
-                if self._should_stop(now):
+                if self.mode.should_stop(learner, now - self.t0):
                     break
                 if not marks.serving:
                     marks.alive_at = now        # start-up: the loop turning is progress until it serves
@@ -213,9 +197,9 @@ class Driver:
                 if stats is not None:
                     marks.updated_at = now
                 metrics.log_update(stats)
-                if self.dist is not None and learner.take_checkpoint():
-                    self.checkpoints.timer.restart(now)
-                    self._checkpoint()          # every rank, right after the same round
+                if self.mode.checkpoint_after_update(learner):
+                    self.checkpointing.timer.restart(now)
+                    self._checkpoint()
                 if learner.update_due:
                     learner.start_update()
                     poll_ms = 0
@@ -269,19 +253,17 @@ class Driver:
             metrics.scaling_charts()
         if spec.reward_norm.mode != "off":
             metrics.reward_stats(now)
-        if self.dist is not None:
-            learner.checkpoint_wanted = self.checkpoints.timer.passed(now)
-        elif not learner.random and learner.counters.updates and self.checkpoints.timer.due(now):
+        if self.mode.checkpoint_on_clock(learner, self.checkpointing.timer, now):
             self._checkpoint()
 
     def _checkpoint(self) -> Path:
         """A checkpoint once the update in flight (if any) is in and charted."""
         self.metrics.log_update(self.learner.poll_update(wait=True))
-        return self.checkpoints.save(self.learner, self.services.rcli)
+        return self.checkpointing.save(self.learner, self.services.rcli)
 
     def _export(self) -> Path:
         self.metrics.log_update(self.learner.poll_update(wait=True))
-        return self.checkpoints.export(self.learner)
+        return self.checkpointing.export(self.learner)
 
     # -- a stalled loop ----------------------------------------------------------------------
     def _emergency_cleanup(self) -> None:
@@ -304,11 +286,11 @@ class Driver:
         """Every resource of the run, in reverse order of creation; each step guarded so one
         failure cannot leave the rest behind. A second call finds nothing left to do."""
         started, self.started = self.started, False     # one final checkpoint and export
-        learner, fleet = self.learner, self.fleet
+        learner, fleet, mode = self.learner, self.fleet, self.mode
         final = started and learner is not None
         steps = [
             fleet.continue_stopped,
-            lambda: learner.join_for_teardown() if self.dist is not None and learner else None,
+            lambda: mode.join_update_in_flight(learner),
             lambda: random_return.stop(self.random_probe),
             self.evaluation.stop,
             fleet.stop_starts,
@@ -316,8 +298,7 @@ class Driver:
             self._final_errors,
             fleet.count_lifecycle_drops,
             lambda: self._checkpoint() if final and not learner.random else None,
-            lambda: self._export() if (final and self.spec.learner.export
-                                       and (self.dist is None or self.dist.rank == 0)) else None,
+            lambda: self._export() if final and self.spec.learner.export and mode.writes_job_outputs else None,
             self.metrics.resources.stop,
             *fleet.release_steps(),
             *self.services.stop_steps(),
@@ -330,9 +311,7 @@ class Driver:
                 log.exception("teardown step failed")
         for name in run_segments(self.run_id):      # belt and braces: nothing of ours stays
             Path("/dev/shm", name).unlink(missing_ok=True)
-        if self.dist is not None:        # a rank killed beside us left its segments and socket dirs
-            sweep_dead_segments()
-            sweep_dead_socket_dirs()
+        mode.sweep_after_teardown()
 
     def _final_errors(self) -> None:
         """Every worker has stopped: pull the error logs one last time and write the report."""
@@ -349,13 +328,11 @@ class Driver:
             self.loop()
             self.metrics.loop_ended()
         finally:
-            if self.dist is not None and self.stop_signal is not None:
-                self.dist.say_stopping(self.stop_signal)    # before teardown: torchrun may SIGKILL us
+            if self.stop_signal is not None:
+                self.mode.say_stopping(self.stop_signal)    # before teardown: torchrun may SIGKILL us
             self.teardown()
             self.stall.stop()           # after the teardown: a hung teardown step is a stall too
-        result = self.metrics.summary(time.monotonic(), self.checkpoints.resumed_from_step)
-        if self.dist is not None:
-            ranks = self.dist.final_exchange(result, self.stop_signal)
-            result = self.dist.merge_summary(result, ranks, random_return.read_results(self.run_dir))
+        result = self.metrics.summary(time.monotonic(), self.checkpointing.resumed_from_step)
+        result = self.mode.finish_summary(result, self.stop_signal, self.run_dir)
         self.metrics.write(result, self.stop_signal)
         return 128 + self.stop_signal if self.stop_signal else 0

@@ -21,6 +21,7 @@ from rlpipe.lifecycle import fault_counts
 from rlpipe.protocol import worker_key
 from rlpipe.supervisor.fleet import Fleet
 from rlpipe.supervisor.resources import ResourceSampler
+from rlpipe.supervisor.runmode import RunMode
 from rlpipe.supervisor.services import Services
 from rlpipe.supervisor.workers import reward_stats_keys
 from rlpipe.telemetry.progress import Status
@@ -33,13 +34,13 @@ REWARD_STATS_S = 10.0
 
 class RunMetrics:
     def __init__(self, spec: RunSpec, run_dir: Path, run_id: str, t0: float, services: Services,
-                 fleet: Fleet, dist=None):
+                 fleet: Fleet, mode: RunMode):
         self.spec = spec
         self.run_dir = run_dir
         self.t0 = t0
         self.services = services
         self.fleet = fleet
-        self.dist = dist
+        self.mode = mode
         self.rnorm_keys = reward_stats_keys(spec, run_id)
         self.resources = ResourceSampler(os.getpid(), run_id, run_dir, spec.logging.resources_interval_s,
                                          self._process_roles, self._redis_url, t0)
@@ -250,7 +251,7 @@ class RunMetrics:
             "loss_std": round(float(np.std(late_losses)), 6) if len(late_losses) > 1 else None,
             "loss_std_checkpoints": self.loss_std_marks,     # the public key keeps its name
             "resumed_from_step": resumed_from_step,
-            "dist": self._dist(),
+            "dist": self.mode.summary_section(),
             "long_run": self.long_run(),
         }
 
@@ -266,18 +267,10 @@ class RunMetrics:
         from rlpipe.telemetry.longrun import long_run
         return long_run(list(self.resources.history), end_s, project_to_s, self.resources.budgets())
 
-    @staticmethod
-    def _dist() -> dict:
-        """Ranks as torch.distributed reports them (1 when no process group was initialized);
-        parameters are never compared across ranks here, so that figure stays null."""
-        import torch.distributed as dist
-        initialized = dist.is_available() and dist.is_initialized()
-        return {"world_size": dist.get_world_size() if initialized else 1, "params_in_sync": None}
-
     def write(self, result: dict, stop_signal: int | None) -> None:
         """summary.json, the hparams run (rank 0), the health report and the line on stdout."""
         atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
-        if self.dist is None or self.dist.rank == 0:
+        if self.mode.writes_job_outputs:
             self._hparams(result)
         try:
             from rlpipe.telemetry.health import write_health_report
@@ -286,9 +279,7 @@ class RunMetrics:
             log.exception("health report failed")
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
-        if self.dist is not None:
-            how = f"rank {self.dist.rank}/{self.dist.world} {how}"
-        print(f"rlpipe {how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
+        print(f"rlpipe {self.mode.line_prefix}{how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
               f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "
               f"{self.run_dir / 'summary.json'}", flush=True)
 

@@ -10,6 +10,7 @@ import multiprocessing as mp
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 import zmq
@@ -22,6 +23,9 @@ from rlpipe.protocol import run_key
 from rlpipe.redis_client import connect as redis_client
 from rlpipe.supervisor.redis_service import RedisService
 from rlpipe.supervisor.watchdog import redis_beat_times
+
+if TYPE_CHECKING:
+    from rlpipe.supervisor.runmode import RunMode
 
 log = logging.getLogger("rlpipe")
 IPC_PATH_MAX = 100          # sun_path is 108 bytes; keep a margin for "ipc://" and names
@@ -99,13 +103,10 @@ class Services:
                                          self.run_id, self.zctx)
         self.lifecycle.start()
 
-    def start_tensorboard(self, config_yaml: str, dist) -> None:
-        """The run's TensorBoard writer; under torchrun the rank's (rank 0 charts the job)."""
-        if dist is not None:
-            self.tb = dist.make_tb(self.run_dir, config_yaml)
-        else:
-            from rlpipe.telemetry.tb import TbWriter   # lazily: workers start without its imports
-            self.tb = TbWriter(self.run_dir, config_yaml)
+    def start_tensorboard(self, config_yaml: str | None, mode: RunMode) -> None:
+        """The run's TensorBoard writer, as the run mode makes it (supervisor.runmode: under
+        torchrun the rank's, and only rank 0 charts the job)."""
+        self.tb = mode.make_tb(self.run_dir, config_yaml)
 
     def set_state(self, state: str) -> None:
         self.rcli.hset(run_key(self.run_id), "state", state)

@@ -39,7 +39,7 @@ class WorkerSpec:
     obs_keys: tuple[ObsKey, ...]
     cont_dim: int
     locked_board: bool              # buffer.sync=lock
-    env_id_offset: int              # global id of local env 0 (a torchrun rank's offset; rlpipe.dist)
+    env_id_offset: int              # global id of local env 0 (a torchrun rank's offset; rlpipe.ranks)
     seed: int                       # run.seed
     # -- settings from conf/ (worker:, heartbeat:, scaling:, reward_norm:)
     slices: int

@@ -19,13 +19,14 @@ import threading
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 
 from rlpipe import heap
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.central import CentralLearner
 from rlpipe.learner.ppo import ppo_update
-from rlpipe.dist.sync import RankLost, RankSync, Rounds
+from rlpipe.ranks.sync import RankLost, RankSync, Rounds, rank_lost
 
 TEARDOWN_JOIN_S = 20.0     # at most this long for an update in flight when the run is stopped
 
@@ -45,7 +46,7 @@ def empty_batch(plan: MixPlan, device, weighted: bool) -> dict:
     return batch
 
 
-class DistLearner(CentralLearner):
+class RankLearner(CentralLearner):
     def __init__(self, spec: RunSpec, plan: MixPlan, rank: int, world: int, store, sync_device):
         super().__init__(spec, plan)
         self.rank, self.world = rank, world
@@ -153,16 +154,14 @@ class DistLearner(CentralLearner):
         unless rank 0 resumed one: then every rank starts a fresh one), whatever its own
         checkpoint held; the job's env steps are summed over ranks; fresh runs then reseed the
         sampling streams per rank (the same seed on every rank would draw the same action noise)."""
-        import torch.distributed as dist
         state = None
         if self.rank == 0:
             state = {"policy": self.policy.state_dict(), "updates": self.counters.updates,
                      "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None}
         box = [state]
         try:
-            dist.broadcast_object_list(box, src=0)
+            tdist.broadcast_object_list(box, src=0)
         except Exception as exc:
-            from rlpipe.dist.sync import rank_lost
             raise rank_lost(self.rank, self.world, "the start-up broadcast of rank 0's learner state", exc) from exc
         state = box[0]
         self.counters.updates = int(state["updates"])      # the rounds taken so far: the job's count

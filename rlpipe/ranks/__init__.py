@@ -1,6 +1,6 @@
 """Beyond one machine: DD-PPO (Wijmans et al. 2019) across torchrun ranks.
 
-The engine stays single-node (shared memory, one driver per node-local engine); scaling out
+The engine stays single-node (shared memory, one driver per node-local engine); scale-out
 runs one whole engine per rank, launched by torchrun (any --nnodes / --nproc_per_node, or
 Slurm's srun running torchrun). When torchrun's WORLD_SIZE and RANK are set:
 
@@ -13,7 +13,7 @@ Slurm's srun running torchrun). When torchrun's WORLD_SIZE and RANK are set:
   rank gathers its share of update_envs, and an update cuts every rank's batch into
   ceil(global batch / minibatch_size) minibatches, so two ranks of 32 envs run the same PPO
   as one rank of 64;
-- updates are rounds taken by all ranks together (`rlpipe.dist.learner`): statistics of the
+- updates are rounds taken by all ranks together (`rlpipe.ranks.learner`): statistics of the
   batch (PopArt's per-type return moments, per-type advantage moments) and gradients are
   all-reduced, so parameters, PopArt buffers, optimizer state and the learning-rate
   schedule (a function of the env steps summed over ranks) stay identical; the end of the
@@ -21,6 +21,10 @@ Slurm's srun running torchrun). When torchrun's WORLD_SIZE and RANK are set:
 - rank 0 writes TensorBoard and the run's `summary.json` (SPS summed over ranks); rank N
   writes its logs, lifecycle db, checkpoints and its own summary under `rank<N>/` in the
   same run directory, which all ranks take from rank 0.
+
+The driver sees a rank only through its run mode (`Ranks`, rlpipe/ranks/run.py, one
+`rlpipe.supervisor.runmode.RunMode`); this module itself imports no torch, so the app reads
+the launcher's environment before deciding to.
 """
 from __future__ import annotations
 
@@ -103,7 +107,7 @@ def hydra_run_dir(default: str) -> str:
     for rank 0 and `.../rank<N>` for rank N, the same on every rank and every node without
     the user passing hydra.run.dir, and the same again after a torchrun restart (so
     run.resume finds the run's checkpoints). The driver still takes rank 0's directory by
-    broadcast (`DistRun.agree_run_dir`), whatever launched the ranks."""
+    broadcast (`Ranks.start`), whatever launched the ranks."""
     info = rank_from_env()
     if info is None:
         return default

@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
+
+from rlpipe.learner.ppo import normalize_per_type_sums
 
 POLL_S = 0.005        # how often a rank waiting for a round reads the store
 
@@ -56,7 +58,7 @@ class RankSync:
 
     def all_sum(self, t: torch.Tensor, what: str) -> torch.Tensor:
         try:
-            dist.all_reduce(t)
+            tdist.all_reduce(t)
         except Exception as exc:        # gloo/nccl raise RuntimeError or DistError subclasses
             raise rank_lost(self.rank, self.world, what, exc) from exc
         self.collectives += 1
@@ -80,6 +82,18 @@ class RankSync:
         out = out.cpu()
         parts = [out[k * n_types:(k + 1) * n_types] for k in range(5)]
         return TypeSums(*parts, samples=int(out[-1].item()))
+
+    def batch_statistics(self, policy, batch: dict, cfg, beta) -> tuple[torch.Tensor, int]:
+        """`ppo.WholeBatch.batch_statistics` over every rank's batch: PopArt and the per-type
+        advantage normalization from the all-reduced sums (one all-reduce), the minibatch count
+        from the global sample count."""
+        types, adv = batch["types"], batch["adv"]
+        m = self.type_sums(batch["ret"], adv, types, len(policy.popart.mu))
+        if cfg.value_norm == "popart":
+            policy.popart.update_sums(m.count, m.ret_sum, m.ret_sq, beta, policy.critic.out)
+        if cfg.adv_norm == "per_type":
+            adv = normalize_per_type_sums(adv, types, m.count, m.adv_sum, m.adv_sq)
+        return adv, max(math.ceil(m.samples / cfg.minibatch_size), 1)
 
     def average_gradients(self, params: list[torch.nn.Parameter], samples: int) -> bool:
         """Replace each parameter's gradient with the sample-weighted mean over ranks: each rank

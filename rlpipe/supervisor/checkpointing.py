@@ -1,7 +1,8 @@
-"""The driver's side of checkpoints: resume from the newest loadable one, save one every
-`learner.checkpoint_interval_s` and at the end, and export the trained policy. The files
-themselves are rlpipe.learner.checkpoint's; what is added here are the workers' reward
-statistics, which live in Redis while the run goes."""
+"""Checkpointing, the driver's side of checkpoints: resume from the newest loadable one,
+save one every `learner.checkpoint_interval_s` (when, the run mode decides: supervisor.runmode)
+and at the end, and export the trained policy. The files themselves are
+rlpipe.learner.checkpoint's; what is added here are the workers' reward statistics, which live
+in Redis while the run goes."""
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ from rlpipe.supervisor.workers import reward_stats_keys
 log = logging.getLogger("rlpipe")
 
 
-class Checkpoints:
+class Checkpointing:
     def __init__(self, spec: RunSpec, run_dir: Path, run_id: str, config_yaml: str, t0: float):
         self.spec = spec
         self.run_dir = run_dir
@@ -76,8 +77,9 @@ class Checkpoints:
                                self.spec.learner.keep_checkpoints)
 
     def export(self, learner) -> Path:
-        """export/policy.pt: the trained weights with the obs/action spec they expect and the
-        run's config, loadable with torch.load(weights_only=True)."""
+        """export/policy.pt: the trained weights with what they were trained for (`compat`: obs
+        keys, env types, action heads, layer sizes) and the run's config, loadable with
+        torch.load(weights_only=True)."""
         import torch
         path = self.run_dir / "export" / "policy.pt"
         path.parent.mkdir(exist_ok=True)

@@ -1,8 +1,8 @@
-"""One rank's part of a torchrun job, as the driver sees it: the process group, the run
-directory every rank agrees on, the learner and TensorBoard writer of this rank, and the end-of-run check
-that all ranks hold the same learner state (measured by checksums, never assumed)."""
-from __future__ import annotations
-
+"""One rank's part of a torchrun job, as the driver sees it (the `Ranks` run mode of
+rlpipe.supervisor.runmode): the process group, the run directory every rank agrees on, the
+learner and TensorBoard writer of this rank, stopping and checkpointing after the update
+round that says so, and the end-of-run check that all ranks hold the same learner state
+(measured by checksums, never assumed)."""
 import hashlib
 import logging
 import os
@@ -12,13 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
+import torch.distributed as tdist
 
 from rlpipe.config import RunSpec
-from rlpipe.dist import RankInfo, rank_spec
-from rlpipe.dist.sync import rank_lost
+from rlpipe.envs import random_return
+from rlpipe.ranks import RankInfo, rank_spec
+from rlpipe.ranks.sync import rank_lost
+from rlpipe.shm.segment import new_run_id, sweep_dead_segments
+from rlpipe.supervisor.runmode import RunMode
+from rlpipe.supervisor.services import sweep_dead_socket_dirs
 
-log = logging.getLogger("rlpipe.dist")
+log = logging.getLogger("rlpipe.ranks")
 
 
 def resolve_backend(spec: RunSpec) -> str:
@@ -98,8 +102,9 @@ class GlobalStepTb:
         self.tb.close()
 
 
-class DistRun:
-    """Built by the app once per rank process (after the config validated)."""
+class Ranks(RunMode):
+    """Built by the app once per rank process (after the config validated): rank 0 writes
+    the job's outputs, every rank its own under `rank<N>/`."""
 
     def __init__(self, info: RankInfo, spec: RunSpec):
         self.info = info
@@ -107,10 +112,16 @@ class DistRun:
         self.job_spec = spec
         self.spec = rank_spec(spec, info)       # ConfigError before any collective
         self.backend = resolve_backend(self.spec)
+        self.writes_job_outputs = self.rank == 0
+        self.line_prefix = f"rank {self.rank}/{self.world} "
         self.learner = None
         self.root: Path | None = None
 
-    def start(self) -> None:
+    def start(self, output_dir: Path) -> Path:
+        self._init_process_group()
+        return self._agree_run_dir(output_dir)
+
+    def _init_process_group(self) -> None:
         """The process group, on a store prefixed with torchrun's restart count: the agent
         keeps one store server across --max-restarts restarts, and the previous attempt's
         keys (the dead ranks' gloo addresses among them) would otherwise be read as fresh."""
@@ -122,13 +133,13 @@ class DistRun:
             from torch.distributed.rendezvous import _create_c10d_store   # env:// does the same, unprefixed
             base = _create_c10d_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank,
                                       self.world, timeout)
-            dist.init_process_group(self.backend, store=dist.PrefixStore(prefix + "pg/", base),
-                                    rank=self.rank, world_size=self.world, timeout=timeout)
+            tdist.init_process_group(self.backend, store=tdist.PrefixStore(prefix + "pg/", base),
+                                     rank=self.rank, world_size=self.world, timeout=timeout)
         else:
-            dist.init_process_group(self.backend, timeout=timeout)
+            tdist.init_process_group(self.backend, timeout=timeout)
             from torch.distributed.distributed_c10d import _get_default_store
             base = _get_default_store()
-        self.store = dist.PrefixStore(prefix + "rounds/", base)
+        self.store = tdist.PrefixStore(prefix + "rounds/", base)
         log.info("rank %d/%d up (%s backend, %d envs from env id %d)", self.rank, self.world, self.backend,
                  self.spec.env_count, self.spec.env_id_offset)
 
@@ -136,11 +147,11 @@ class DistRun:
     def sync_device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
 
-    def agree_run_dir(self, output_dir: Path) -> Path:
+    def _agree_run_dir(self, output_dir: Path) -> Path:
         """Rank 0's run directory, broadcast; rank N works in its `rank<N>/` subdirectory."""
         box = [str(output_dir)]
         try:
-            dist.broadcast_object_list(box, src=0)
+            tdist.broadcast_object_list(box, src=0)
         except Exception as exc:
             raise rank_lost(self.rank, self.world, "the broadcast of rank 0's run directory", exc) from exc
         self.root = Path(box[0])
@@ -148,18 +159,53 @@ class DistRun:
         run_dir.mkdir(parents=True, exist_ok=True)
         return run_dir
 
+    def new_run_id(self) -> str:
+        return new_run_id(self.rank)
+
+    def redis_fields(self) -> dict:
+        return {"job": self.info.job_id, "rank": self.rank, "world_size": self.world,
+                "env_id_offset": self.spec.env_id_offset}
+
     def make_learner(self, spec: RunSpec, plan):
-        from rlpipe.dist.learner import DistLearner
-        self.learner = DistLearner(spec, plan, self.rank, self.world, self.store, self.sync_device)
+        from rlpipe.ranks.learner import RankLearner
+        self.learner = RankLearner(spec, plan, self.rank, self.world, self.store, self.sync_device)
         return self.learner
 
-    def make_tb(self, run_dir: Path, config_yaml: str):
+    def start_learner(self, learner, resumed: bool) -> None:
+        learner.start_in_sync(resumed)
+
+    def make_tb(self, run_dir: Path, config_yaml: str | None):
         if self.rank != 0:
             return NullTb()
         from rlpipe.telemetry.tb import TbWriter
         return GlobalStepTb(TbWriter(run_dir, config_yaml), self.learner)
 
+    # -- rounds ------------------------------------------------------------------------------
+    def should_stop(self, learner, elapsed_s: float) -> bool:
+        """Ranks stop together, after an update round that says so: run.duration_s passing on
+        one rank asks for it; run.total_env_steps is the job's, counted at each round."""
+        duration = self.spec.run.duration_s
+        if duration and elapsed_s >= duration:
+            learner.want_stop = True
+        return learner.finished
+
+    def checkpoint_after_update(self, learner) -> bool:
+        return learner.take_checkpoint()         # every rank, right after the same round
+
+    def checkpoint_on_clock(self, learner, timer, now: float) -> bool:
+        learner.checkpoint_wanted = timer.passed(now)     # asked for in the next round's header
+        return False
+
     # -- the end -----------------------------------------------------------------------------
+    def join_update_in_flight(self, learner) -> None:
+        if learner is not None:
+            learner.join_for_teardown()
+
+    def sweep_after_teardown(self) -> None:
+        """A rank killed beside this one left its segments and socket dirs."""
+        sweep_dead_segments()
+        sweep_dead_socket_dirs()
+
     def say_stopping(self, signum: int) -> None:
         """One line the moment a signal stops this rank (torchrun sends SIGTERM to every rank
         when one fails, and SIGKILL after its grace period, maybe before our summary line)."""
@@ -169,6 +215,16 @@ class DistRun:
                if os.environ.get("TORCHELASTIC_RUN_ID") else "")
         print(f"rlpipe rank {self.rank}/{self.world}: {name} received, stopping this rank (workers, Redis, "
               f"segments are removed).{why} run.resume=true continues from the checkpoints.", flush=True)
+
+    def summary_section(self) -> dict:
+        """`summary.json` `dist` until the final exchange fills in the comparison."""
+        return {"world_size": self.world, "rank": self.rank, "backend": self.backend,
+                "sync_frac": self.spec.dist.sync_frac, "env_id_offset": self.spec.env_id_offset,
+                "run_root": str(self.root), "params_in_sync": None}
+
+    def finish_summary(self, result: dict, stop_signal: int | None, run_dir: Path) -> dict:
+        ranks = self.final_exchange(result, stop_signal)
+        return self.merge_summary(result, ranks, random_return.read_results(run_dir))
 
     def final_exchange(self, result: dict, stop_signal: int | None) -> list[dict] | None:
         """All ranks' end figures and state checksums (all-gather), or None when the run was
@@ -188,7 +244,7 @@ class DistRun:
                 "checksums": state_checksums(learner)}
         box: list = [None] * self.world
         try:
-            dist.all_gather_object(box, mine)
+            tdist.all_gather_object(box, mine)
         except Exception as exc:
             log.error("%s", rank_lost(self.rank, self.world, "the final all-gather of state checksums", exc))
             return None
@@ -198,10 +254,7 @@ class DistRun:
         """This rank's summary with the `dist` section; rank 0's also carries the job's totals
         (env steps, SPS, episodes, trained samples summed over ranks; returns over every
         rank's last and first 100 episodes, and the learned verdicts from those)."""
-        from rlpipe.envs import random_return
-        section = {"world_size": self.world, "rank": self.rank, "backend": self.backend,
-                   "sync_frac": self.spec.dist.sync_frac, "env_id_offset": self.spec.env_id_offset,
-                   "run_root": str(self.root), "params_in_sync": None}
+        section = self.summary_section()
         if ranks is None:
             section["params_in_sync_note"] = "not measured: the run was stopped before the final check"
             result["dist"] = section
@@ -232,8 +285,8 @@ class DistRun:
         return result
 
     def close(self) -> None:
-        if dist.is_initialized():
+        if tdist.is_initialized():
             try:
-                dist.destroy_process_group()
+                tdist.destroy_process_group()
             except Exception:
                 log.exception("destroying the process group failed")
