@@ -71,16 +71,19 @@ class AlarmDeadline:
         self.limit_s = limit_s if limit_s is not None else math.inf
         self.until = until if until is not None else math.inf
         self.armed = (limit_s is not None or until is not None) and hasattr(signal, "setitimer")
+        self.stage = ""                      # the call in progress, for the StepTimeout's message
         self._previous = signal.signal(signal.SIGALRM, self._on_alarm) if self.armed else None
 
     def _on_alarm(self, _signum, _frame) -> None:
-        raise StepTimeout(f"an env call exceeded its deadline ({self.limit_s} s per call)")
+        raise StepTimeout(f"a {self.stage} call ran past its deadline "
+                          f"({self.limit_s} s per call, or the end of the calls' budget)")
 
     @contextmanager
     def call(self, stage: str) -> Iterator[None]:
         if not self.armed:
             yield
             return
+        self.stage = stage
         signal.setitimer(signal.ITIMER_REAL, max(min(self.limit_s, self.until - time.monotonic()), 1e-3))
         try:
             yield
