@@ -9,11 +9,13 @@ Four callers, one set of rules:
 - day0 (rlpipe/envs/validate.py): every call timed and watched from another thread
   (`WatchedCalls`);
 - the random-return probe (rlpipe/envs/random_return.py) and eval (rlpipe/eval/play.py): one
-  env after the other on the main thread, each call under SIGALRM (`AlarmDeadline`).
+  env after the other on the main thread under SIGALRM (`AlarmDeadline`; the probe's steps,
+  eval's every call).
 
 What cuts an episode is the same everywhere: an exception of the env, a contract violation
 (`ContractViolation`, from the checks of rlpipe/envs/contract.py), or a call past its deadline
-(`StepTimeout`). `CUTS` names the three for an `except`.
+(`StepTimeout`). `CUTS` names the three for an `except`. (day0 records each as a fault; a
+call it watches hang fails the type.)
 
 SIGALRM has one owner, this module: the worker's inline deadline and the alarm deadline both
 raise StepTimeout from its handler, so a process uses one of them at a time.
