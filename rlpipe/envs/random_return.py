@@ -2,9 +2,11 @@
 against ("learned" means clearly above it, and above the type's own first episodes).
 
 One env per type plays whole episodes with the actions the learner's `mode=random` draws
-(uniform over the type's valid discrete actions, uniform in [-1, 1] on its continuous dims),
-within a per-type time budget. A step that hangs past `step_timeout_s` (web_sim) or an env
-that raises (faulty) cuts the episode, which is left out, and the env is rebuilt.
+(uniform over the type's valid discrete actions, uniform in [-1, 1] on its continuous dims:
+`harness.random_action`), within a per-type time budget, through the env harness
+(rlpipe/envs/harness.py) as the worker steps it. A step that hangs past `step_timeout_s`
+(web_sim; SIGALRM, `harness.AlarmDeadline`), an env that raises or breaks the contract (faulty)
+cuts the episode, which is left out as the worker's returns leave it out, and the env is rebuilt.
 
 Runs in a child process of the driver at nice 19 (`start_random_returns`), so it takes only
 spare CPU; it writes `random_returns.json` in the run directory after each type, and the
@@ -15,26 +17,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import time
 from pathlib import Path
 
 import numpy as np
 
-from rlpipe.envs.contract import CONTINUOUS
+from rlpipe.envs import harness
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
 from rlpipe.procs import exit_when_gone
 
 RESULT_FILE = "random_returns.json"
-
-
-class _StepTimeout(Exception):
-    pass
-
-
-def _on_alarm(_signum, _frame):
-    raise _StepTimeout()
 
 
 def play_random(node: dict, episodes: int, budget_s: float, seed: int,
@@ -47,50 +40,30 @@ def play_random(node: dict, episodes: int, budget_s: float, seed: int,
     returns: list[float] = []
     deadline = time.monotonic() + budget_s
     env, rebuilds = None, 0
-    alarm = hasattr(signal, "setitimer") and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
-    if alarm:
-        signal.signal(signal.SIGALRM, _on_alarm)
+    alarm = harness.AlarmDeadline(step_timeout_s)     # steps only: a build or reset is not cut
     try:
         while len(returns) < episodes and time.monotonic() < deadline:
             try:
                 if env is None:
-                    env = factory(env_id=0, seed=seed + 7919 * rebuilds)
-                env.reset(0)
+                    env = harness.build(factory, 0, seed + 7919 * rebuilds)
+                harness.reset(spec, env, 0)
                 total, done = 0.0, False
                 while not done and time.monotonic() < deadline:
-                    if spec.action_kind == CONTINUOUS:
-                        action = rng.uniform(-1.0, 1.0, spec.action_n).astype(np.float32)
-                    else:
-                        action = np.int64(rng.integers(spec.action_n))
-                    if alarm:
-                        signal.setitimer(signal.ITIMER_REAL, step_timeout_s)
-                    _obs, reward, terminated, truncated, _info = env.step(0, action)
-                    if alarm:
-                        signal.setitimer(signal.ITIMER_REAL, 0)
-                    total += float(reward)
-                    done = bool(terminated) or bool(truncated)
+                    _obs, reward, terminated, truncated = harness.step(
+                        spec, env, 0, harness.random_action(spec, rng), alarm)
+                    total += reward
+                    done = terminated or truncated
                 if done and math.isfinite(total):
                     returns.append(total)
-            except Exception:          # a crash or a hang cuts the episode; a fresh env goes on
-                if alarm:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                _close(env)
+            except harness.CUTS:     # a crash, a contract break or a hang cuts the episode; a fresh env goes on
+                harness.close(env, 0)
                 env, rebuilds = None, rebuilds + 1
     finally:
-        if alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        _close(env)
+        alarm.close()
+        harness.close(env, 0)
     arr = np.asarray(returns, dtype=np.float64)
     return {"mean": float(arr.mean()) if len(arr) else None,
             "std": float(arr.std()) if len(arr) > 1 else None, "episodes": int(len(arr))}
-
-
-def _close(env) -> None:
-    if env is not None:
-        try:
-            env.close(0)
-        except Exception:
-            pass
 
 
 def measure_all(nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int,

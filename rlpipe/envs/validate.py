@@ -6,10 +6,11 @@
    resources, like PyBullet clients, share them here too), reset each, step each
    STEPS_PER_ENV times with uniform random actions in the worker's action format (episode
    ends reset in place, as the worker's autoreset does), then close them;
-3. every reset and step goes through the contract checker (keys, shapes, dtypes, NaN/inf,
-   float reward, bool terminated/truncated). An exception or a violation is a fault: it is
-   recorded with its stage and fingerprint, the env is closed and rebuilt by id, and the
-   cycle goes on, as in the worker.
+3. every build, reset, step and close goes through the env harness (rlpipe/envs/harness.py):
+   the contract checker (keys, shapes, dtypes, NaN/inf, float reward, bool
+   terminated/truncated) and each call timed and watched (`harness.WatchedCalls`). An
+   exception or a violation is a fault: it is recorded with its stage and fingerprint, the env
+   is closed and rebuilt by id, and the cycle goes on, as in the worker.
 
 A type fails when it cannot be described, does not fit the buffer, fails to build
 MAX_BUILD_ATTEMPTS times in a row, hangs (one call longer than CALL_TIMEOUT_S), or faults more
@@ -34,8 +35,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlpipe.envs.contract import (DISCRETE, ContractViolation, EnvSpec, check_fits, check_obs,
-                                  check_step)
+from rlpipe.envs import harness
+from rlpipe.envs.contract import ContractViolation, EnvSpec, check_fits
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.shm.errorlog import stacktrace_hash
 from rlpipe.spec import ObsKey
@@ -66,8 +67,7 @@ class _TypeRun:
 
     def __init__(self, name: str, node: dict, board_keys: tuple[ObsKey, ...], seed: int):
         self.name, self.node, self.board_keys, self.seed = name, node, board_keys, seed
-        self.call: tuple[str, float] | None = None      # (stage, start) of the call in progress
-        self.timings: dict[str, list[float]] = {"build": [], "reset": [], "step": [], "close": []}
+        self.calls = harness.WatchedCalls(("build", "reset", "step", "close"))   # timed, watched
         self.faults: list[dict] = []
         self.steps = self.resets = self.episodes = 0
         self.rebuilds = 0
@@ -79,16 +79,7 @@ class _TypeRun:
         self.rates = (0.0, 0.0)
         self.done = threading.Event()
 
-    # -- timed calls -------------------------------------------------------------------------
-    def _timed(self, stage: str, fn, *args, **kwargs):
-        self.call = (stage, time.perf_counter())
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            start = self.call[1]
-            self.call = None
-            self.timings[stage].append((time.perf_counter() - start) * 1000.0)
-
+    # -- faults and env calls -----------------------------------------------------------------
     def _fault(self, stage: str, env_id: int, exc: BaseException) -> None:
         self.faults.append({
             "stage": stage, "env_id": env_id,
@@ -96,12 +87,7 @@ class _TypeRun:
             "error": f"{type(exc).__name__}: {exc}"[:300], "fingerprint": stacktrace_hash(exc)})
 
     def _close(self, env, env_id: int) -> None:
-        if env is None:
-            return
-        try:
-            self._timed("close", env.close, env_id)
-        except Exception as exc:
-            self._fault("close", env_id, exc)
+        harness.close(env, env_id, self.calls, on_error=lambda exc: self._fault("close", env_id, exc))
 
     def _start(self, env_id: int, attempt_seed: int):
         """Build and reset one env; a broken build is recorded, closed and retried."""
@@ -110,23 +96,17 @@ class _TypeRun:
             env = None
             stage = "build"
             try:
-                env = self._timed("build", self.factory, env_id=env_id,
-                                  seed=attempt_seed + 1_000_003 * (self.rebuilds + attempt))
+                seed = attempt_seed + 1_000_003 * (self.rebuilds + attempt)
+                env = harness.build(self.factory, env_id, seed, self.calls)
                 stage = "reset"
                 self.resets += 1
-                obs = self._timed("reset", env.reset, env_id)
-                check_obs(self.spec, obs)
+                harness.reset(self.spec, env, env_id, self.calls)
                 return env
             except Exception as exc:
                 self._fault(stage, env_id, exc)
                 self._close(env, env_id)
                 last = self.faults[-1]["error"]
         raise _TypeFailed(f"failed to build and reset {MAX_BUILD_ATTEMPTS} times in a row: {last}")
-
-    def _action(self, rng: np.random.Generator) -> np.ndarray:
-        if self.spec.action_kind == DISCRETE:
-            return int(rng.integers(self.spec.action_n))      # as the worker passes it
-        return rng.uniform(-1.0, 1.0, self.spec.action_n).astype(np.float32)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -171,13 +151,13 @@ class _TypeRun:
         stage = "step"
         try:
             self.steps += 1
-            result = self._timed("step", env.step, env_id, self._action(rng))
-            _obs, _r, terminated, truncated = check_step(self.spec, result)
+            _obs, _r, terminated, truncated = harness.step(self.spec, env, env_id,
+                                                           harness.random_action(self.spec, rng), self.calls)
             if terminated or truncated:
                 self.episodes += 1
                 stage = "reset"
                 self.resets += 1
-                check_obs(self.spec, self._timed("reset", env.reset, env_id))
+                harness.reset(self.spec, env, env_id, self.calls)
         except Exception as exc:
             self._fault(stage, env_id, exc)
             self._close(env, env_id)
@@ -188,6 +168,7 @@ class _TypeRun:
     # -- verdict ------------------------------------------------------------------------------
     def result(self) -> dict:
         r_reset, r_step = self.rates
+        timings = self.calls.timings
         self.expected = r_reset * self.resets + r_step * self.steps
         declared = r_reset > 0 or r_step > 0
         self.allowed = (math.ceil(self.expected + FAULT_SIGMAS * math.sqrt(self.expected)) + FAULT_SLACK
@@ -206,13 +187,13 @@ class _TypeRun:
         spec = self.spec
         return {
             "ok": error is None,
-            "reset_ms_p50": _pct(self.timings["reset"], 50),
-            "step_ms_p50": _pct(self.timings["step"], 50),
-            "step_ms_p99": _pct(self.timings["step"], 99),
+            "reset_ms_p50": _pct(timings["reset"], 50),
+            "step_ms_p50": _pct(timings["step"], 50),
+            "step_ms_p99": _pct(timings["step"], 99),
             "error": error,
-            "build_ms_p50": _pct(self.timings["build"], 50),
-            "close_ms_p50": _pct(self.timings["close"], 50),
-            "step_ms_max": round(max(self.timings["step"]), 3) if self.timings["step"] else None,
+            "build_ms_p50": _pct(timings["build"], 50),
+            "close_ms_p50": _pct(timings["close"], 50),
+            "step_ms_max": round(max(timings["step"]), 3) if timings["step"] else None,
             "steps": self.steps, "resets": self.resets, "episodes": self.episodes,
             "faults": len(self.faults), "faults_allowed": self.allowed,
             "declared_fault_rates": {"reset": r_reset, "step": r_step},
@@ -231,9 +212,9 @@ def _run_type(name: str, node: dict, board_keys, seed: int) -> dict:
     thread = threading.Thread(target=tr.run, name=f"day0-{name}", daemon=True)
     thread.start()
     while not tr.done.wait(0.2):
-        call = tr.call
-        if call is not None and time.perf_counter() - call[1] > CALL_TIMEOUT_S:
-            tr.error = (f"hung: a {call[0]} call did not return within {CALL_TIMEOUT_S:.0f} s "
+        stage = tr.calls.overdue(CALL_TIMEOUT_S)
+        if stage is not None:
+            tr.error = (f"hung: a {stage} call did not return within {CALL_TIMEOUT_S:.0f} s "
                         "(abandoned)")
             return tr.result()
     return tr.result()

@@ -8,15 +8,15 @@ go back the way `EnvTable.actions` hands them to an env: an int for a discrete t
 first `action_n` entries of the continuous head (float32) for a continuous one.
 
 The `n` episodes of a type run in lockstep, one env each, so each policy call is one batch.
-An env that raises, breaks the contract, or runs past `step_timeout_s` (SIGALRM, as the
-worker's inline deadline) or `max_steps` has its episode cut: it is counted, not averaged; so
-is every episode still running when `budget_s` (the whole call's time, evaluation during
-training) runs out.
+Each env is built, reset, stepped and closed through the env harness (rlpipe/envs/harness.py),
+each call under its `AlarmDeadline`. An env that raises, breaks the contract, or runs past
+`step_timeout_s` or `max_steps` has its episode cut: it is counted, not averaged; so is every
+episode still running when `budget_s` (the whole call's time, evaluation during training) runs
+out.
 """
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from rlpipe.envs.contract import CONTINUOUS, check_obs, check_step
+from rlpipe.envs import harness
+from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import MixPlan
 
 
@@ -69,15 +70,6 @@ def env_action(kind: str, n: int, a_disc: int, a_cont: np.ndarray):
     return int(a_disc)
 
 
-class _StepTimeout(BaseException):
-    """Raised by SIGALRM inside a step (a BaseException so an env's `except Exception` cannot
-    swallow it)."""
-
-
-def _on_alarm(_signum, _frame):
-    raise _StepTimeout()
-
-
 def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic: bool, seed: int,
          max_steps: int, step_timeout_s: float | None = None,
          on_episode: Callable[[], None] | None = None,
@@ -94,18 +86,8 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
     obs: list[dict | None] = []
     steps, totals = [0] * n, [0.0] * n
     deadline = time.monotonic() + budget_s if budget_s is not None else math.inf
-    step_limit = step_timeout_s if step_timeout_s is not None else math.inf
-    alarm = (step_timeout_s is not None or budget_s is not None) and hasattr(signal, "setitimer")
-    old_handler = signal.signal(signal.SIGALRM, _on_alarm) if alarm else None
-
-    def guarded(fn, *args):
-        if alarm:     # a step that hangs is cut at its timeout, or where the budget ends
-            signal.setitimer(signal.ITIMER_REAL, max(min(step_limit, deadline - time.monotonic()), 1e-3))
-        try:
-            return fn(*args)
-        finally:
-            if alarm:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+    # a call that hangs is cut at its timeout, or where the budget ends
+    alarm = harness.AlarmDeadline(step_timeout_s, deadline if budget_s is not None else None)
 
     def end(i: int, finished: float | None) -> None:
         if finished is None:
@@ -114,7 +96,7 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
             out.returns.append(finished)
             out.lengths.append(steps[i])
         obs[i] = None
-        _close(envs[i], i)
+        harness.close(envs[i], i)
         envs[i] = None
         if on_episode is not None:
             on_episode()
@@ -127,13 +109,12 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
                 end(i, None)
                 continue
             try:
-                envs[i] = guarded(lambda: factory(env_id=i, seed=seed + i))
-                first = guarded(envs[i].reset, i)
-                check_obs(spec, first)
+                envs[i] = harness.build(factory, i, seed + i, alarm)
+                first = harness.reset(spec, envs[i], i, alarm)
                 obs[i] = first
                 if i == 0 and observe is not None:
                     observe(envs[i], first)
-            except (Exception, _StepTimeout):     # a broken build or reset cuts that episode
+            except harness.CUTS:     # a broken build or reset cuts that episode
                 end(i, None)
         while True:
             live = [i for i in range(n) if obs[i] is not None]
@@ -149,9 +130,8 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
             for j, i in enumerate(live):
                 action = env_action(spec.action_kind, spec.action_n, a_disc[j], a_cont[j])
                 try:
-                    result = guarded(envs[i].step, i, action)
-                    o, reward, terminated, truncated = check_step(spec, result)
-                except (Exception, _StepTimeout):
+                    o, reward, terminated, truncated = harness.step(spec, envs[i], i, action, alarm)
+                except harness.CUTS:
                     end(i, None)
                     continue
                 steps[i] += 1
@@ -165,16 +145,6 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
                     end(i, None)
     finally:
         for i, env in enumerate(envs):
-            _close(env, i)
-        if alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old_handler)
+            harness.close(env, i)
+        alarm.close()
     return out
-
-
-def _close(env, env_id: int) -> None:
-    if env is not None:
-        try:
-            env.close(env_id)
-        except Exception:
-            pass

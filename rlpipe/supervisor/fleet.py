@@ -4,6 +4,7 @@ when they exit or fall silent, and their doorbells taken in. What a worker proce
 with is built in one place, `Fleet.worker_spec`."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import resource
@@ -29,7 +30,8 @@ from rlpipe.supervisor.workers import (BackgroundStarts, WorkerHandle, group_ran
                                        worker_context)
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
-from rlpipe.worker.spec import WorkerSpec
+from rlpipe.worker.spec import (HeartbeatSettings, RewardNormSettings, ScalingSettings, WorkerPoolSettings,
+                                WorkerSpec, twin)
 
 log = logging.getLogger("rlpipe")
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
@@ -38,6 +40,15 @@ ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within t
 def _own_cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+def worker_sections(spec: RunSpec) -> dict:
+    """The conf/ sections a worker reads, as the worker layer's twins, keyed as WorkerSpec
+    holds them."""
+    return {"worker": twin(WorkerPoolSettings, spec.worker),
+            "heartbeat": twin(HeartbeatSettings, spec.heartbeat),
+            "scaling": twin(ScalingSettings, spec.scaling),
+            "reward_norm": twin(RewardNormSettings, spec.reward_norm, gamma=spec.learner.gamma)}
 
 
 def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
@@ -60,6 +71,7 @@ class Fleet:
         self.phase = phase                  # the driver's start-up log line
         self.plan: MixPlan | None = None
         self.versions: dict[str, str] = {}
+        self.sections: dict = {}             # every WorkerSpec's conf/ sections (built in start)
         self.ctx = None                     # the multiprocessing context workers start from
         self.doorbells: DoorbellServer | None = None   # every worker's doorbell connection
         self.handles: list[WorkerHandle] = []
@@ -88,6 +100,7 @@ class Fleet:
         """The doorbell, the groups' cgroups, schedule and watchdog, and the hot workers."""
         spec, services = self.spec, self.services
         self.plan, self.versions = plan, versions
+        self.sections = worker_sections(spec)
         self.doorbells = DoorbellServer(services.sock_dir / DOORBELL_SOCKET)
         multiprocessing_temp_dir(self.run_id)
         self.ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
@@ -137,18 +150,11 @@ class Fleet:
             type_specs=plan.specs,
             type_versions=tuple(self.versions[t.name] for t in spec.env_types),
             obs_keys=plan.obs_keys, cont_dim=plan.actions.cont_dim,
-            locked_board=spec.buffer.sync == "lock", slices=spec.worker.slices,
-            threads=spec.worker.threads, seed=spec.run.seed,
+            locked_board=spec.buffer.sync == "lock", seed=spec.run.seed,
             doorbell_path=str(self.doorbells.path), lifecycle_endpoint=services.endpoint(LIFECYCLE_ENDPOINT),
-            redis_url=services.redis.url, heartbeat_redis_interval_s=spec.heartbeat.redis_interval_s,
-            heartbeat_signal_interval_s=spec.heartbeat.signal_interval_s,
-            step_timeout_s=spec.worker.step_timeout_s, max_rss_mb=spec.worker.max_rss_mb,
-            cpu_affinity=self.worker_cpus(), sched_fifo=spec.worker.sched_fifo,
-            scaling_enabled=spec.scaling.enabled, scaling_window=spec.scaling.window,
-            reward_norm_mode=spec.reward_norm.mode, reward_norm_clip=spec.reward_norm.clip,
-            reward_norm_sync_every=spec.reward_norm.sync_every, reward_norm_gamma=spec.learner.gamma,
-            doorbell_timeout_s=spec.worker.doorbell_timeout_s, driver_pid=os.getpid(),
-            env_id_offset=spec.env_id_offset)
+            redis_url=services.redis.url, driver_pid=os.getpid(), env_id_offset=spec.env_id_offset,
+            # the worker section as built at start, but for the CPUs this generation pins to
+            **{**self.sections, "worker": dataclasses.replace(self.sections["worker"], cpu_affinity=self.worker_cpus())})
 
     def worker_cpus(self) -> tuple[int, ...] | None:
         """The CPUs a new worker process pins itself to (None: every CPU). Under learner_core

@@ -99,12 +99,13 @@ class WorkerHandle:
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
 
-    def process(self, ctx, args: WorkerSpec):
-        """This generation's process, not yet started (`args` names its segment and generation).
+    def process(self, ctx, worker_spec: WorkerSpec):
+        """This generation's process, not yet started (`worker_spec` names its segment and
+        generation).
         Until `started`, the handle has no process: every check of a live worker (supervision,
         watchdog, chaos, wakes' cgroup moves) passes it by."""
         self.spawned_awake = self.awake        # its spawn -> ready time is a build time, not a wait
-        return ctx.Process(target=run_worker, args=(args,), name=f"rlpipe-worker-{self.worker_id}",
+        return ctx.Process(target=run_worker, args=(worker_spec,), name=f"rlpipe-worker-{self.worker_id}",
                            daemon=False)
 
     def started(self, proc) -> None:

@@ -1,5 +1,9 @@
 """A worker's envs: the env_id -> env table, stepping with autoreset, quarantine and rebuild.
 
+Envs are built, reset and closed through the env harness (rlpipe/envs/harness.py); a step runs
+in the C StepLoop or `step_one`, the hot-path forms of `harness.step` (the same contract, its
+checks split between each step and once per slice).
+
 Autoreset mode is "same step": when an episode ends, the worker resets the env at once and
 publishes the reset obs for that step; reward, terminated and truncated belong to the step
 that ended the episode, and the episode's return and length are reported with it.
@@ -13,7 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlpipe.spec import ObsKey
+from rlpipe.envs import harness
 from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_obs
+from rlpipe.envs.harness import StepTimeout
 from rlpipe.native.steploop import ObsWrite, StepLoop
 from rlpipe.shm.errorlog import error_record
 
@@ -22,12 +28,6 @@ MAX_BUILD_ATTEMPTS = 10
 # A crashed, quarantined or hung step: the episode is cut (truncated, no finished stats, no
 # end obs), so the learner never joins transitions across the rebuild.
 CUT = (0.0, False, True, 0.0, 0, False)
-
-
-class StepTimeout(BaseException):
-    """A step ran past worker.step_timeout_s. A BaseException, like KeyboardInterrupt, so that
-    when it is raised inside a step (the inline deadline) neither the env's own `except
-    Exception` nor step_one's crash handler takes it for an ordinary error."""
 
 
 @dataclass
@@ -84,7 +84,8 @@ class EnvTable:
         t = self.type_index[i]
         env_id = self.env_lo + i
         # A rebuilt env gets a fresh seed so it does not replay the episode that broke it.
-        return self.factories[t](env_id=env_id, seed=self.seed + env_id + 1_000_003 * int(self.rebuilds[i]))
+        seed = self.seed + env_id + 1_000_003 * int(self.rebuilds[i])
+        return harness.build(self.factories[t], env_id, seed)
 
     def _write(self, i: int, obs: dict) -> None:
         for view, key in self._rows[i]:
@@ -100,9 +101,7 @@ class EnvTable:
         for _attempt in range(MAX_BUILD_ATTEMPTS):
             try:
                 self.envs[i] = self._build(i)
-                obs = self.envs[i].reset(self.env_lo + i)
-                check_obs(self.specs[self.type_index[i]], obs)
-                self._write(i, obs)
+                self._write(i, harness.reset(self.specs[self.type_index[i]], self.envs[i], self.env_lo + i))
                 break
             except Exception as exc:  # the env is broken, not the worker: record and rebuild
                 self._fault(i, exc)
@@ -116,11 +115,7 @@ class EnvTable:
 
     def _discard(self, i: int) -> None:
         env, self.envs[i] = self.envs[i], None
-        if env is not None:
-            try:
-                env.close(self.env_lo + i)
-            except Exception:
-                pass
+        harness.close(env, self.env_lo + i)
 
     def close_all(self) -> None:
         for i in range(self.n):

@@ -48,13 +48,13 @@ class Worker:
     Every attribute is set here; what a phase builds is None (or empty) until that phase.
     The loop reads its settings into locals once: the per-env work is the C step loop's."""
 
-    def __init__(self, args: WorkerSpec):
-        self.args = args
-        # what the per-slice path reads, as plain attributes (not through args)
-        self.worker_id, self.generation = args.worker_id, args.generation
-        self.max_rss_mb = args.max_rss_mb
-        self.n = len(args.type_index)
-        self.id_lo = args.env_id_offset + args.env_lo     # global id of this worker's first env
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        # what the per-slice path reads, as plain attributes (not through spec)
+        self.worker_id, self.generation = spec.worker_id, spec.generation
+        self.max_rss_mb = spec.worker.max_rss_mb
+        self.n = len(spec.type_index)
+        self.id_lo = spec.env_id_offset + spec.env_lo     # global id of this worker's first env
         self.stopping: list[bool] = []   # non-empty once asked to stop (SIGTERM, STOP, driver gone)
         self.exit_code = 0
         self.steps = 0
@@ -64,7 +64,7 @@ class Worker:
         self.views: WorkerViews | None = None
         self.heartbeat: Heartbeat | None = None
         self.startup_beat: StartupBeat | None = None
-        self.signal_every = Every(args.heartbeat_signal_interval_s)
+        self.signal_every = Every(spec.heartbeat.signal_interval_s)
         self.rss_every = Every(RSS_CHECK_S)
         self.errors: ErrorLog | None = None
         self.zctx: zmq.Context | None = None
@@ -75,10 +75,10 @@ class Worker:
         self.row_strides: list[int] = []
         self.table: EnvTable | None = None
         self.stepper: Stepper | None = None
-        self.bounds = slice_bounds(self.n, args.slices)
+        self.bounds = slice_bounds(self.n, spec.worker.slices)
         self.rnorm: RewardNormalizer | None = None
-        self.rnorm_key = reward_stats_key(args.run_id, args.worker_id)
-        sync_every = args.reward_norm_sync_every * self.n
+        self.rnorm_key = reward_stats_key(spec.run_id, spec.worker_id)
+        sync_every = spec.reward_norm.sync_every * self.n
         # first at the first step: every worker's key exists from the ramp on, so Redis's footprint
         # is its final size from the start (a slow type's worker would add it an hour in)
         self.rnorm_sync = Every(sync_every)
@@ -101,30 +101,30 @@ class Worker:
 
     # -- attach: the process joins its run ---------------------------------------------------
     def attach(self) -> None:
-        args = self.args
+        spec = self.spec
         die_with_parent()
-        self.segment = Segment.attach(args.segment_name)
-        layout = WorkerLayout.build(self.n, args.obs_keys, args.cont_dim)
-        self.views = views = WorkerViews(layout, self.segment, locked=args.locked_board)
+        self.segment = Segment.attach(spec.segment_name)
+        layout = WorkerLayout.build(self.n, spec.obs_keys, spec.cont_dim)
+        self.views = views = WorkerViews(layout, self.segment, locked=spec.locked_board)
         beat_addr = views.header_addr + H_OS_BEAT_NS
-        self.heartbeat = Heartbeat(args.redis_url, worker_key(args.run_id, args.worker_id),
-                                   args.heartbeat_redis_interval_s)
+        self.heartbeat = Heartbeat(spec.redis_url, worker_key(spec.run_id, spec.worker_id),
+                                   spec.heartbeat.redis_interval_s)
         self.startup_beat = StartupBeat(beat_addr, self.heartbeat, lambda: {
-            "pid": os.getpid(), "generation": args.generation, "steps": 0, "rss_mb": round(rss_mb(), 1),
-            "ts": time.time()}, min(args.heartbeat_signal_interval_s, args.heartbeat_redis_interval_s))
-        if args.cgroup_paths:
+            "pid": os.getpid(), "generation": spec.generation, "steps": 0, "rss_mb": round(rss_mb(), 1),
+            "ts": time.time()}, min(spec.heartbeat.signal_interval_s, spec.heartbeat.redis_interval_s))
+        if spec.cgroup_paths:
             # Join the dormant cgroup first thing; the driver may have woken the group meanwhile
             # (it raises H_AWAKE before moving us), so look again and follow it to `active`.
-            join_cgroups(args.cgroup_paths)
+            join_cgroups(spec.cgroup_paths)
             if views.load(H_AWAKE):
-                join_cgroups(args.active_cgroup_paths)
+                join_cgroups(spec.active_cgroup_paths)
         os.setpgrp()                                   # own process group: OS beats, no terminal Ctrl-C
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver coordinates shutdown
         stopping = self.stopping
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
         try:
             from setproctitle import setproctitle
-            setproctitle(f"rlpipe: worker {args.worker_id}")
+            setproctitle(f"rlpipe: worker {spec.worker_id}")
         except ImportError:
             pass
 
@@ -135,26 +135,27 @@ class Worker:
         # env is built, the start-up beat thread stamps it too).
         signal.signal(signal.SIGUSR1, lambda *_: store_u64(beat_addr, time.monotonic_ns()))
         self.zctx = zmq.Context(io_threads=1)
-        self.lifecycle = LifecycleClient(args.lifecycle_endpoint, self.zctx, worker_id=args.worker_id,
-                                         generation=args.generation)
-        set_scheduling(args.cpu_affinity, args.sched_fifo, self.lifecycle)
-        self.doorbell = DoorbellClient(args.doorbell_path, args.worker_id, args.generation)
+        self.lifecycle = LifecycleClient(spec.lifecycle_endpoint, self.zctx, worker_id=spec.worker_id,
+                                         generation=spec.generation)
+        set_scheduling(spec.worker.cpu_affinity, spec.worker.sched_fifo, self.lifecycle)
+        self.doorbell = DoorbellClient(spec.doorbell_path, spec.worker_id, spec.generation)
 
     # -- build: what stepping needs (envs themselves are built one by one in the loop) --------
     def build(self) -> None:
-        args, n, views = self.args, self.n, self.views
-        self.staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in args.obs_keys]
+        spec, n, views = self.spec, self.n, self.views
+        self.staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in spec.obs_keys]
         self.ptrs = [s.ctypes.data for s in self.staging]
         self.row_strides = [s.strides[0] for s in self.staging]
-        factories = [make_factory(node) for node in args.type_nodes]
-        self.table = EnvTable(self.id_lo, args.type_index, args.type_names, args.type_specs, factories,
-                              args.obs_keys, self.staging, args.seed,
-                              final_staging=[views.results[f"final_{k.name}"] for k in args.obs_keys],
-                              final_all=args.final_obs_all_ends)
-        self.stepper = Stepper(self.table, args.threads, args.step_timeout_s, views.results, tick=self.beat)
-        if args.reward_norm_mode != "off":
-            self.rnorm = RewardNormalizer(n, args.reward_norm_mode, args.reward_norm_clip,
-                                          args.reward_norm_gamma, args.type_index)
+        factories = [make_factory(node) for node in spec.type_nodes]
+        self.table = EnvTable(self.id_lo, spec.type_index, spec.type_names, spec.type_specs, factories,
+                              spec.obs_keys, self.staging, spec.seed,
+                              final_staging=[views.results[f"final_{k.name}"] for k in spec.obs_keys],
+                              final_all=spec.final_obs_all_ends)
+        self.stepper = Stepper(self.table, spec.worker.threads, spec.worker.step_timeout_s, views.results,
+                               tick=self.beat)
+        if spec.reward_norm.mode != "off":
+            self.rnorm = RewardNormalizer(n, spec.reward_norm.mode, spec.reward_norm.clip,
+                                          spec.reward_norm.gamma, spec.type_index)
             try:    # a replaced worker (or a resumed run) continues its predecessor's statistics
                 saved = self.heartbeat.client.get(self.rnorm_key)
                 if saved:
@@ -163,15 +164,15 @@ class Worker:
             except (redis.RedisError, ValueError) as exc:
                 self.lifecycle.event("worker_spawn",
                                      detail={"warning": f"reward statistics not restored: {exc}"})
-        if args.scaling_enabled:
-            self.tracker = StabilityTracker(n, window=args.scaling_window)
-            specs = [args.type_specs[t] for t in args.type_index]
+        if spec.scaling.enabled:
+            self.tracker = StabilityTracker(n, window=spec.scaling.window)
+            specs = [spec.type_specs[t] for t in spec.type_index]
             self.explore = EpsilonGreedy(np.array([s.action_kind == CONTINUOUS for s in specs]),
                                          np.array([s.action_n for s in specs]),
-                                         seed=(args.seed + 7919 * args.worker_id if not args.env_id_offset
-                                               else (args.seed, args.worker_id, args.env_id_offset)))
-            self.feed = EpsilonFeed(self.heartbeat.client, epsilon_channel(args.run_id, args.worker_id),
-                                    args.env_lo, self.explore)
+                                         seed=(spec.seed + 7919 * spec.worker_id if not spec.env_id_offset
+                                               else (spec.seed, spec.worker_id, spec.env_id_offset)))
+            self.feed = EpsilonFeed(self.heartbeat.client, epsilon_channel(spec.run_id, spec.worker_id),
+                                    spec.env_lo, self.explore)
 
     # -- wake --------------------------------------------------------------------------------
     def wait_for_wake(self) -> None:
@@ -181,7 +182,7 @@ class Worker:
         while not views.load(H_AWAKE) and not stopping:
             if doorbell.wait(100) and doorbell.recv()[0] == STOP_SLICE:
                 stopping.append(True)
-            elif not pid_alive(self.args.driver_pid):
+            elif not pid_alive(self.spec.driver_pid):
                 stopping.append(True)
             self.beat()
 
@@ -190,8 +191,8 @@ class Worker:
         """Envs are built slice by slice, between doorbells: a slice rings (seq 0) as soon as
         its own envs are up, so stepping starts while the rest of the group still builds."""
         doorbell, views, stopping, n = self.doorbell, self.views, self.stopping, self.n
-        generation, driver_pid = self.generation, self.args.driver_pid
-        timeout_ms = int(self.args.doorbell_timeout_s * 1000)
+        generation, driver_pid = self.generation, self.spec.driver_pid
+        timeout_ms = int(self.spec.worker.doorbell_timeout_s * 1000)
         while not stopping:
             if self.built < n and not doorbell.wait(0):
                 self.build_next_env()
@@ -210,11 +211,11 @@ class Worker:
 
     def build_next_env(self) -> None:
         """Build one env; publish and ring each slice it completes."""
-        args, built = self.args, self.built
+        spec, built = self.spec, self.built
         self.table.start(built)
-        t = args.type_index[built]
-        self.lifecycle.event("env_create", env_id=self.id_lo + built, env_type=args.type_names[t],
-                             env_version=args.type_versions[t])
+        t = spec.type_index[built]
+        self.lifecycle.event("env_create", env_id=self.id_lo + built, env_type=spec.type_names[t],
+                             env_version=spec.type_versions[t])
         self.built = built = built + 1
         self.views.store(H_BUILT, built)
         for s, (lo, hi) in enumerate(self.bounds):
@@ -273,11 +274,11 @@ class Worker:
 
     def report_faults(self) -> None:
         """Each env fault: a lifecycle row and an ERROR record in the shared-memory error log."""
-        args, table = self.args, self.table
+        spec, table = self.spec, self.table
         for fault in table.faults:
-            t = args.type_index[fault.env_id - self.id_lo]
-            fields = dict(env_id=fault.env_id, env_type=args.type_names[t],
-                          env_version=args.type_versions[t])
+            t = spec.type_index[fault.env_id - self.id_lo]
+            fields = dict(env_id=fault.env_id, env_type=spec.type_names[t],
+                          env_version=spec.type_versions[t])
             rec = fault.record
             self.lifecycle.event(fault.kind, detail={"error_type": rec["error_type"], "message": rec["message"],
                                                      "stacktrace_hash": rec["stacktrace_hash"]}, **fields)
@@ -346,6 +347,6 @@ class Worker:
         self.segment.close()
 
 
-def run_worker(args: WorkerSpec) -> None:
+def run_worker(spec: WorkerSpec) -> None:
     """The process entry point (a module-level function, so forkserver and spawn can pickle it)."""
-    Worker(args).run()
+    Worker(spec).run()

@@ -3,10 +3,12 @@
 Two ways, picked by `worker.threads`:
 
 - **One thread (the default): inline.** The main thread steps the slice in the C StepLoop
-  (rlpipe/native/steploop.pyx). A watcher thread wakes every eighth of the deadline. When it
-  finds the same step still running past the deadline, it sends SIGALRM to the main thread,
-  whose handler raises StepTimeout inside that step. This covers hangs in Python code, and
-  in sleeps, sockets, locks and other interruptible waits. A step stuck in native code that
+  (rlpipe/native/steploop.pyx) under the env harness's `InlineDeadline`
+  (rlpipe/envs/harness.py, the one owner of SIGALRM and StepTimeout). A watcher thread wakes
+  every eighth of the deadline. When it finds the same step still running past the deadline,
+  it sends SIGALRM to the main thread, whose handler raises StepTimeout inside that step.
+  This covers hangs in Python code, and in sleeps, sockets, locks and other interruptible
+  waits. A step stuck in native code that
   ignores signals also stops the OS beat, so the watchdog replaces the worker. Arming the
   deadline is one C store per step. Handing each slice to a helper thread instead, and a
   Condition round trip per env, cost several times a CartPole step (benchmarks/step_path.py;
@@ -22,57 +24,16 @@ Either way the env of a step past its deadline is rebuilt by id. Its neighbours 
 """
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from typing import Callable
 
 import numpy as np
 
-from rlpipe.worker.envtable import EnvTable, StepTimeout
+from rlpipe.envs.harness import InlineDeadline, timeout
+from rlpipe.worker.envtable import EnvTable
 
 HUNG = object()        # placeholder result of an abandoned step
-
-
-def _timeout(timeout_s: float) -> StepTimeout:
-    return StepTimeout(f"step exceeded worker.step_timeout_s={timeout_s}")
-
-
-class _InlineDeadline(threading.Thread):
-    """Watches the main thread's current step: `armed[0]` is its serial (0 between steps),
-    written by the C step loop. The same serial seen for longer than the deadline gets
-    SIGALRM, and only that one: the handler raises only if the main thread is still in it."""
-
-    def __init__(self, timeout_s: float):
-        super().__init__(name="step-deadline", daemon=True)
-        self.timeout_s = timeout_s
-        self.armed = np.zeros(1, dtype=np.int64)
-        self.fired = -1
-        self.closed = threading.Event()
-        self.main_ident = threading.main_thread().ident
-        signal.signal(signal.SIGALRM, self._on_alarm)
-
-    def _on_alarm(self, _signum, _frame) -> None:
-        armed = int(self.armed[0])
-        if armed and armed == self.fired:
-            raise _timeout(self.timeout_s)
-
-    def run(self) -> None:
-        # A hang is cut between timeout_s and timeout_s + poll after it began.
-        poll = self.timeout_s / 8
-        seen, since = 0, 0.0
-        while not self.closed.wait(poll):
-            armed, now = int(self.armed[0]), time.monotonic()
-            if not armed or armed != seen:
-                seen, since = armed, now
-            elif now - since > self.timeout_s and self.fired != armed:
-                self.fired = armed
-                signal.pthread_kill(self.main_ident, signal.SIGALRM)
-
-    def close(self) -> None:
-        self.closed.set()
-        self.join()
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 class _Job:
@@ -137,10 +98,10 @@ class Stepper:
         self.inline = threads == 1 and threading.current_thread() is threading.main_thread()
         self.deadline = None
         self.loop = None
-        self.serial = 0                        # step serials are never reused (see _InlineDeadline)
+        self.serial = 0                        # step serials are never reused (see InlineDeadline)
         if self.inline:
             if timeout_s is not None:
-                self.deadline = _InlineDeadline(timeout_s)
+                self.deadline = InlineDeadline(timeout_s)
                 self.deadline.start()
             armed = self.deadline.armed if self.deadline is not None else np.zeros(1, dtype=np.int64)
             self.loop = table.step_loop(results, armed)
@@ -202,7 +163,7 @@ class Stepper:
         with self.posted:
             self.job = None
         for i in hung:
-            self.table.abandon(i, _timeout(self.timeout_s), interrupted=False)
+            self.table.abandon(i, timeout(self.timeout_s, "worker.step_timeout_s"), interrupted=False)
         return job.results
 
     def close(self) -> None:
