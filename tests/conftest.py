@@ -52,7 +52,7 @@ def run_cli(run_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"rlpipe did not finish in {timeout} s:\n{err[-3000:]}")
+        raise AssertionError(f"rlpipe did not finish in {timeout} s:\n{err[-3000:]}") from None
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     result.pid = proc.pid
     return result

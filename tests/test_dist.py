@@ -13,7 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

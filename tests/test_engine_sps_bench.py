@@ -4,8 +4,8 @@ malformed one is refused with the flag and what is allowed."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose_cfg, load_benchmark
 
+from conftest import compose_cfg, load_benchmark
 from rlpipe.config import run_spec
 from rlpipe.protocol import slice_bounds
 

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import read_summary, run_cli
 from rlpipe.lifecycle import LifecycleWriter
 from rlpipe.lifecycle.recovery import recovery_report, restart_reasons
-from rlpipe.telemetry.health import (PLOT_GROUPS, PLOT_MEMORY, PLOT_RETURNS, PLOT_SPS, REPORT_NAME,
-                                     write_health_report)
-
-from conftest import read_summary, run_cli
+from rlpipe.telemetry.health import PLOT_GROUPS, PLOT_MEMORY, PLOT_RETURNS, PLOT_SPS, REPORT_NAME, write_health_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = (PLOT_SPS, PLOT_RETURNS, PLOT_MEMORY, PLOT_GROUPS)

@@ -110,7 +110,7 @@ def finish(proc: subprocess.Popen, timeout: float = 120.0) -> str:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise AssertionError(f"the run did not end within {timeout} s:\n{_read(proc)[-3000:]}")
+        raise AssertionError(f"the run did not end within {timeout} s:\n{_read(proc)[-3000:]}") from None
     return _read(proc)
 
 
