@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rlpipe.envs.contract import (DISCRETE, ContractViolation, EnvSpec, check_fits, check_obs,
-                                  check_step)
+from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_fits, check_obs, check_step
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.shm.errorlog import stacktrace_hash
 from rlpipe.spec import ObsKey

@@ -127,7 +127,7 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
                 end(i, None)
                 continue
             try:
-                envs[i] = guarded(lambda: factory(env_id=i, seed=seed + i))
+                envs[i] = guarded(lambda i=i: factory(env_id=i, seed=seed + i))
                 first = guarded(envs[i].reset, i)
                 check_obs(spec, first)
                 obs[i] = first

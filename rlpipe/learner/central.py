@@ -30,9 +30,8 @@ from rlpipe.learner.checkpoint import rng_state, set_rng_state
 from rlpipe.learner.policy import Policy
 from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
 from rlpipe.learner.rollout import SliceRollout
-from rlpipe.learner.slices import SliceRef
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
-
+from rlpipe.learner.slices import SliceRef
 
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
 POLICY_LAYOUT = "typed-towers-popart-1"

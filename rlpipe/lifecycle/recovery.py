@@ -159,7 +159,7 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
             gen0 = gen if gen is not None else -1
             rows = readies_of.get(wid, [])
             start = bisect.bisect_left(ready_ts.get(wid, []), inj["ts"])
-            match = _first(rows, start, lambda r: r["generation"] > gen0)
+            match = _first(rows, start, lambda r, gen0=gen0: r["generation"] > gen0)
         elif what in REDIS_FAULTS:
             start = bisect.bisect_left(restart_ts, inj["ts"])
             match = _first(restarts, start, lambda r: r["id"] not in used_restarts)

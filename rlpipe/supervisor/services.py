@@ -104,7 +104,7 @@ class Services:
         if dist is not None:
             self.tb = dist.make_tb(self.run_dir, config_yaml)
         else:
-            from rlpipe.telemetry.tb import TbWriter   # lazily: workers start without its imports
+            from rlpipe.telemetry.tb import TbWriter  # lazily: workers start without its imports
             self.tb = TbWriter(self.run_dir, config_yaml)
 
     def set_state(self, state: str) -> None:
