@@ -11,14 +11,18 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard rlpipe/native/*.pyx)
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: install run test test-slow bench
+.PHONY: install run lint test test-slow bench
 install: $(VENV)/.installed
 
 run: $(VENV)/.installed      ## the main job on its embedded defaults
 	$(PY) -m rlpipe
 
-test: $(VENV)/.installed     ## the default (fast) test suite
-	$(PY) -m pytest -q
+lint: $(VENV)/.installed     ## ruff's checks and its formatting, as configured in pyproject.toml
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: $(VENV)/.installed     ## the default (fast) test suite; the ten slowest tests close its output
+	$(PY) -m pytest -q --durations=10
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow

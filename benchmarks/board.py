@@ -47,6 +47,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from rlpipe.shm.payloads import Payloads, check_rows
 from rlpipe.native.board import BoardView  # noqa: E402
+from rlpipe.shm.payloads import Payloads, check_rows  # noqa: E402
 from rlpipe.shm.segment import Segment, new_run_id, segment_name  # noqa: E402
 
 GEN = 1
@@ -66,9 +67,10 @@ GEN = 1
 
 def make_board(buffer: str, n_envs: int, locked: bool, rgb_dtype: str | None = None):
     """Create a worker segment for conf/buffer/<buffer>.yaml; returns (segment, geometry)."""
-    from rlpipe.spec import ObsKey
-    from rlpipe.shm.layout import H_GENERATION, WorkerLayout, WorkerViews
     import yaml
+
+    from rlpipe.shm.layout import H_GENERATION, WorkerLayout, WorkerViews
+    from rlpipe.spec import ObsKey
 
     spec = yaml.safe_load((REPO / "conf" / "buffer" / f"{buffer}.yaml").read_text())
     keys = []
@@ -299,6 +301,14 @@ def numpy_take(seg, geo, idx, out):
     return take
 
 
+def npstack_gather(slots, ctrl, ids):
+    """The original get_batch: per env, read the published-slot index, take that slot's row."""
+    rows = []
+    for e in ids:
+        rows.append(slots[e, (int(ctrl[e]) >> 1) & 1])
+    return np.stack(rows)
+
+
 def gather_bandwidth(batch: int = 256, reps: int = 15) -> dict:
     seg, geo = make_board("seed", batch, locked=False)
     try:
@@ -311,11 +321,11 @@ def gather_bandwidth(batch: int = 256, reps: int = 15) -> dict:
         board.publish([src.ctypes.data], [rb], 0, batch, GEN)
         out = np.zeros((batch, 224, 224, 3), dtype=np.uint8)
         idx = np.random.default_rng(1).permutation(batch).astype(np.int64)
-        ptrs, strides = [out.ctypes.data], [rb]
-        t_gather = _best(lambda: board.gather(ptrs, strides, 0, batch, idx), reps)
+        gather = partial(board.gather, [out.ctypes.data], [rb], 0, batch, idx)
+        t_gather = _best(gather, reps)
         assert np.array_equal(out.reshape(batch, rb), src[idx])
         board.stream_bytes = -1                      # the same gather with plain memcpy
-        t_gather_memcpy = _best(lambda: board.gather(ptrs, strides, 0, batch, idx), reps)
+        t_gather_memcpy = _best(gather, reps)
         assert np.array_equal(out.reshape(batch, rb), src[idx])
         take = numpy_take(seg, geo, idx, out.reshape(batch, rb))
         t_take = _best(take, reps)
@@ -323,7 +333,7 @@ def gather_bandwidth(batch: int = 256, reps: int = 15) -> dict:
         a = np.random.default_rng(2).integers(0, 255, size=batch * rb, dtype=np.uint8)
         b = np.zeros_like(a)
         t_copy = _best(lambda: np.copyto(b, a), reps)
-        del board, take
+        del board, gather, take      # every view of the segments, before they close
         view_seg.close()
     finally:
         seg.unlink()
@@ -345,30 +355,22 @@ def small_gather(batch: int = 256, n_envs: int = 1024, min_s: float = 1.0) -> di
         board.publish([src.ctypes.data], [rb], 0, n_envs // 2, GEN)
         idx = np.random.default_rng(1).choice(n_envs, batch, replace=False).astype(np.int64)
         out = np.zeros((batch, rb // 4), dtype=np.float32)
-        ptrs, strides = [out.ctypes.data], [rb]
-        t_native = _best(lambda: board.gather(ptrs, strides, 0, batch, idx), 50, min_s)
+        gather = partial(board.gather, [out.ctypes.data], [rb], 0, batch, idx)
+        t_native = _best(gather, 50, min_s)
         native = out.copy()
 
-        # the original get_batch: per env, read the published-slot index, take that slot's row
         u8 = np.frombuffer(seg.buf, dtype=np.uint8)
         slots = u8[geo["key_offsets"][0]:geo["key_offsets"][0] + n_envs * 2 * stride] \
             .view(np.float32).reshape(n_envs, 2, stride // 4)[:, :, :rb // 4]
         ctrl = u8[geo["ctrl_off"]:geo["ctrl_off"] + n_envs * 64].view(np.uint64).reshape(n_envs, 8)[:, 0]
-        ids = idx.tolist()
-
-        def npstack():
-            rows = []
-            for e in ids:
-                rows.append(slots[e, (int(ctrl[e]) >> 1) & 1])
-            return np.stack(rows)
-
+        npstack = partial(npstack_gather, slots, ctrl, idx.tolist())
         t_np = _best(npstack, 50, min_s)
         assert np.array_equal(npstack(), native) and np.array_equal(native, src[idx])
         out[:] = 0
         take = numpy_take(seg, geo, idx, out)
         t_take = _best(take, 50, min_s)
         assert np.array_equal(out, native)
-        del board, slots, ctrl, u8, take
+        del board, gather, slots, ctrl, u8, npstack, take      # every view of the segments
         view_seg.close()
     finally:
         seg.unlink()

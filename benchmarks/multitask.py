@@ -150,7 +150,7 @@ def main() -> None:
             vals = [r[key] for r in rows if r["counted"] and r[key] is not None]
             return (statistics.median(vals), min(vals)) if vals else (None, None)
 
-        print(f"\n| type | random | specialist | generalist | score | baseline learner | baseline score |")
+        print("\n| type | random | specialist | generalist | score | baseline learner | baseline score |")
         print("|---|---|---|---|---|---|---|")
 
         def f(v, fmt="{:.1f}"):

@@ -32,8 +32,8 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from rlpipe.config import conf_dir, register_schema, run_spec
-from rlpipe.spec import ObsKey
 from rlpipe.envs.registry import describe, make_factory
+from rlpipe.spec import ObsKey
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy
 from rlpipe.worker.rewardnorm import RewardNormalizer
@@ -146,8 +146,9 @@ def main() -> None:
     for threads, name in ((1, "stepper_inline"), (2, "stepper_pool")):
         table, out = make_table(n, node)
         stepper = Stepper(table, threads, 30.0, out)
-        results[name] = per_step_us(
-            lambda: [stepper.step(0, n, table.actions(0, n, disc, cont)) for _ in range(rounds)], steps)
+        results[name] = per_step_us(      # this iteration's stepper and table, bound now
+            lambda stepper=stepper, table=table: [stepper.step(0, n, table.actions(0, n, disc, cont))
+                                                  for _ in range(rounds)], steps)
         stepper.close()
         table.close_all()
 

@@ -38,7 +38,7 @@ def run_job(cfg: DictConfig) -> int:
     faulthandler.enable()           # a crash in native code still says where it happened
     from rlpipe.telemetry.progress import quiet_console_logs
     quiet_console_logs()            # other libraries' INFO lines go to the run's log file only
-    from rlpipe.supervisor.driver import Driver   # torch is imported only past validation
+    from rlpipe.supervisor.driver import Driver  # torch is imported only past validation
 
     mode: RunMode | None = None     # built once the config is valid; closed on every way out
     try:

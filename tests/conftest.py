@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -52,7 +55,7 @@ def run_cli(run_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"rlpipe did not finish in {timeout} s:\n{err[-3000:]}")
+        raise AssertionError(f"rlpipe did not finish in {timeout} s:\n{err[-3000:]}") from None
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     result.pid = proc.pid
     return result
@@ -86,7 +89,9 @@ def short_tmp():
 def cartpole_multirun():
     """A real two-job multirun (16 CartPoles, 15k env steps, seeds 1 and 2, a checkpoint every
     2 s), made once for the tests that read runs back: rlpipe.report compares its jobs,
-    rlpipe.eval plays job 0's policy."""
+    rlpipe.eval plays job 0's policy, and job 0 stands for a short plain run (its TensorBoard
+    tags, its health report, no long-run verdict). Tests add files to it (eval/, a rewritten
+    health report), never remove any."""
     import shutil
     import tempfile
     base = Path(tempfile.mkdtemp(prefix="rlm", dir="/tmp"))
@@ -97,4 +102,82 @@ def cartpole_multirun():
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     yield sweep
+    shutil.rmtree(base, ignore_errors=True)
+
+
+# -- evaluation during training, and a run stopped by a signal ---------------------------------
+
+EVAL_CHILD = "rlpipe.eval.during"
+
+
+def eval_children(run_dir: Path) -> list:
+    """Every live process playing an eval round of this run, whoever its parent."""
+    import psutil
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if EVAL_CHILD in cmd and str(run_dir) in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(p)
+    return found
+
+
+def eval_history(run_dir: Path) -> list[dict]:
+    """The whole lines of the run's eval history (one may be mid-write while the run goes)."""
+    path = run_dir / "eval" / "history.jsonl"
+    text = path.read_text() if path.is_file() else ""
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+
+
+def wait_for(what, timeout_s: float, every_s: float = 0.2):
+    """what()'s first truthy value within timeout_s, else its value at the end."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(every_s)
+    return what()
+
+
+def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
+    """64 CartPoles in two workers with an eval round every 3 s, stopped by `sig` once two
+    rounds are in and a third runs. What was seen while it ran is kept for the tests' checks."""
+    run_dir.mkdir(parents=True)
+    with open(run_dir.parent / "out.txt", "w") as out, open(run_dir.parent / "err.txt", "w") as err:
+        driver = subprocess.Popen(
+            rlpipe_cmd(run_dir, "env_mix=cartpole", "env_count=64", "groups.size=32", "run.duration_s=150",
+                       "run.total_env_steps=null", "eval.interval_s=3", "eval.episodes=2",
+                       "logging.random_return_episodes=0"),
+            cwd=REPO, stdout=out, stderr=err, preexec_fn=driver_dies_with_pytest)
+    try:
+        running = wait_for(lambda: len(eval_history(run_dir)) >= 2 and eval_children(run_dir), 120)
+        assert running, f"no two rounds and a third running:\n{(run_dir.parent / 'err.txt').read_text()[-3000:]}"
+        child = running[0]
+        child_ppid = child.ppid()
+        child_niced = bool(wait_for(lambda: child.nice() == 19, 10))      # it lowers itself first thing
+        driver.send_signal(sig)
+        code = driver.wait(90)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    return SimpleNamespace(run_dir=run_dir, pid=driver.pid, code=code, stderr=(run_dir.parent / "err.txt").read_text(),
+                           child=child, child_ppid=child_ppid, child_niced=child_niced)
+
+
+@pytest.fixture(scope="session")
+def signalled_run():
+    """`signalled_run(sig)`: the run of `_signalled_run` for that signal, made on first use and
+    shared by the tests that read it (the engine's exit code and cleanup, the evaluation's
+    rounds and children)."""
+    import shutil
+    import tempfile
+    base = Path(tempfile.mkdtemp(prefix="rls", dir="/tmp"))       # short: unix socket paths
+    runs: dict[int, SimpleNamespace] = {}
+
+    def get(sig: int) -> SimpleNamespace:
+        if sig not in runs:
+            runs[sig] = _signalled_run(base / signal.Signals(sig).name / "run", sig)
+        return runs[sig]
+    yield get
     shutil.rmtree(base, ignore_errors=True)

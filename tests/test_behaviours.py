@@ -271,6 +271,7 @@ def test_day0_through_the_cli_exits_1_naming_the_failing_type(short_tmp):
     assert not (run_dir / "summary.json").exists()
 
 
+@pytest.mark.slow      # 700 envs of twelve types for 35 s: soak-sized (the day5 soak runs this mix at 1,000)
 def test_seed12_at_700_envs_with_rgb_rows(short_tmp):
     """The whole seed12 mix at 700 envs with rgb rows on the board: ALE, PyBullet, MiniGrid
     and the rest built and stepped inside the workers, every slice stepping, the CNN path

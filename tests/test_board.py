@@ -22,10 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlpipe.shm.payloads import Payloads, check_rows
 from rlpipe.native.board import BoardView, load_u64, store_u64
-from rlpipe.shm.segment import (SHM_DIR, Segment, new_run_id, run_segments, segment_name,
-                                sweep_dead_segments)
+from rlpipe.shm.payloads import Payloads, check_rows
+from rlpipe.shm.segment import SHM_DIR, Segment, new_run_id, run_segments, segment_name, sweep_dead_segments
 
 H_GENERATION = 8             # rlpipe.shm.layout.H_GENERATION (checked in test_layout_constants)
 CTX = mp.get_context("spawn")
@@ -343,7 +342,11 @@ def test_writer_killed_mid_write_leaves_old_row_readable(segments, locked):
     keys = buffer_keys("seed", "float32")
     n = 2
     seg, geo = segments(keys, n, locked=locked)
-    ctrl = np.frombuffer(seg.buf, dtype=np.int32, count=n * 16, offset=geo["ctrl_off"]).reshape(n, 16)
+
+    def lock_owner(env: int) -> int:
+        """The owner tid bits of env's lock word, the 4 low bytes of a little-endian load."""
+        return load_u64(seg.base + geo["ctrl_off"] + env * 64 + 8) & 0x3FFFFFFF
+
     stop, q = CTX.RawValue("i", 0), CTX.Queue()
     writer = CTX.Process(target=writer_main, args=(geo, 1, 1, stop, q), name="writer")
     writer.start()
@@ -351,7 +354,7 @@ def test_writer_killed_mid_write_leaves_old_row_readable(segments, locked):
         _, board = open_board(geo)
         wait_published(board, n)
         if locked:   # holding the env's robust mutex (glibc: owner tid in the lock word at +8)
-            env = stop_mid_write(writer, board, n, lambda b, e: (ctrl[e, 2] & 0x3FFFFFFF) == writer.pid)
+            env = stop_mid_write(writer, board, n, lambda b, e: lock_owner(e) == writer.pid)
         else:        # sequence odd: between the odd store and the publishing store
             env = stop_mid_write(writer, board, n, lambda b, e: b.seq(e) % 2 == 1)
         os.kill(writer.pid, signal.SIGKILL)
@@ -371,7 +374,6 @@ def test_writer_killed_mid_write_leaves_old_row_readable(segments, locked):
     finally:
         if writer.is_alive():
             writer.kill()
-        del ctrl
     assert all(got["ok"]), got
     # exactly the last completed publish of each env: publish k leaves seq 2k
     assert got["tags"] == [(1 << 56) | (s // 2) for s in seqs]

@@ -59,7 +59,7 @@ def test_many_workers_ring_at_once(short_tmp):
     clients = [DoorbellClient(str(short_tmp / "d.sock"), worker_id=k, generation=1) for k in range(100)]
     try:
         _frames(server, 100)                          # the HELLOs
-        for k, c in enumerate(clients):
+        for c in clients:
             assert c.ring(0, 1) and c.ring(1, 1)
         rings = {RING.unpack(f)[:2] for _, f in _frames(server, 200)}
         assert rings == {(k, s) for k in range(100) for s in (0, 1)}

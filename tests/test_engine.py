@@ -181,11 +181,9 @@ def test_mixed_discrete_and_continuous_run(short_tmp):
     assert "mountaincar_cont" in summary["mean_return_last100"]
 
 
-def test_tensorboard_tags(short_tmp):
+def test_tensorboard_tags(cartpole_multirun):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "env_count=16", "run.total_env_steps=20000", "run.duration_s=120")
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = cartpole_multirun / "0"            # 16 CartPoles, 15k env steps (tests/conftest.py)
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
@@ -197,30 +195,15 @@ def test_tensorboard_tags(short_tmp):
     assert all(0 < a <= b < 1000 for a, b in zip(p50, p99))     # CartPole's step: microseconds
 
 
-def _start_and_wait_for_steps(run_dir):
-    proc = subprocess.Popen(rlpipe_cmd(run_dir, "env_count=64", "groups.size=32",
-                                       "run.duration_s=300", "run.total_env_steps=null"),
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "steps" in line and "steps 0 " not in line:
-            return proc
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-    proc.kill()
-    raise AssertionError("the run never reported env steps")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_stops_cleanly_with_its_exit_code(short_tmp, sig):
-    run_dir = short_tmp / "run"
-    proc = _start_and_wait_for_steps(run_dir)
-    proc.send_signal(sig)
-    _out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + sig, err[-3000:]
-    summary = read_summary(run_dir)
+def test_signal_stops_cleanly_with_its_exit_code(signalled_run, sig):
+    """64 CartPoles in two workers, signalled mid-run (the run tests/test_eval_during.py reads
+    too: tests/conftest.py)."""
+    run = signalled_run(sig)
+    assert run.code == 128 + sig, run.stderr[-3000:]
+    summary = read_summary(run.run_dir)
     assert summary["env_steps"] > 0
-    assert_nothing_left(run_dir, proc.pid)
+    assert_nothing_left(run.run_dir, run.pid)
 
 
 def test_sigterm_while_dormant_workers_are_still_starting_leaves_nothing(short_tmp):

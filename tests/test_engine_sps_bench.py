@@ -6,8 +6,8 @@ allowed."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose_cfg, load_benchmark
 
+from conftest import compose_cfg, load_benchmark
 from rlpipe.config import run_spec
 from rlpipe.protocol import slice_bounds
 

@@ -13,8 +13,19 @@ import pytest
 
 from conftest import compose_cfg, run_cli
 from rlpipe.config import ConfigError, EnvTypeSpec, run_spec
-from rlpipe.envs import (CONTINUOUS, DISCRETE, ContractViolation, EnvInterface, EnvSpec,
-                         check_fits, check_obs, check_step, describe, make_factory, plan_mix)
+from rlpipe.envs import (
+    CONTINUOUS,
+    DISCRETE,
+    ContractViolation,
+    EnvInterface,
+    EnvSpec,
+    check_fits,
+    check_obs,
+    check_step,
+    describe,
+    make_factory,
+    plan_mix,
+)
 from rlpipe.envs.image import Resizer
 from rlpipe.worker.envtable import EnvTable
 

@@ -20,8 +20,15 @@ import time
 import numpy as np
 import pytest
 
-from rlpipe.shm.errorlog import (ERROR_LOG_BYTES, MAX_RECORD_BYTES, ErrorLog, encode_record,
-                                  error_record, format_exc_text, stacktrace_hash)
+from rlpipe.shm.errorlog import (
+    ERROR_LOG_BYTES,
+    MAX_RECORD_BYTES,
+    ErrorLog,
+    encode_record,
+    error_record,
+    format_exc_text,
+    stacktrace_hash,
+)
 from rlpipe.shm.segment import Segment, new_run_id, segment_name
 
 CTX = mp.get_context("spawn")

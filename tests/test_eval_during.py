@@ -10,78 +10,40 @@ import logging
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import REPO, compose_cfg, driver_dies_with_pytest, rlpipe_cmd, run_cli, run_leftovers
+from conftest import (
+    EVAL_CHILD,
+    compose_cfg,
+    eval_children,
+    eval_history,
+    run_cli,
+    run_leftovers,
+    wait_for,
+)
 from rlpipe.config import run_spec
 from rlpipe.telemetry.tb_events import read_scalars
 
-CHILD = "rlpipe.eval.during"
-
-
-def eval_children(run_dir: Path) -> list[psutil.Process]:
-    """Every live process playing an eval round of this run, whoever its parent."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = p.info["cmdline"] or []
-        if CHILD in cmd and str(run_dir) in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(p)
-    return found
-
-
-def history(run_dir: Path) -> list[dict]:
-    """The whole lines of the run's eval history (one may be mid-write while the run goes)."""
-    path = run_dir / "eval" / "history.jsonl"
-    text = path.read_text() if path.is_file() else ""
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
-
-
-def wait_for(what, timeout_s: float, every_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(every_s)
-    return what()
-
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_training_run_evaluates_every_interval_and_a_signal_leaves_no_child(short_tmp, sig):
+def test_a_training_run_evaluates_every_interval_and_a_signal_leaves_no_child(signalled_run, sig):
     """64 CartPoles with a round every 3 s, stopped by a signal once two rounds are in and a
-    third runs (a run that ends by itself goes through the same teardown)."""
-    run_dir = short_tmp / "run"
-    run_dir.mkdir()
-    with open(short_tmp / "out.txt", "w") as out, open(short_tmp / "err.txt", "w") as err:
-        driver = subprocess.Popen(
-            rlpipe_cmd(run_dir, "env_mix=cartpole", "env_count=64", "run.duration_s=150",
-                       "run.total_env_steps=null", "eval.interval_s=3", "eval.episodes=2",
-                       "logging.random_return_episodes=0"),
-            cwd=REPO, stdout=out, stderr=err, preexec_fn=driver_dies_with_pytest)
-    try:
-        running = wait_for(lambda: len(history(run_dir)) >= 2 and eval_children(run_dir), 120)
-        assert running, f"no two rounds and a third running:\n{(short_tmp / 'err.txt').read_text()[-3000:]}"
-        child = running[0]
-        assert child.ppid() == driver.pid
-        assert wait_for(lambda: child.nice() == 19, 10)       # it lowers itself first thing
-        driver.send_signal(sig)
-        code = driver.wait(90)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    stderr = (short_tmp / "err.txt").read_text()
-    assert code == 128 + sig, stderr[-3000:]
+    third runs (a run that ends by itself goes through the same teardown); the run is shared
+    with tests/test_engine.py's signal test (tests/conftest.py)."""
+    run = signalled_run(sig)
+    run_dir, child, driver_pid = run.run_dir, run.child, run.pid
+    assert run.child_ppid == driver_pid
+    assert run.child_niced                               # it lowers itself first thing
+    assert run.code == 128 + sig, run.stderr[-3000:]
     assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
     assert eval_children(run_dir) == []
     assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["history.jsonl"]   # no snapshot, no temp
-    assert run_leftovers(driver.pid) == []
+    assert run_leftovers(driver_pid) == []
 
-    rounds = history(run_dir)
+    rounds = eval_history(run_dir)
     assert len(rounds) >= 2
     steps = [r["env_steps"] for r in rounds]
     assert steps == sorted(steps) and steps[-1] > 0      # weights of later and later moments
@@ -152,7 +114,7 @@ def test_the_hook_skips_counts_survives_a_crash_and_stops_clean(eval_hook, caplo
     next_round()                                    # due while the first still runs
     assert ev.skipped == 1 and ev.proc is first
     finish(ev)
-    assert ev.rounds == 1 and len(history(run_dir)) == 1 and history(run_dir)[0]["env_steps"] == 0
+    assert ev.rounds == 1 and len(eval_history(run_dir)) == 1 and eval_history(run_dir)[0]["env_steps"] == 0
     assert not (run_dir / "eval" / "policy_snapshot.pt").exists()
 
     next_round()                                    # a child killed mid-round: a crash
@@ -170,7 +132,7 @@ def test_the_hook_skips_counts_survives_a_crash_and_stops_clean(eval_hook, caplo
     config.write_text(good)
     next_round()                                    # and the next round tries again
     finish(ev)
-    assert ev.rounds == 2 and len(history(run_dir)) == 2
+    assert ev.rounds == 2 and len(eval_history(run_dir)) == 2
 
     ev.limit_s = 0.5                                # a round past its limit (hung in C code)
     next_round()
@@ -205,7 +167,7 @@ def test_a_round_ends_with_its_driver_even_after_sigkill(eval_hook):
     # a stand-in driver: a parent process that starts the round as the driver does, then waits
     parent = subprocess.Popen([sys.executable, "-c", (
         "import os, subprocess, sys, time\n"
-        f"p = subprocess.Popen([sys.executable, '-m', '{CHILD}', {str(run_dir)!r}, '--weights', {str(weights)!r}, "
+        f"p = subprocess.Popen([sys.executable, '-m', '{EVAL_CHILD}', {str(run_dir)!r}, '--weights', {str(weights)!r}, "
         f"'--history', {str(history_file)!r}, '--episodes', '2000', '--budget-s', '60', '--max-steps', '5000', "
         "'--wall-s', '1', '--driver-pid', str(os.getpid())], start_new_session=True)\n"
         "print(p.pid, flush=True)\ntime.sleep(120)\n")], stdout=subprocess.PIPE, text=True)

@@ -357,9 +357,9 @@ def test_watchdog_judges_a_slow_build_by_its_progress(short_tmp):
     from types import SimpleNamespace
 
     from rlpipe.config import HeartbeatSpec, ObsKey
+    from rlpipe.lifecycle import LifecycleWriter
     from rlpipe.shm.layout import H_BUILT, H_OS_BEAT_NS, WorkerLayout, WorkerViews
     from rlpipe.shm.segment import Segment, new_run_id, segment_name
-    from rlpipe.lifecycle import LifecycleWriter
     from rlpipe.supervisor.watchdog import Watchdog
 
     spec = HeartbeatSpec(signal_interval_s=0.1, redis_interval_s=0.1, scan_interval_s=0.05,

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import read_summary
 from rlpipe.lifecycle import LifecycleWriter
 from rlpipe.lifecycle.recovery import recovery_report, restart_reasons
-from rlpipe.telemetry.health import (PLOT_GROUPS, PLOT_MEMORY, PLOT_RETURNS, PLOT_SPS, REPORT_NAME,
-                                     write_health_report)
-
-from conftest import read_summary, run_cli
+from rlpipe.telemetry.health import PLOT_GROUPS, PLOT_MEMORY, PLOT_RETURNS, PLOT_SPS, REPORT_NAME, write_health_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = (PLOT_SPS, PLOT_RETURNS, PLOT_MEMORY, PLOT_GROUPS)
@@ -248,10 +246,8 @@ def test_health_report_with_missing_inputs(tmp_path: Path):
     assert "could not be built" not in md
 
 
-def test_health_report_of_real_run(short_tmp: Path):
-    run_dir = short_tmp / "run"
-    res = run_cli(run_dir, "env_count=16", "run.total_env_steps=20000", timeout=120)
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_health_report_of_real_run(cartpole_multirun: Path):
+    run_dir = cartpole_multirun / "0"            # 16 CartPoles, 15k env steps (tests/conftest.py)
     summary = read_summary(run_dir)
     md = write_health_report(run_dir).read_text()
     assert "cartpole" in md

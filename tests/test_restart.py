@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import psutil
@@ -110,7 +111,7 @@ def finish(proc: subprocess.Popen, timeout: float = 120.0) -> str:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise AssertionError(f"the run did not end within {timeout} s:\n{_read(proc)[-3000:]}")
+        raise AssertionError(f"the run did not end within {timeout} s:\n{_read(proc)[-3000:]}") from None
     return _read(proc)
 
 
@@ -145,10 +146,11 @@ def watch(proc: subprocess.Popen, run_dir: Path,
 
 
 def restart_loop(cmd: list[str], run_dir: Path, act: Callable[[subprocess.Popen], None] | None,
-                 restart_codes: set[int], most: int = 4) -> list[Generation]:
+                 restart_codes: set[int], most: int = 4,
+                 ended: Callable[[Generation], None] | None = None) -> list[Generation]:
     """Start `cmd`, `act` on its first start once a checkpoint exists, and start `cmd` again,
     unchanged, while it ends with one of `restart_codes` (systemd's Restart=on-failure), at
-    most `most` times in all."""
+    most `most` times in all; `ended(generation)` as each one ends, before the next starts."""
     gens: list[Generation] = []
     while len(gens) < most:
         proc = start(cmd)
@@ -163,6 +165,8 @@ def restart_loop(cmd: list[str], run_dir: Path, act: Callable[[subprocess.Popen]
                 proc.kill()
                 proc.wait()
         gens.append(Generation(proc.pid, tree, proc.returncode, err, run_dir))
+        if ended is not None:
+            ended(gens[-1])
         if proc.returncode not in restart_codes:
             break
     return gens
@@ -222,39 +226,59 @@ def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts_fresh(shor
     assert read_summary(short_tmp / "auto")["resumed_from_step"] == 0
 
 
-# -- the stall detector ------------------------------------------------------------------------
+# -- the stall detector, and a loop restarting on its exit code ------------------------------
 
-def test_frozen_driver_loop_is_found_dumped_cleaned_up_and_exits_with_its_code(short_tmp):
+@pytest.fixture(scope="module")
+def stall_restarts():
+    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 4 s in, to a step
+    target of 120k; what the first start left when it ended, before the restart, is kept for
+    the stall detector's own checks."""
+    import shutil
+    base = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
+    run_dir, total = long_run_dir(base), 120000
+    cmd = rlpipe_cmd(run_dir, *RUN, f"run.total_env_steps={total}", "run.resume=auto", *FREEZE)
+    first: dict = {}
+
+    def at_checkpoint(proc: subprocess.Popen) -> None:
+        first["sockets_in_tmp"] = list(Path("/tmp").glob(f"rlpipe_{proc.pid}-*"))
+
+    def ended(gen: Generation) -> None:
+        if "gen" in first:
+            return
+        stacks = run_dir / STACKS_FILE
+        first.update(gen=gen, stacks=stacks.read_text() if stacks.exists() else "",
+                     checkpoints=checkpoints(run_dir), summary_written=(run_dir / "summary.json").exists(),
+                     stalls=lifecycle_rows(run_dir, "driver_stall"),
+                     freeze=recovery_report(run_dir / "lifecycle.sqlite")["by_kind"].get("freeze_driver"))
+    try:
+        gens = restart_loop(cmd, run_dir, at_checkpoint, {EXIT_STALL}, ended=ended)
+        yield SimpleNamespace(run_dir=run_dir, total=total, gens=gens, first=first)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_frozen_driver_loop_is_found_dumped_cleaned_up_and_exits_with_its_code(stall_restarts):
     """chaos.freeze_driver_at_s blocks the loop; run.stall_timeout_s later the detector dumps
     every thread's stack (naming the frozen frame), records the stall, kills every child of
     the driver, removes its segments, socket dir and temp dir, keeps the checkpoints and exits
-    with EXIT_STALL."""
-    run_dir = long_run_dir(short_tmp)
-    proc = start(rlpipe_cmd(run_dir, *RUN, "run.total_env_steps=100000000", *FREEZE))
-    try:
-        wait_for_checkpoint(proc, run_dir)
-        assert list(Path("/tmp").glob(f"rlpipe_{proc.pid}-*")), "the sockets should be in /tmp here"
-        tree = watch(proc, run_dir, None)
-        err = finish(proc, timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == EXIT_STALL, err[-3000:]
-    line = next(x for x in err.splitlines() if "driver stalled" in x)
+    with EXIT_STALL. (The first start of `stall_restarts`, as it was when it ended.)"""
+    first = stall_restarts.first
+    gen = first["gen"]
+    assert first.get("sockets_in_tmp"), "the sockets should be in /tmp here (checked at a checkpoint)"
+    assert gen.code == EXIT_STALL, gen.err[-3000:]
+    line = next(x for x in gen.err.splitlines() if "driver stalled" in x)
     assert "no env step served for" in line and "chaos.freeze_driver_at_s" in line
-    stacks = (run_dir / STACKS_FILE).read_text()
+    stacks = first["stacks"]
     assert stacks.startswith(line)
     assert "in freeze_driver" in stacks and "driver.py" in stacks and "in loop" in stacks
-    assert checkpoints(run_dir), "the checkpoints written before the stall were kept"
-    assert not (run_dir / "summary.json").exists()
-    (stall,) = lifecycle_rows(run_dir, "driver_stall")
+    assert first["checkpoints"], "the checkpoints written before the stall were kept"
+    assert not first["summary_written"]
+    (stall,) = first["stalls"]
     assert stall["exit_code"] == EXIT_STALL and stall["since_step_served_s"] >= 8
     assert stall["phase"] == "chaos.freeze_driver_at_s"
-    freeze = recovery_report(run_dir / "lifecycle.sqlite")["by_kind"]["freeze_driver"]
+    freeze = first["freeze"]
     assert freeze["injected"] == freeze["recovered"] == 1       # found by the detector
-    gen = Generation(proc.pid, tree, proc.returncode, err, run_dir)
-    assert len(tree) >= 4          # redis, the forkserver, a worker, the probe (and the resource tracker)
+    assert len(gen.tree) >= 4      # redis, the forkserver, a worker, the probe (and the resource tracker)
     assert_nothing_left(gen)
 
 
@@ -285,16 +309,17 @@ def test_a_stopped_and_continued_process_is_not_a_stall_but_a_silent_loop_is(sho
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
         return proc
-    paused = watched(10, "serving")
+    paused = watched(6, "serving")                  # 1 s, stopped for 8 s, then 5 s (2.5 timeouts) more
     time.sleep(1)
     os.kill(paused.pid, signal.SIGSTOP)
-    time.sleep(8)                                   # past period + PAUSED_S, and past the 2 s timeout
-    os.kill(paused.pid, signal.SIGCONT)
-    silent = watched(30, "silent")
+    stopped = time.monotonic()
+    silent = watched(30, "silent")                  # meanwhile, in the 8 s the other one is stopped
     started = time.monotonic()
     assert silent.wait(20) == EXIT_STALL
     assert 2 <= time.monotonic() - started < 10
     assert "driver stalled (run.stall_timeout_s=2)" in (short_tmp / STACKS_FILE).read_text()
+    time.sleep(max(0.0, stopped + 8 - time.monotonic()))   # past period + PAUSED_S, and past the 2 s timeout
+    os.kill(paused.pid, signal.SIGCONT)
     assert paused.wait(30) == 0, paused.stderr.read()
 
 
@@ -314,14 +339,12 @@ def test_restart_loop_after_sigkill_resumes_and_leaves_nothing_of_the_dead_run(s
     assert set(Path(tempfile.gettempdir()).glob("pymp-*")) <= pymp_before
 
 
-def test_restart_loop_after_a_stall_resumes_and_does_not_freeze_again(short_tmp):
+def test_restart_loop_after_a_stall_resumes_and_does_not_freeze_again(stall_restarts):
     """The same loop restarting on EXIT_STALL: the first run freezes (chaos) and the detector
     ends it; the restart resumes from the checkpoint, where the freeze does not apply, and
     finishes. (A start whose freeze came before its first checkpoint, on a loaded machine,
     is restarted too and does not resume: it freezes again, as the loop allows.)"""
-    run_dir, total = long_run_dir(short_tmp), 120000
-    cmd = rlpipe_cmd(run_dir, *RUN, f"run.total_env_steps={total}", "run.resume=auto", *FREEZE)
-    gens = restart_loop(cmd, run_dir, None, {EXIT_STALL})
+    run_dir, total, gens = stall_restarts.run_dir, stall_restarts.total, stall_restarts.gens
     assert gens[0].code == EXIT_STALL and "driver stalled" in gens[0].err
     assert all(g.code == EXIT_STALL for g in gens[:-1])
     assert_resumed_to_the_end(run_dir, gens, total)

@@ -12,12 +12,18 @@ import torch
 from rlpipe.config import ObsKey
 from rlpipe.envs.contract import EnvSpec
 from rlpipe.envs.registry import ActionSpace, MixPlan
-from rlpipe.learner.checkpoint import (CheckpointError, checkpoint_files, load_latest, rng_state,
-                                       save_checkpoint, set_rng_state)
+from rlpipe.learner.checkpoint import (
+    CheckpointError,
+    checkpoint_files,
+    load_latest,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from rlpipe.learner.policy import Policy
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight, weighted_ppo_terms
-from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.worker.exploration import EpsilonGreedy, pack_epsilons, unpack_epsilons
+from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.worker.stability import StabilityTracker
 
 # The reward-norm settings a run passes: reward_norm.clip (conf/reward_norm/per_env.yaml) and
@@ -185,7 +191,7 @@ def test_state_round_trip_merge_and_errors():
         "short": states[0][:5],
         "version": states[0][:4] + b"\x09" + states[0][5:],
     }
-    for what, data in bad.items():
+    for _what, data in bad.items():
         with pytest.raises(ValueError):
             fresh.load(data)
     with pytest.raises(ValueError, match="mode 'global'"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from rlpipe.config import HeartbeatSpec
-from rlpipe.shm.layout import H_OS_BEAT_NS, H_READY
 from rlpipe.lifecycle import LifecycleWriter
+from rlpipe.shm.layout import H_OS_BEAT_NS, H_READY
 from rlpipe.supervisor.watchdog import Watchdog
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 from hydra.utils import instantiate
 
-from rlpipe.spec import BOARD_SIZINGS, ConfigError, EnvTypeSpec, ObsKey
 from rlpipe.envs.contract import CONTINUOUS, DISCRETE, EnvSpec, check_fits
 from rlpipe.envs.sizing import fit_board
+from rlpipe.spec import BOARD_SIZINGS, ConfigError, EnvTypeSpec, ObsKey
 
 log = logging.getLogger("rlpipe.envs")
 

@@ -116,8 +116,6 @@ def load_run(run_dir: str | Path, weights: Path | None = None) -> LoadedRun:
     source, payload = _weights(run_dir) if weights is None else (Path(weights), _read_weights(Path(weights)))
     plan = load_plan(spec, run_dir / ".hydra" / "config.yaml")
 
-    import torch
-
     from rlpipe.learner.policy import Policy
     theirs, ours = payload.get("compat") or {}, _expected_compat(spec, plan)
     diff = sorted(k for k in ours if theirs.get(k) != ours[k])

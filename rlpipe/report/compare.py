@@ -4,8 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rlpipe.report import jobs as J
-from rlpipe.report import overlay
+from rlpipe.report import jobs as J, overlay
 
 PLOTS = (  # file, tag, title, y label, leave out values <= 0
     ("comparison_sps.png", "charts/sps", "Throughput, every job (TensorBoard charts/sps)",

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlpipe.spec import ObsKey
 from rlpipe.native.board import BoardView, load_u64, store_u64
 from rlpipe.shm.errorlog import ERROR_LOG_BYTES
+from rlpipe.spec import ObsKey
 
 ALIGN = 64
 HEADER_BYTES = 4096

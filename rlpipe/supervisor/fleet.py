@@ -26,8 +26,7 @@ from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
 from rlpipe.supervisor.watchdog import Watchdog
-from rlpipe.supervisor.workers import (BackgroundStarts, WorkerHandle, group_ranges, stop_workers,
-                                       worker_context)
+from rlpipe.supervisor.workers import BackgroundStarts, WorkerHandle, group_ranges, stop_workers, worker_context
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
 from rlpipe.worker.spec import (HeartbeatSettings, RewardNormSettings, ScalingSettings, WorkerPoolSettings,

@@ -12,10 +12,10 @@ import numpy as np
 from rlpipe.config import RunSpec
 from rlpipe.doorbell import send_act
 from rlpipe.envs.registry import MixPlan
-from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
-from rlpipe.shm.errorlog import ErrorLog
-from rlpipe.shm.segment import Segment, segment_name
 from rlpipe.protocol import STOP_SLICE, reward_stats_key, slice_bounds
+from rlpipe.shm.errorlog import ErrorLog
+from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
+from rlpipe.shm.segment import Segment, segment_name
 from rlpipe.worker.process import run_worker
 from rlpipe.worker.spec import WorkerSpec
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space

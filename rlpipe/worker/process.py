@@ -18,15 +18,24 @@ from rlpipe.cadence import Every
 from rlpipe.doorbell import DoorbellClient
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
+from rlpipe.lifecycle import LifecycleClient
 from rlpipe.native.board import store_u64
 from rlpipe.procs import die_with_parent, pid_alive
-from rlpipe.protocol import (STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds,
-                             worker_key)
-from rlpipe.shm.layout import (H_AWAKE, H_BUILT, H_GENERATION, H_LC_DROPPED, H_OS_BEAT_NS, H_PID, H_READY,
-                                H_STEPS, WorkerLayout, WorkerViews)
+from rlpipe.protocol import STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds, worker_key
 from rlpipe.shm.errorlog import ErrorLog
+from rlpipe.shm.layout import (
+    H_AWAKE,
+    H_BUILT,
+    H_GENERATION,
+    H_LC_DROPPED,
+    H_OS_BEAT_NS,
+    H_PID,
+    H_READY,
+    H_STEPS,
+    WorkerLayout,
+    WorkerViews,
+)
 from rlpipe.shm.segment import Segment
-from rlpipe.lifecycle import LifecycleClient
 from rlpipe.worker.control import EpsilonFeed, Heartbeat, StartupBeat
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy

@@ -12,6 +12,7 @@ import numpy as np
 from rlpipe.envs.contract import CONTINUOUS, EnvSpec
 from rlpipe.envs.emulators.base import Emulator, check_nonneg, check_posint
 
+
 @dataclass(frozen=True)
 class PhysicsParams:
     """The parameters of conf/env/physics_sim.yaml, checked. No defaults: the YAML node is their

@@ -29,8 +29,16 @@ from rlpipe.files import atomic_write
 from rlpipe.telemetry.health.inputs import load_run
 from rlpipe.telemetry.health.longrun import PLOT_RESOURCES, long_run_section, plot_resources
 from rlpipe.telemetry.health.markdown import md_table
-from rlpipe.telemetry.health.plots import (PLOT_GROUPS, PLOT_MEMORY, PLOT_RETURNS, PLOT_SPS, plot_groups,
-                                           plot_memory, plot_returns, plot_sps)
+from rlpipe.telemetry.health.plots import (
+    PLOT_GROUPS,
+    PLOT_MEMORY,
+    PLOT_RETURNS,
+    PLOT_SPS,
+    plot_groups,
+    plot_memory,
+    plot_returns,
+    plot_sps,
+)
 from rlpipe.telemetry.health.sections import Report
 from rlpipe.telemetry.health.verdicts import build_verdicts
 

@@ -24,7 +24,7 @@ RETURN_LABEL = "episodic return (mean per 2 s window)"
 
 
 def _figure(**kw):
-    from matplotlib.figure import Figure   # object API: Agg canvas on savefig, no pyplot state
+    from matplotlib.figure import Figure  # object API: Agg canvas on savefig, no pyplot state
     return Figure(**kw)
 
 
