@@ -33,12 +33,26 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rlpipe import config_checks as checks
-from rlpipe import process_layout
+from rlpipe import config_checks as checks, process_layout
 from rlpipe.chaos_faults import ticked_faults
-from rlpipe.config_checks import (count, fail, fifo, fraction_of_ranks, one_of, positive, positive_int,
-                                  positive_int_or_null, positive_ints, positive_or_null, redis_url, run_checks,
-                                  setting, step_size, unit_interval, unit_intervals)
+from rlpipe.config_checks import (
+    count,
+    fail,
+    fifo,
+    fraction_of_ranks,
+    one_of,
+    positive,
+    positive_int,
+    positive_int_or_null,
+    positive_ints,
+    positive_or_null,
+    redis_url,
+    run_checks,
+    setting,
+    step_size,
+    unit_interval,
+    unit_intervals,
+)
 from rlpipe.spec import BOARD_SIZINGS, OBS_DTYPES, OBS_KEYS, ConfigError, EnvTypeSpec, ObsKey  # noqa: F401 (re-exported)
 from rlpipe.worker.rewardnorm import MODES as REWARD_NORM_MODES
 

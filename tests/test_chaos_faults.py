@@ -11,12 +11,11 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
+from conftest import compose_cfg
 from rlpipe.chaos_faults import BY_WHAT, FAULTS, FreezeDriver, ticked_faults
 from rlpipe.config import ChaosSpec, run_spec
 from rlpipe.lifecycle import EVENT_KINDS, LifecycleWriter
 from rlpipe.lifecycle.recovery import recovery_report
-
-from conftest import compose_cfg
 
 T0 = 1_700_000_000.0
 
@@ -65,7 +64,7 @@ def test_the_recovery_report_judges_every_registered_fault(tmp_path: Path):
         rule = fault.healed_by
         assert rule.kind in EVENT_KINDS, f"{fault.what}: nothing emits {rule.kind!r}"
 
-        def write(rec):
+        def write(rec, k=k, fault=fault, rule=rule):      # bound now: called in this iteration
             who = dict(worker_id=k, generation=1) if rule.newer_generation else {}
             rec("chaos_inject", detail={"what": fault.what, "t": 0.0}, ts=T0, **who)
             if rule.newer_generation:

@@ -141,11 +141,11 @@ def _batch(policy, plan, n: int, seed: int) -> dict:
 def _rank_main(rank: int, world: int, init_file: str, out_dir: str, overrides: list, sizes: list) -> None:
     import torch.distributed as dist
 
-    from rlpipe.ranks.run import state_checksums
-    from rlpipe.ranks.sync import RankSync
     from rlpipe.learner.policy import Policy
     from rlpipe.learner.ppo import ppo_update
     from rlpipe.learner.type_settings import TypeSettings
+    from rlpipe.ranks.run import state_checksums
+    from rlpipe.ranks.sync import RankSync
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     spec, plan = _plan_and_spec(overrides)

@@ -58,7 +58,7 @@ def state_checksums(learner) -> dict[str, str]:
         for group in opt.param_groups:
             lr.append(float(group["lr"]))
             for p in group["params"]:
-                for key, value in sorted(opt.state.get(p, {}).items()):
+                for _key, value in sorted(opt.state.get(p, {}).items()):
                     opt_tensors.append(value if torch.is_tensor(value) else torch.tensor(float(value)))
     schedule = torch.tensor([float(learner.round_steps), float(learner.counters.updates)] + lr,
                             dtype=torch.float64)
@@ -130,7 +130,7 @@ class Ranks(RunMode):
         timeout = timedelta(seconds=self.spec.dist.timeout_s)
         prefix = f"rlpipe/{self.info.job_id}/{self.info.restart}/"
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-            from torch.distributed.rendezvous import _create_c10d_store   # env:// does the same, unprefixed
+            from torch.distributed.rendezvous import _create_c10d_store  # env:// does the same, unprefixed
             base = _create_c10d_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank,
                                       self.world, timeout)
             tdist.init_process_group(self.backend, store=tdist.PrefixStore(prefix + "pg/", base),

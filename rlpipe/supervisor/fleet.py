@@ -29,8 +29,14 @@ from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import BackgroundStarts, WorkerHandle, group_ranges, stop_workers, worker_context
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
-from rlpipe.worker.spec import (HeartbeatSettings, RewardNormSettings, ScalingSettings, WorkerPoolSettings,
-                                WorkerSpec, twin)
+from rlpipe.worker.spec import (
+    HeartbeatSettings,
+    RewardNormSettings,
+    ScalingSettings,
+    WorkerPoolSettings,
+    WorkerSpec,
+    twin,
+)
 
 log = logging.getLogger("rlpipe")
 ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window

@@ -111,14 +111,14 @@ class Solo(RunMode):
         return {}
 
     def make_learner(self, spec: RunSpec, plan: MixPlan):
-        from rlpipe.learner.central import CentralLearner   # torch: only once the driver builds it
+        from rlpipe.learner.central import CentralLearner  # torch: only once the driver builds it
         return CentralLearner(spec, plan)
 
     def start_learner(self, learner, resumed: bool) -> None:
         pass                                                # the checkpoint it loaded is the start
 
     def make_tb(self, run_dir: Path, config_yaml: str | None):
-        from rlpipe.telemetry.tb import TbWriter            # lazily: workers start without its imports
+        from rlpipe.telemetry.tb import TbWriter  # lazily: workers start without its imports
         return TbWriter(run_dir, config_yaml)
 
     def should_stop(self, learner, elapsed_s: float) -> bool:

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlpipe.spec import ObsKey
 from rlpipe.envs import harness
 from rlpipe.envs.contract import DISCRETE, ContractViolation, EnvSpec, check_obs
 from rlpipe.envs.harness import StepTimeout
 from rlpipe.native.steploop import ObsWrite, StepLoop
 from rlpipe.shm.errorlog import error_record
-
+from rlpipe.spec import ObsKey
 
 MAX_BUILD_ATTEMPTS = 10
 # A crashed, quarantined or hung step: the episode is cut (truncated, no finished stats, no
