@@ -1,5 +1,6 @@
 """Build hook: compile rlpipe/native/*.pyx (the seqlock board, the worker step loop, the
 worker's per-slice statistics) with Cython."""
+
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup

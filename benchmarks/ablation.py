@@ -20,6 +20,7 @@ before `started_at_unix` existed fall back to the wall time of the first `charts
 (written when the driver's loop starts, before the first step); the `from` column says which.
 The stability verdict ranks the jobs by `ret_chg_cv` (lower: steadier).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,15 +63,13 @@ def tb_figures(run_dir: Path, summary: dict, env_type: str, threshold: float) ->
     out = {"from": anchor, "to_threshold": None}
     curve = scalars.get(f"charts/episodic_return/{env_type}")
     if curve is not None:
-        for step, value, wall in zip(curve.steps.tolist(), curve.values.tolist(),
-                                     curve.wall_times.tolist()):
+        for step, value, wall in zip(curve.steps.tolist(), curve.values.tolist(), curve.wall_times.tolist()):
             if value >= threshold:
                 out["to_threshold"] = {"env_steps": step, "seconds": round(wall - start, 1)}
                 break
     late = _second_half(curve, t_mid)
     scale = float(np.mean(np.abs(late))) if late else 0.0
-    out["ret_chg_cv"] = (round(float(np.std(np.diff(late))) / scale, 4)
-                         if len(late) >= 3 and scale > 0 else None)
+    out["ret_chg_cv"] = round(float(np.std(np.diff(late))) / scale, 4) if len(late) >= 3 and scale > 0 else None
     out["loss_cv"] = _cv(_second_half(scalars.get("losses/total"), t_mid))
     return out
 
@@ -78,9 +77,14 @@ def tb_figures(run_dir: Path, summary: dict, env_type: str, threshold: float) ->
 def job_row(run_dir: Path, threshold: tuple[str, float]) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
-    return {"job": run_dir.name, "overrides": " ".join(overrides), "loss_std": summary["loss_std"],
-            "env_steps": summary["env_steps"], "returns": summary["mean_return_last100"],
-            **tb_figures(run_dir, summary, *threshold)}
+    return {
+        "job": run_dir.name,
+        "overrides": " ".join(overrides),
+        "loss_std": summary["loss_std"],
+        "env_steps": summary["env_steps"],
+        "returns": summary["mean_return_last100"],
+        **tb_figures(run_dir, summary, *threshold),
+    }
 
 
 def main() -> None:
@@ -90,24 +94,38 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     name, value = args.threshold.split("=")
-    rows = [job_row(d, (name, float(value))) for d in sorted(args.sweep_dir.iterdir(), key=lambda p: p.name)
-            if (d / "summary.json").exists()]
+    rows = [
+        job_row(d, (name, float(value)))
+        for d in sorted(args.sweep_dir.iterdir(), key=lambda p: p.name)
+        if (d / "summary.json").exists()
+    ]
     types = list(rows[0]["returns"]) if rows else []
-    print("| job | overrides | loss_std | loss_cv | ret_chg_cv | env steps | " + " | ".join(types)
-          + f" | steps to {name} ≥ {value} | from |")
+    print(
+        "| job | overrides | loss_std | loss_cv | ret_chg_cv | env steps | "
+        + " | ".join(types)
+        + f" | steps to {name} ≥ {value} | from |"
+    )
     print("|---" * (8 + len(types)) + "|")
     for r in rows:
         reach = r["to_threshold"]
         rets = " | ".join("-" if r["returns"][t] is None else f"{r['returns'][t]:.1f}" for t in types)
-        print(f"| {r['job']} | {r['overrides']} | {r['loss_std']} | {r['loss_cv'] if r['loss_cv'] is not None else '-'} | "
-              f"{r['ret_chg_cv'] if r['ret_chg_cv'] is not None else '-'} | {r['env_steps']:,} | {rets} | "
-              + (f"{reach['env_steps']:,} ({reach['seconds']} s)" if reach else "-") + f" | {r['from']} |")
+        print(
+            f"| {r['job']} | {r['overrides']} | {r['loss_std']} | {r['loss_cv'] if r['loss_cv'] is not None else '-'} | "
+            f"{r['ret_chg_cv'] if r['ret_chg_cv'] is not None else '-'} | {r['env_steps']:,} | {rets} | "
+            + (f"{reach['env_steps']:,} ({reach['seconds']} s)" if reach else "-")
+            + f" | {r['from']} |"
+        )
     ranked = sorted((r for r in rows if r[VERDICT_FIGURE] is not None), key=lambda r: r[VERDICT_FIGURE])
-    print(f"\nStability verdict by {VERDICT_FIGURE} (std of the change in mean {name} return between "
-          f"chart samples / mean |return|, second half; lower is steadier; loss_std and loss_cv "
-          f"are shown, not used): "
-          + (", ".join(f"{r['job']} ({r['overrides']}) {r[VERDICT_FIGURE]}" for r in ranked)
-             if ranked else f"no job has enough {name} return samples"))
+    print(
+        f"\nStability verdict by {VERDICT_FIGURE} (std of the change in mean {name} return between "
+        f"chart samples / mean |return|, second half; lower is steadier; loss_std and loss_cv "
+        f"are shown, not used): "
+        + (
+            ", ".join(f"{r['job']} ({r['overrides']}) {r[VERDICT_FIGURE]}" for r in ranked)
+            if ranked
+            else f"no job has enough {name} return samples"
+        )
+    )
     if args.json:
         print(json.dumps({"verdict_figure": VERDICT_FIGURE, "rows": rows}))
 

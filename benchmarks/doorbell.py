@@ -10,6 +10,7 @@ arrives. No shared memory, no learner: only the stepping and the doorbells, so t
 between the two rows is the transport's. Figures are env steps/s over `--seconds` after a 2 s
 warm-up, the two transports alternating for `--rounds` rounds; the ratio uses the medians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,13 @@ import time
 
 import numpy as np
 
-FRAME = struct.Struct("<qq")      # (worker, seq); seq < 0: stop
+FRAME = struct.Struct("<qq")  # (worker, seq); seq < 0: stop
 WARMUP_S = 2.0
 
 
 def _envs(n: int):
     import gymnasium as gym
+
     envs = [gym.make("CartPole-v1", disable_env_checker=True) for _ in range(n)]
     for i, e in enumerate(envs):
         e.reset(seed=i)
@@ -76,6 +78,7 @@ def _start(target, n_workers: int, n_envs: int, d: str) -> list:
 
 def _zmq_worker(k: int, n_envs: int, d: str) -> None:
     import zmq
+
     envs, rng = _envs(n_envs), np.random.default_rng(k)
     ctx = zmq.Context(io_threads=1)
     ready, act = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
@@ -92,6 +95,7 @@ def _zmq_worker(k: int, n_envs: int, d: str) -> None:
 
 def _zmq(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
     import zmq
+
     ctx = zmq.Context(io_threads=1)
     ready = ctx.socket(zmq.PULL)
     ready.bind(f"ipc://{d}/ready")
@@ -124,6 +128,7 @@ def _zmq(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
 
 def _seq_worker(k: int, n_envs: int, d: str) -> None:
     import socket
+
     envs, rng = _envs(n_envs), np.random.default_rng(k)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(f"{d}/doorbell")
@@ -136,6 +141,7 @@ def _seq_worker(k: int, n_envs: int, d: str) -> None:
 
 def _seqpacket(n_workers: int, n_envs: int, seconds: float, d: str) -> float:
     import socket
+
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(f"{d}/doorbell")
     listener.listen(4096)
@@ -188,8 +194,10 @@ def main() -> None:
             print(f"{name:>15}: {runs[name][-1]:>10,.0f} env steps/s", flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
     ratio = med["unix_seqpacket"] / med["zmq_push_pull"]
-    print(f"{args.workers} workers x {args.envs} CartPoles, medians: ZMQ {med['zmq_push_pull']:,.0f}, "
-          f"SEQPACKET {med['unix_seqpacket']:,.0f} env steps/s; SEQPACKET / ZMQ {ratio:.2f}x")
+    print(
+        f"{args.workers} workers x {args.envs} CartPoles, medians: ZMQ {med['zmq_push_pull']:,.0f}, "
+        f"SEQPACKET {med['unix_seqpacket']:,.0f} env steps/s; SEQPACKET / ZMQ {ratio:.2f}x"
+    )
     if args.json:
         print(json.dumps({"runs": runs, "median": med, "seqpacket_over_zmq": round(ratio, 3)}))
 

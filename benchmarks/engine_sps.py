@@ -46,6 +46,7 @@ slice (100 processes at 7,000 envs). `GxS` is groups of G in S slices (`350x5`: 
 at 7,000 envs, the same 70-env slices, doorbells and rollout blocks, so PPO batches are the
 same size). Each row's notes print the layout the run resolved (summary.json `layout`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,6 +80,7 @@ class NotSteady(RuntimeError):
 
 # --- the engine -------------------------------------------------------------------------------
 
+
 def layout_overrides(layout: str) -> list[str]:
     """'auto' (conf/'s defaults), 'G' or 'GxS': groups of G envs (one worker process each), in
     S slices (auto slices for 'G')."""
@@ -102,9 +104,13 @@ def resolved_layout(summary: dict) -> str:
     lay = summary.get("layout")
     if not lay:
         return "layout not reported"
-    cpus = ("workers on every CPU" if lay["cpu_affinity"] == "null" else
-            f"learner core {lay['learner_cpu']} from {lay['workers_pinned_s']} s"
-            if lay["cpu_affinity"] == "learner_core" else f"workers on CPUs {lay['worker_cpus']}")
+    cpus = (
+        "workers on every CPU"
+        if lay["cpu_affinity"] == "null"
+        else f"learner core {lay['learner_cpu']} from {lay['workers_pinned_s']} s"
+        if lay["cpu_affinity"] == "learner_core"
+        else f"workers on CPUs {lay['worker_cpus']}"
+    )
     return f"ran {lay['workers']} x {lay['group_size']} in {lay['slices']} slices, {cpus}"
 
 
@@ -126,8 +132,9 @@ def mode_name(mode: str) -> str:
     if mode == "random":
         return "engine random actions"
     backlog, _, affinity = mode.partition("+")
-    return f"engine PPO backlog={backlog}" + {"": "", "null": ", workers on every CPU",
-                                              "core": ", learner core"}[affinity]
+    return (
+        f"engine PPO backlog={backlog}" + {"": "", "null": ", workers on every CPU", "core": ", learner core"}[affinity]
+    )
 
 
 def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
@@ -136,10 +143,19 @@ def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
     learner = mode_overrides(mode)
     with tempfile.TemporaryDirectory(prefix="rlb", dir="/tmp") as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "env_mix=cartpole",
-               f"env_count={n}", *learner, f"run.duration_s={seconds}",
-               "groups.hot=100000",      # every group hot: this measures stepping (startup.py: the ramp)
-               "run.total_env_steps=null", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rlpipe",
+            f"hydra.run.dir={run_dir}",
+            "env_mix=cartpole",
+            f"env_count={n}",
+            *learner,
+            f"run.duration_s={seconds}",
+            "groups.hot=100000",  # every group hot: this measures stepping (startup.py: the ramp)
+            "run.total_env_steps=null",
+            *extra,
+        ]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"engine run failed ({n} envs, {mode}):\n{out.stderr[-3000:]}")
@@ -148,8 +164,9 @@ def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
     sps_ev = scalars["charts/sps"]
     wall, env_steps, sps = sps_ev.wall_times.tolist(), sps_ev.steps.tolist(), sps_ev.values.tolist()
     active = scalars["envs/active"].values.tolist()
-    trained = (scalars["learner/trained_samples"].values.tolist()
-               if "learner/trained_samples" in scalars else [0.0] * len(sps))
+    trained = (
+        scalars["learner/trained_samples"].values.tolist() if "learner/trained_samples" in scalars else [0.0] * len(sps)
+    )
     if not (len(sps) == len(active) == len(trained)):
         raise RuntimeError(f"engine run ({n} envs, {mode}): TensorBoard charts of unequal length")
     # _log_charts writes these tags together, one sample per window (read_scalars keeps their
@@ -157,26 +174,36 @@ def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
     # active, the first such one dropped.
     steady = [i for i in range(1, len(sps)) if active[i] == n][1:]
     if not steady:
-        raise NotSteady(f"engine {mode} at {n} envs: no TensorBoard window had all {n} envs active "
-                        f"(max active {max(active, default=0):.0f}, all_envs_ready_s "
-                        f"{summary['all_envs_ready_s']}, run {seconds} s): nothing to report")
+        raise NotSteady(
+            f"engine {mode} at {n} envs: no TensorBoard window had all {n} envs active "
+            f"(max active {max(active, default=0):.0f}, all_envs_ready_s "
+            f"{summary['all_envs_ready_s']}, run {seconds} s): nothing to report"
+        )
     secs = sum(wall[i] - wall[i - 1] for i in steady)
     steps = sum(env_steps[i] - env_steps[i - 1] for i in steady)
     done = sum(trained[i] - trained[i - 1] for i in steady)
     stepping_s = summary["env_steps"] / summary["sps"] if summary["sps"] else 0.0
-    return {"mode": mode, "env_sps_median": statistics.median(sps[i] for i in steady),
-            "env_sps_mean": steps / secs, "trained_per_s": done / secs, "windows": len(steady),
-            "window_s": round(secs, 1), "summary_sps": summary["sps"],
-            "summary_trained_samples": summary.get("trained_samples"),
-            "summary_trained_per_s": (round(summary.get("trained_samples", 0) / stepping_s, 1)
-                                      if stepping_s else None),
-            "updates": summary["updates"], "all_envs_ready_s": summary["all_envs_ready_s"],
-            "startup_first_step_s": summary["startup_first_step_s"],
-            "peak_rss_mb": summary["peak_rss_mb"], "layout": summary.get("layout"),
-            "layout_note": resolved_layout(summary)}
+    return {
+        "mode": mode,
+        "env_sps_median": statistics.median(sps[i] for i in steady),
+        "env_sps_mean": steps / secs,
+        "trained_per_s": done / secs,
+        "windows": len(steady),
+        "window_s": round(secs, 1),
+        "summary_sps": summary["sps"],
+        "summary_trained_samples": summary.get("trained_samples"),
+        "summary_trained_per_s": (round(summary.get("trained_samples", 0) / stepping_s, 1) if stepping_s else None),
+        "updates": summary["updates"],
+        "all_envs_ready_s": summary["all_envs_ready_s"],
+        "startup_first_step_s": summary["startup_first_step_s"],
+        "peak_rss_mb": summary["peak_rss_mb"],
+        "layout": summary.get("layout"),
+        "layout_note": resolved_layout(summary),
+    }
 
 
 # --- the baselines ----------------------------------------------------------------------------
+
 
 def vector_windows(envs, n: int, seconds: float) -> list[float]:
     """Env-steps/s of a vector env over CartPole, in 1-second windows."""
@@ -233,8 +260,7 @@ def _mem_available_kb() -> int:
 
 def async_probe(probe_envs: int = 16) -> dict:
     """Private memory per AsyncVectorEnv worker after stepping (16-env probe)."""
-    envs = gym.vector.AsyncVectorEnv([make_env for _ in range(probe_envs)], shared_memory=True,
-                                     context="fork")
+    envs = gym.vector.AsyncVectorEnv([make_env for _ in range(probe_envs)], shared_memory=True, context="fork")
     try:
         envs.reset(seed=0)
         vector_windows(envs, probe_envs, 1.0)
@@ -249,11 +275,13 @@ def async_reachable(n: int, probe: dict) -> str | None:
     need_kb = n * probe["private_kb_per_env"]
     avail_kb = _mem_available_kb()
     if need_kb > avail_kb // 2:
-        return (f"{n} worker processes x {probe['private_kb_per_env'] / 1024:.1f} MiB private each "
-                f"= {need_kb / 2**20:.1f} GiB, over half of MemAvailable ({avail_kb / 2**20:.1f} GiB; "
-                "the machine is shared)")
+        return (
+            f"{n} worker processes x {probe['private_kb_per_env'] / 1024:.1f} MiB private each "
+            f"= {need_kb / 2**20:.1f} GiB, over half of MemAvailable ({avail_kb / 2**20:.1f} GiB; "
+            "the machine is shared)"
+        )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need_fds = 2 * n + 256                       # a pipe end and a sentinel per worker
+    need_fds = 2 * n + 256  # a pipe end and a sentinel per worker
     if hard != resource.RLIM_INFINITY and need_fds > hard:
         return f"needs ~{need_fds} file descriptors, RLIMIT_NOFILE hard limit is {hard}"
     if soft != resource.RLIM_INFINITY and need_fds > soft:
@@ -265,11 +293,16 @@ def async_reachable(n: int, probe: dict) -> str | None:
 
 
 def halves(before: list[float], after: list[float]) -> dict:
-    return {"env_sps_median": statistics.median(before + after), "windows": len(before) + len(after),
-            "median_before": statistics.median(before), "median_after": statistics.median(after)}
+    return {
+        "env_sps_median": statistics.median(before + after),
+        "windows": len(before) + len(after),
+        "median_before": statistics.median(before),
+        "median_after": statistics.median(after),
+    }
 
 
 # --- the table --------------------------------------------------------------------------------
+
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
@@ -285,20 +318,37 @@ PPO_MODES = ["hold", "drop", "hold+null", "drop+null"]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", type=int, nargs="+", default=[1000, 7000])
-    ap.add_argument("--ppo-counts", type=int, nargs="*", default=None,
-                    help="counts that also get the PPO rows (default: all of --counts; none: empty)")
-    ap.add_argument("--async-counts", type=int, nargs="*", default=None,
-                    help="counts at which to try AsyncVectorEnv (default: all of --counts)")
+    ap.add_argument(
+        "--ppo-counts",
+        type=int,
+        nargs="*",
+        default=None,
+        help="counts that also get the PPO rows (default: all of --counts; none: empty)",
+    )
+    ap.add_argument(
+        "--async-counts",
+        type=int,
+        nargs="*",
+        default=None,
+        help="counts at which to try AsyncVectorEnv (default: all of --counts)",
+    )
     ap.add_argument("--seconds", type=float, default=60.0, help="engine run length (random rows)")
-    ap.add_argument("--ppo-seconds", type=float, default=None, help="engine run length (ppo rows; "
-                    "default --seconds)")
+    ap.add_argument("--ppo-seconds", type=float, default=None, help="engine run length (ppo rows; default --seconds)")
     ap.add_argument("--sync-seconds", type=float, default=16.0, help="split before/after the engine")
     ap.add_argument("--async-seconds", type=float, default=8.0, help="split before/after the engine")
-    ap.add_argument("--layouts", nargs="+", default=["auto", "70"],
-                    help="process layouts, auto (conf/'s, no override), GROUP_SIZE or GROUP_SIZExSLICES: "
-                    "each engine row runs once per layout")
-    ap.add_argument("--ppo-modes", nargs="*", default=PPO_MODES,
-                    help="PPO rows, BACKLOG[+null|+core]: conf/'s cpu_affinity (auto), every CPU, learner_core")
+    ap.add_argument(
+        "--layouts",
+        nargs="+",
+        default=["auto", "70"],
+        help="process layouts, auto (conf/'s, no override), GROUP_SIZE or GROUP_SIZExSLICES: "
+        "each engine row runs once per layout",
+    )
+    ap.add_argument(
+        "--ppo-modes",
+        nargs="*",
+        default=PPO_MODES,
+        help="PPO rows, BACKLOG[+null|+core]: conf/'s cpu_affinity (auto), every CPU, learner_core",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for the engine")
     args = ap.parse_args()
@@ -306,7 +356,7 @@ def main() -> int:
     async_counts = args.counts if args.async_counts is None else args.async_counts
     ppo_seconds = args.ppo_seconds or args.seconds
     for layout in args.layouts:
-        layout_overrides(layout)              # a malformed one fails before anything runs
+        layout_overrides(layout)  # a malformed one fails before anything runs
     for mode in args.ppo_modes:
         mode_overrides(mode)
     results: dict = {"load_start": os.getloadavg(), "cpus": os.cpu_count(), "counts": {}}
@@ -314,8 +364,10 @@ def main() -> int:
     probe = async_probe() if async_counts else None
     if probe:
         results["async_probe"] = probe
-    print(f"{'envs':>6}  {'what':<64} {'env steps/s':>11} {'trained/s':>10} {'vs Sync':>8} "
-          f"{'vs Async':>8}  notes", flush=True)
+    print(
+        f"{'envs':>6}  {'what':<64} {'env steps/s':>11} {'trained/s':>10} {'vs Sync':>8} {'vs Async':>8}  notes",
+        flush=True,
+    )
     for n in args.counts:
         row: dict = {}
         results["counts"][str(n)] = row
@@ -326,8 +378,12 @@ def main() -> int:
         for layout in args.layouts:
             for mode in ["random"] + (args.ppo_modes if n in ppo_counts else []):
                 try:
-                    runs[mode, layout] = engine_run(n, args.seconds if mode == "random" else ppo_seconds,
-                                                    mode, layout_overrides(layout) + args.overrides)
+                    runs[mode, layout] = engine_run(
+                        n,
+                        args.seconds if mode == "random" else ppo_seconds,
+                        mode,
+                        layout_overrides(layout) + args.overrides,
+                    )
                 except NotSteady as exc:
                     errors.append(f"{exc} ({layout_name(layout)})")
                     runs[mode, layout] = None
@@ -338,16 +394,21 @@ def main() -> int:
         row["async_vector_env"] = asy if asy else {"skipped": async_skip}
         s_sps = sync["env_sps_median"]
         a_sps = asy["env_sps_median"] if asy else None
-        print(f"{n:>6}  {'SyncVectorEnv':<64} {fmt(s_sps, width=11)} {fmt(None)} {'1.00x':>8} "
-              f"{fmt(ratio(s_sps, a_sps), '.2f', 7)}{'x' if a_sps else ' '}  before "
-              f"{sync['median_before']:,.0f}, after {sync['median_after']:,.0f}", flush=True)
+        print(
+            f"{n:>6}  {'SyncVectorEnv':<64} {fmt(s_sps, width=11)} {fmt(None)} {'1.00x':>8} "
+            f"{fmt(ratio(s_sps, a_sps), '.2f', 7)}{'x' if a_sps else ' '}  before "
+            f"{sync['median_before']:,.0f}, after {sync['median_after']:,.0f}",
+            flush=True,
+        )
         if asy:
-            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<64} {fmt(a_sps, width=11)} {fmt(None)} "
-                  f"{fmt(ratio(a_sps, s_sps), '.2f', 7)}x {'1.00x':>8}  before "
-                  f"{asy['median_before']:,.0f}, after {asy['median_after']:,.0f}", flush=True)
+            print(
+                f"{n:>6}  {'AsyncVectorEnv (shared memory)':<64} {fmt(a_sps, width=11)} {fmt(None)} "
+                f"{fmt(ratio(a_sps, s_sps), '.2f', 7)}x {'1.00x':>8}  before "
+                f"{asy['median_before']:,.0f}, after {asy['median_after']:,.0f}",
+                flush=True,
+            )
         else:
-            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<64} {'skipped':>11}  {async_skip}",
-                  flush=True)
+            print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<64} {'skipped':>11}  {async_skip}", flush=True)
         for (mode, layout), r in runs.items():
             name = f"{mode_name(mode)}, {layout_name(layout)}"
             key = f"engine_{mode}@{layout}"
@@ -363,13 +424,19 @@ def main() -> int:
                 r["trained_over_env"] = ratio(r["trained_per_s"], r["env_sps_mean"])
             row[key] = r
             trained = None if mode == "random" else r["trained_per_s"]
-            note = (f"median of {r['windows']} windows" if mode == "random" else
-                    f"mean over {r['windows']} windows ({r['window_s']} s), trained/Sync "
-                    f"{r['trained_over_sync']}x, {r['updates']} updates")
-            print(f"{n:>6}  {name:<64} {fmt(env, width=11)} {fmt(trained)} "
-                  f"{fmt(r['env_over_sync'], '.2f', 7)}x {fmt(r['env_over_async'], '.2f', 7)}"
-                  f"{'x' if a_sps else ' '}  {note}; all ready {r['all_envs_ready_s']} s; "
-                  f"{r['layout_note']}", flush=True)
+            note = (
+                f"median of {r['windows']} windows"
+                if mode == "random"
+                else f"mean over {r['windows']} windows ({r['window_s']} s), trained/Sync "
+                f"{r['trained_over_sync']}x, {r['updates']} updates"
+            )
+            print(
+                f"{n:>6}  {name:<64} {fmt(env, width=11)} {fmt(trained)} "
+                f"{fmt(r['env_over_sync'], '.2f', 7)}x {fmt(r['env_over_async'], '.2f', 7)}"
+                f"{'x' if a_sps else ' '}  {note}; all ready {r['all_envs_ready_s']} s; "
+                f"{r['layout_note']}",
+                flush=True,
+            )
     results["load_end"] = os.getloadavg()
     if args.json:
         print(json.dumps(results))

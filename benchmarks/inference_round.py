@@ -12,6 +12,7 @@ of that revision is loaded from git and timed on the same batch, the two interle
 by round so machine drift hits both. Prints the median and p90 ms per round of each and the
 ratio of medians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,12 @@ from rlpipe.envs.registry import plan_mix  # noqa: E402
 def policy_class(rev: str | None):
     if rev is None:
         from rlpipe.learner.policy import Policy
+
         return Policy
-    source = subprocess.run(["git", "show", f"{rev}:rlpipe/learner/policy.py"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout
-    with tempfile.TemporaryDirectory(prefix="rlpipe_policy_") as tmp:   # gone once loaded
+    source = subprocess.run(
+        ["git", "show", f"{rev}:rlpipe/learner/policy.py"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    with tempfile.TemporaryDirectory(prefix="rlpipe_policy_") as tmp:  # gone once loaded
         path = Path(tmp) / f"policy_{rev}.py"
         path.write_text(source)
         spec = importlib.util.spec_from_file_location(f"policy_{rev}", path)
@@ -67,14 +70,18 @@ def main() -> None:
     obs = {}
     for k in plan.obs_keys:
         shape = (spec.env_count,) + k.shape
-        obs[k.name] = torch.from_numpy(rng.integers(0, 256, shape, dtype=np.uint8) if k.dtype == "uint8"
-                                       else rng.normal(size=shape).astype(k.dtype))
+        obs[k.name] = torch.from_numpy(
+            rng.integers(0, 256, shape, dtype=np.uint8)
+            if k.dtype == "uint8"
+            else rng.normal(size=shape).astype(k.dtype)
+        )
     types = torch.from_numpy(plan.env_type.astype(np.int64))
     contenders = {"current": policy_class(None)}
     if args.baseline_rev:
         contenders[args.baseline_rev] = policy_class(args.baseline_rev)
-    policies = {name: cls(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
-                for name, cls in contenders.items()}
+    policies = {
+        name: cls(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out) for name, cls in contenders.items()
+    }
     gen = torch.Generator().manual_seed(1)
 
     def one(policy) -> float:
@@ -85,18 +92,21 @@ def main() -> None:
             policy.act(obs, types)
         return (time.perf_counter() - t0) * 1e3
 
-    for p in policies.values():           # warm-up: allocator, first-call paths
+    for p in policies.values():  # warm-up: allocator, first-call paths
         one(p)
     times = {name: [] for name in policies}
     for _ in range(args.rounds):
         for name, p in policies.items():
             times[name].append(one(p))
-    rows = {name: {"median_ms": statistics.median(t), "p90_ms": float(np.percentile(t, 90))}
-            for name, t in times.items()}
+    rows = {
+        name: {"median_ms": statistics.median(t), "p90_ms": float(np.percentile(t, 90))} for name, t in times.items()
+    }
     rgb = sum(1 for t in plan.env_type if "rgb" in plan.specs[t].obs)
-    print(f"inference round: {spec.env_count} rows ({rgb} with rgb), {len(plan.names)} types, "
-          f"{'act_explore' if spec.scaling.enabled else 'act'}, {lc.torch_threads} torch thread(s), "
-          f"{args.rounds} rounds")
+    print(
+        f"inference round: {spec.env_count} rows ({rgb} with rgb), {len(plan.names)} types, "
+        f"{'act_explore' if spec.scaling.enabled else 'act'}, {lc.torch_threads} torch thread(s), "
+        f"{args.rounds} rounds"
+    )
     for name, r in rows.items():
         print(f"  {name}: median {r['median_ms']:.1f} ms, p90 {r['p90_ms']:.1f} ms")
     if args.baseline_rev:

@@ -13,6 +13,7 @@ size and each reader's median of three calls.
 The default rate is the one `benchmarks/soak.py` measured at day4 with chaos on
 (docs/benchmarks.md, "Endurance"); pass the rate of your own soak.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,17 +35,40 @@ from rlpipe.lifecycle.recovery import recovery_report  # noqa: E402
 from rlpipe.lifecycle.writer import _INSERT, _SCHEMA  # noqa: E402
 
 # Share of each kind in a chaos run's steady state (a day4 soak's rows past its start-up).
-KIND_SHARES = {"env_rebuild": 0.35, "env_crash": 0.25, "env_create": 0.20, "env_quarantine": 0.12,
-               "env_hang": 0.03, "worker_spawn": 0.01, "worker_ready": 0.01, "worker_restart": 0.01,
-               "worker_kill": 0.005, "worker_term": 0.005, "chaos_inject": 0.01}
-ENV_TYPES = ("cartpole", "acrobot", "pendulum", "mountaincar_cont", "lunar_lander", "bullet_reacher",
-             "atari", "minigrid", "unity_sim", "physics_sim", "web_sim", "faulty")
+KIND_SHARES = {
+    "env_rebuild": 0.35,
+    "env_crash": 0.25,
+    "env_create": 0.20,
+    "env_quarantine": 0.12,
+    "env_hang": 0.03,
+    "worker_spawn": 0.01,
+    "worker_ready": 0.01,
+    "worker_restart": 0.01,
+    "worker_kill": 0.005,
+    "worker_term": 0.005,
+    "chaos_inject": 0.01,
+}
+ENV_TYPES = (
+    "cartpole",
+    "acrobot",
+    "pendulum",
+    "mountaincar_cont",
+    "lunar_lander",
+    "bullet_reacher",
+    "atari",
+    "minigrid",
+    "unity_sim",
+    "physics_sim",
+    "web_sim",
+    "faulty",
+)
 N_ENVS, N_WORKERS, BATCH = 7000, 100, 50_000
 
 
 def write_synthetic_db(db: Path, rows: int, hours: float, seed: int = 0) -> None:
     """`rows` events over `hours` in the writer's schema and indexes, in KIND_SHARES proportions."""
     import numpy as np
+
     rng = np.random.default_rng(seed)
     kinds = list(KIND_SHARES)
     p = np.array([KIND_SHARES[k] for k in kinds])
@@ -62,10 +86,19 @@ def write_synthetic_db(db: Path, rows: int, hours: float, seed: int = 0) -> None
             k = kinds[kind[i]]
             on_env = k.startswith("env_")
             e = int(env[i])
-            batch.append((float(ts[i]), "synthetic", k, e if on_env else None,
-                          ENV_TYPES[e % len(ENV_TYPES)] if on_env else None, "0123456789abcdef" if on_env else None,
-                          e * N_WORKERS // N_ENVS, int(start + i) // 10_000,
-                          '{"error_type": "RuntimeError", "stacktrace_hash": "9f2c1e"}' if k == "env_crash" else None))
+            batch.append(
+                (
+                    float(ts[i]),
+                    "synthetic",
+                    k,
+                    e if on_env else None,
+                    ENV_TYPES[e % len(ENV_TYPES)] if on_env else None,
+                    "0123456789abcdef" if on_env else None,
+                    e * N_WORKERS // N_ENVS,
+                    int(start + i) // 10_000,
+                    '{"error_type": "RuntimeError", "stacktrace_hash": "9f2c1e"}' if k == "env_crash" else None,
+                )
+            )
         con.executemany(_INSERT, batch)
         con.commit()
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -98,19 +131,31 @@ def main() -> int:
         size_mb = db.stat().st_size / 2**20
 
         def cli(*args: str) -> None:
-            subprocess.run([sys.executable, "-m", "rlpipe.lifecycle", str(run_dir), *args], cwd=REPO,
-                           check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "rlpipe.lifecycle", str(run_dir), *args],
+                cwd=REPO,
+                check=True,
+                capture_output=True,
+            )
 
         def per_kind() -> None:
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
                 con.execute("SELECT kind, COUNT(*) FROM events GROUP BY kind").fetchall()
 
-        figures = {"rows": rows, "db_mb": round(size_mb, 1), "build_s": round(build_s, 1),
-                   "cli_counts_s": timed(lambda: cli()), "cli_env_history_s": timed(lambda: cli("--env", "4321")),
-                   "fault_counts_s": timed(lambda: fault_counts(db)), "health_per_kind_s": timed(per_kind),
-                   "recovery_report_s": timed(lambda: recovery_report(db, {}), repeat=1)}
-    print(f"lifecycle log of {rows:,} rows ({a.rows_per_hour:,.0f}/h for {a.hours:g} h): {size_mb:,.0f} MB "
-          f"(written in {build_s:.0f} s)")
+        figures = {
+            "rows": rows,
+            "db_mb": round(size_mb, 1),
+            "build_s": round(build_s, 1),
+            "cli_counts_s": timed(lambda: cli()),
+            "cli_env_history_s": timed(lambda: cli("--env", "4321")),
+            "fault_counts_s": timed(lambda: fault_counts(db)),
+            "health_per_kind_s": timed(per_kind),
+            "recovery_report_s": timed(lambda: recovery_report(db, {}), repeat=1),
+        }
+    print(
+        f"lifecycle log of {rows:,} rows ({a.rows_per_hour:,.0f}/h for {a.hours:g} h): {size_mb:,.0f} MB "
+        f"(written in {build_s:.0f} s)"
+    )
     for key in ("cli_counts_s", "cli_env_history_s", "fault_counts_s", "health_per_kind_s", "recovery_report_s"):
         print(f"  {key:22s} {figures[key]:8.2f} s")
     print(json.dumps(figures))

@@ -20,6 +20,7 @@ projected to six days, the verdict), then the soak's checks:
 Writes `soak.json` (the table, the checks, the summary's figures) and `soak.png` (the
 figures over time) into DIR. Nothing here is timed: run it beside light work only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,20 +39,51 @@ from rlpipe.telemetry.tb_events import read_scalars  # noqa: E402
 
 DEFAULT = ["+stage=day4", "chaos=on", "env_count=7000"]
 SIX_DAYS_S = 6 * 86400
-RUN_DIR_BUDGET_MB = 2048.0           # the origin system wrote 87 MB of logs in six days
-SHOWN = ("driver/rss_mb", "driver/rss_floor_mb", "driver/pss_mb", "driver/heap/in_use_mb", "driver/heap/free_kept_mb",
-         "driver/heap/mmapped_mb", "driver/python/blocks", "tree/pss_mb", "forkserver/rss_mb", "redis/rss_mb",
-         "workers/rss_mb_max", "workers/rss_mb_sum", "workers/count", "driver/fds", "driver/threads",
-         "workers/fds_max", "workers/threads_max", "redis/used_memory_mb", "redis/keys", "shm/run_mb",
-         "lifecycle/rows", "run_dir/tb_mb", "run_dir/lifecycle_mb", "run_dir/checkpoints_mb",
-         "run_dir/logs_mb", "run_dir/errors_mb", "run_dir/total_mb")
+RUN_DIR_BUDGET_MB = 2048.0  # the origin system wrote 87 MB of logs in six days
+SHOWN = (
+    "driver/rss_mb",
+    "driver/rss_floor_mb",
+    "driver/pss_mb",
+    "driver/heap/in_use_mb",
+    "driver/heap/free_kept_mb",
+    "driver/heap/mmapped_mb",
+    "driver/python/blocks",
+    "tree/pss_mb",
+    "forkserver/rss_mb",
+    "redis/rss_mb",
+    "workers/rss_mb_max",
+    "workers/rss_mb_sum",
+    "workers/count",
+    "driver/fds",
+    "driver/threads",
+    "workers/fds_max",
+    "workers/threads_max",
+    "redis/used_memory_mb",
+    "redis/keys",
+    "shm/run_mb",
+    "lifecycle/rows",
+    "run_dir/tb_mb",
+    "run_dir/lifecycle_mb",
+    "run_dir/checkpoints_mb",
+    "run_dir/logs_mb",
+    "run_dir/errors_mb",
+    "run_dir/total_mb",
+)
 
 
 def run_stage(out: Path, minutes: float, overrides: list[str]) -> tuple[int, float]:
     duration_s = minutes * 60
-    cmd = [sys.executable, "-m", "rlpipe", *overrides, f"run.duration_s={duration_s:g}",
-           "run.total_env_steps=null", f"hydra.run.dir={out}", "logging.project_to_s=" + str(SIX_DAYS_S),
-           f"logging.long_run_min_s={min(600.0, duration_s / 2):g}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlpipe",
+        *overrides,
+        f"run.duration_s={duration_s:g}",
+        "run.total_env_steps=null",
+        f"hydra.run.dir={out}",
+        "logging.project_to_s=" + str(SIX_DAYS_S),
+        f"logging.long_run_min_s={min(600.0, duration_s / 2):g}",
+    ]
     print("soak:", " ".join(cmd[2:]), flush=True)
     t = time.monotonic()
     with open(out.parent / f"{out.name}.stdout.log", "w") as log:
@@ -76,12 +108,19 @@ def table(summary: dict, scalars: dict) -> list[dict]:
     for name in SHOWN:
         s = scalars.get(f"resources/{name}")
         v = verdicts.get(name, {})
-        rows.append({"figure": name, "start": at_fraction(s, start_wall, end_wall, 0.1),
-                     "middle": at_fraction(s, start_wall, end_wall, 0.5),
-                     "end": at_fraction(s, start_wall, end_wall, 1.0),
-                     "slope_per_h": v.get("slope_per_h"), "slope_pct_per_h": v.get("slope_pct_per_h"),
-                     "slope_ci_pct_per_h": v.get("slope_ci_pct_per_h"), "projected_6d": v.get("projected"),
-                     "verdict": v.get("verdict")})
+        rows.append(
+            {
+                "figure": name,
+                "start": at_fraction(s, start_wall, end_wall, 0.1),
+                "middle": at_fraction(s, start_wall, end_wall, 0.5),
+                "end": at_fraction(s, start_wall, end_wall, 1.0),
+                "slope_per_h": v.get("slope_per_h"),
+                "slope_pct_per_h": v.get("slope_pct_per_h"),
+                "slope_ci_pct_per_h": v.get("slope_ci_pct_per_h"),
+                "projected_6d": v.get("projected"),
+                "verdict": v.get("verdict"),
+            }
+        )
     return rows
 
 
@@ -94,11 +133,19 @@ def checks(code: int, summary: dict, recovery: dict) -> list[tuple[str, bool, st
             return False, "no verdict"
         return v["verdict"] == "flat", f"{v['verdict']}, {v['slope_per_h']:+.4g}/h"
 
-    out = [("exit 0", code == 0, f"exit {code}"),
-           ("every env active at the end", summary.get("active_envs_end") == summary.get("env_count"),
-            f"{summary.get('active_envs_end')}/{summary.get('env_count')}"),
-           ("every injected fault recovered", recovery["unrecovered"] == 0,
-            f"{recovery['recovered']}/{recovery['injected']} recovered")]
+    out = [
+        ("exit 0", code == 0, f"exit {code}"),
+        (
+            "every env active at the end",
+            summary.get("active_envs_end") == summary.get("env_count"),
+            f"{summary.get('active_envs_end')}/{summary.get('env_count')}",
+        ),
+        (
+            "every injected fault recovered",
+            recovery["unrecovered"] == 0,
+            f"{recovery['recovered']}/{recovery['injected']} recovered",
+        ),
+    ]
     for name, what in (("driver/rss_mb", "driver RSS"), ("driver/rss_floor_mb", "driver RSS floor")):
         rss = lr.get(name)
         if rss is None:
@@ -106,14 +153,24 @@ def checks(code: int, summary: dict, recovery: dict) -> list[tuple[str, bool, st
             continue
         lo, hi = rss["slope_ci_pct_per_h"]
         ok = rss["slope_pct_per_h"] <= 1.0 or (-3.0 <= lo and hi <= 3.0)
-        out.append((f"{what} slope <= 1 %/h (or its 95 % interval inside +-3 %/h)", ok,
-                    f"{rss['slope_pct_per_h']:+.2f} %/h, interval [{lo:+.2f}, {hi:+.2f}]"))
+        out.append(
+            (
+                f"{what} slope <= 1 %/h (or its 95 % interval inside +-3 %/h)",
+                ok,
+                f"{rss['slope_pct_per_h']:+.2f} %/h, interval [{lo:+.2f}, {hi:+.2f}]",
+            )
+        )
     for name in ("workers/rss_mb_max", "driver/fds", "driver/threads", "redis/used_memory_mb"):
         ok, why = flat(name)
         out.append((f"{name} flat", ok, why))
     disk = lr.get("run_dir/total_mb")
-    out.append(("run dir projected to six days <= 2 GB", disk is not None and disk["projected"] <= RUN_DIR_BUDGET_MB,
-                f"{disk['projected']:,.0f} MB" if disk else "no verdict"))
+    out.append(
+        (
+            "run dir projected to six days <= 2 GB",
+            disk is not None and disk["projected"] <= RUN_DIR_BUDGET_MB,
+            f"{disk['projected']:,.0f} MB" if disk else "no verdict",
+        )
+    )
     return out
 
 
@@ -144,8 +201,17 @@ def main() -> int:
     scalars = read_scalars(out / "tb")
     recovery = recovery_report(out / "lifecycle.sqlite", summary)
     rows = table(summary, scalars)
-    cols = ("figure", "start", "middle", "end", "slope_per_h", "slope_pct_per_h", "slope_ci_pct_per_h",
-            "projected_6d", "verdict")
+    cols = (
+        "figure",
+        "start",
+        "middle",
+        "end",
+        "slope_per_h",
+        "slope_pct_per_h",
+        "slope_ci_pct_per_h",
+        "projected_6d",
+        "verdict",
+    )
     widths = [max(len(c), *(len(fmt(r[c])) for r in rows)) for c in cols]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
@@ -155,17 +221,37 @@ def main() -> int:
     for what, ok, why in results:
         print(f"{'PASS' if ok else 'FAIL'}  {what}: {why}")
     f = summary["faults"]
-    print(f"\n{summary['env_steps']:,} env steps, {summary['updates']} updates, {f['worker_restarts']} worker "
-          f"restarts, {f['env_crashes']} env crashes, {f['env_rebuilds']} rebuilds; wall {wall:.0f} s")
+    print(
+        f"\n{summary['env_steps']:,} env steps, {summary['updates']} updates, {f['worker_restarts']} worker "
+        f"restarts, {f['env_crashes']} env crashes, {f['env_rebuilds']} rebuilds; wall {wall:.0f} s"
+    )
     plot = plot_resources(scalars, out / "soak.png")
-    report = {"run_dir": str(out), "minutes": a.minutes, "overrides": a.overrides or DEFAULT, "exit": code,
-              "table": rows, "checks": [{"check": w, "pass": ok, "evidence": e} for w, ok, e in results],
-              "recovery": {k: recovery[k] for k in ("injected", "recovered", "unrecovered", "recover_s_p50",
-                                                    "recover_s_p99")},
-              "summary": {k: summary.get(k) for k in ("env_steps", "sps", "updates", "trained_samples",
-                                                      "active_envs_end", "env_count", "faults", "peak_rss_mb",
-                                                      "long_run")},
-              "plot": str(plot) if plot else None}
+    report = {
+        "run_dir": str(out),
+        "minutes": a.minutes,
+        "overrides": a.overrides or DEFAULT,
+        "exit": code,
+        "table": rows,
+        "checks": [{"check": w, "pass": ok, "evidence": e} for w, ok, e in results],
+        "recovery": {
+            k: recovery[k] for k in ("injected", "recovered", "unrecovered", "recover_s_p50", "recover_s_p99")
+        },
+        "summary": {
+            k: summary.get(k)
+            for k in (
+                "env_steps",
+                "sps",
+                "updates",
+                "trained_samples",
+                "active_envs_end",
+                "env_count",
+                "faults",
+                "peak_rss_mb",
+                "long_run",
+            )
+        },
+        "plot": str(plot) if plot else None,
+    }
     (out / "soak.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"soak: {out / 'soak.json'}" + (f", {plot}" if plot else ""))
     return 0 if all(ok for _w, ok, _e in results) else 1

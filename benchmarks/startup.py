@@ -33,6 +33,7 @@ CPUs: all the work that start-up did (builds, process starts, the awake groups' 
 inference and updates, the driver's own start), at perfect packing. It is the least `all_envs_ready_s`
 could be with that work, and the gap to `floor` is what the run did besides building.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,8 +98,9 @@ print(json.dumps({"worker_build_cpu_s": round(worker_cpu, 3), "cpu_floor_s": rou
 
 def serial_build(n: int, extra: list[str]) -> dict:
     overrides = ["+stage=day4", f"env_count={n}", *extra]
-    out = subprocess.run([sys.executable, "-c", SERIAL, json.dumps(overrides)], cwd=REPO,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SERIAL, json.dumps(overrides)], cwd=REPO, capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise RuntimeError(f"serial build failed ({n} envs):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -107,15 +109,34 @@ def serial_build(n: int, extra: list[str]) -> dict:
 def run(n: int, cgroup: str, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="rls", dir="/tmp") as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "+stage=day4",
-               f"env_count={n}", f"groups.cgroup={cgroup}",
-               f"run.duration_s={SECONDS.get(n, 80)}", "run.total_env_steps=null", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rlpipe",
+            f"hydra.run.dir={run_dir}",
+            "+stage=day4",
+            f"env_count={n}",
+            f"groups.cgroup={cgroup}",
+            f"run.duration_s={SECONDS.get(n, 80)}",
+            "run.total_env_steps=null",
+            *extra,
+        ]
         out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"run failed ({n} envs, cgroup {cgroup}):\n{out.stderr[-3000:]}")
         s = json.loads((run_dir / "summary.json").read_text())
-        return {k: s[k] for k in ("startup_first_step_s", "all_envs_ready_s", "startup_cpu_s",
-                                  "active_envs_end", "peak_rss_mb", "sps", "cgroup_driver")}
+        return {
+            k: s[k]
+            for k in (
+                "startup_first_step_s",
+                "all_envs_ready_s",
+                "startup_cpu_s",
+                "active_envs_end",
+                "peak_rss_mb",
+                "sps",
+                "cgroup_driver",
+            )
+        }
 
 
 def main() -> None:
@@ -127,28 +148,40 @@ def main() -> None:
     args = ap.parse_args()
     cpus = len(os.sched_getaffinity(0))
     results = {}
-    print(f"{'envs':>6} {'cgroups':>8} {'first step s':>13} {'all ready s':>12} {'active':>7} "
-          f"{'peak PSS MB':>12} {'serial build s':>15} {'ready/serial':>13}", flush=True)
+    print(
+        f"{'envs':>6} {'cgroups':>8} {'first step s':>13} {'all ready s':>12} {'active':>7} "
+        f"{'peak PSS MB':>12} {'serial build s':>15} {'ready/serial':>13}",
+        flush=True,
+    )
     for n in args.counts:
         serial = serial_build(n, args.overrides)
         results[f"{n}/serial"] = serial
-        print(f"{n:>6} {'serial':>8} {'':>13} {'':>12} {'':>7} {serial['serial_peak_rss_mb']:>12} "
-              f"{serial['serial_build_s']:>15} {'':>13}  (imports {serial['serial_import_s']} s + "
-              f"build loop {serial['serial_loop_s']} s, {serial['serial_build_faults']} build faults)",
-              flush=True)
+        print(
+            f"{n:>6} {'serial':>8} {'':>13} {'':>12} {'':>7} {serial['serial_peak_rss_mb']:>12} "
+            f"{serial['serial_build_s']:>15} {'':>13}  (imports {serial['serial_import_s']} s + "
+            f"build loop {serial['serial_loop_s']} s, {serial['serial_build_faults']} build faults)",
+            flush=True,
+        )
         serial["floor_over_serial_build"] = round(serial["cpu_floor_s"] / serial["serial_build_s"], 3)
-        print(f"{n:>6} {'floor':>8} {'':>13} {serial['cpu_floor_s']:>12} {'':>7} {'':>12} "
-              f"{serial['serial_build_s']:>15} {serial['floor_over_serial_build']:>13}  (the groups' "
-              f"builds in forked workers: {serial['worker_build_cpu_s']} CPU s, over every CPU)", flush=True)
+        print(
+            f"{n:>6} {'floor':>8} {'':>13} {serial['cpu_floor_s']:>12} {'':>7} {'':>12} "
+            f"{serial['serial_build_s']:>15} {serial['floor_over_serial_build']:>13}  (the groups' "
+            f"builds in forked workers: {serial['worker_build_cpu_s']} CPU s, over every CPU)",
+            flush=True,
+        )
         for cgroup in args.cgroups:
             r = run(n, cgroup, args.overrides)
             ready = r["all_envs_ready_s"]
-            r["ready_over_serial_build"] = (round(ready / serial["serial_build_s"], 3)
-                                            if ready and serial["serial_build_s"] else None)
+            r["ready_over_serial_build"] = (
+                round(ready / serial["serial_build_s"], 3) if ready and serial["serial_build_s"] else None
+            )
             results[f"{n}/{cgroup}"] = r
-            print(f"{n:>6} {r['cgroup_driver']:>8} {r['startup_first_step_s']:>13} "
-                  f"{ready!s:>12} {r['active_envs_end']:>7} {r['peak_rss_mb']:>12} "
-                  f"{serial['serial_build_s']:>15} {r['ready_over_serial_build']!s:>13}", flush=True)
+            print(
+                f"{n:>6} {r['cgroup_driver']:>8} {r['startup_first_step_s']:>13} "
+                f"{ready!s:>12} {r['active_envs_end']:>7} {r['peak_rss_mb']:>12} "
+                f"{serial['serial_build_s']:>15} {r['ready_over_serial_build']!s:>13}",
+                flush=True,
+            )
             cpu = r["startup_cpu_s"]
             if cpu:
                 # all the work done by then, spread over every CPU: the least that start-up,
@@ -156,11 +189,13 @@ def main() -> None:
                 work = sum(cpu.values())
                 r["work_floor_s"] = round(work / cpus, 3)
                 r["work_floor_over_serial_build"] = round(r["work_floor_s"] / serial["serial_build_s"], 3)
-                print(f"{n:>6} {'work':>8} {'':>13} {r['work_floor_s']:>12} {'':>7} {'':>12} "
-                      f"{serial['serial_build_s']:>15} {r['work_floor_over_serial_build']:>13}  (CPU used "
-                      f"by then: driver {cpu['driver']} s + workers {cpu['workers']} s + forkserver "
-                      f"{cpu['forkserver']} s, over {cpus} CPUs)",
-                      flush=True)
+                print(
+                    f"{n:>6} {'work':>8} {'':>13} {r['work_floor_s']:>12} {'':>7} {'':>12} "
+                    f"{serial['serial_build_s']:>15} {r['work_floor_over_serial_build']:>13}  (CPU used "
+                    f"by then: driver {cpu['driver']} s + workers {cpu['workers']} s + forkserver "
+                    f"{cpu['forkserver']} s, over {cpus} CPUs)",
+                    flush=True,
+                )
     if args.json:
         print(json.dumps(results))
 

@@ -20,6 +20,7 @@ The layers, each timed over the same number of env-steps (the median of 5 repeat
 Caches are warm here (one slice, stepped over and over). In the engine, 100 workers share
 2 cores, so every layer costs more; engine_sps.py measures that whole.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,13 @@ from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.worker.stability import StabilityTracker
 from rlpipe.worker.stepper import Stepper
 
-RESULT_FIELDS = (("reward", np.float32), ("terminated", np.uint8), ("truncated", np.uint8),
-                 ("ep_return", np.float32), ("ep_len", np.int32))
+RESULT_FIELDS = (
+    ("reward", np.float32),
+    ("terminated", np.uint8),
+    ("truncated", np.uint8),
+    ("ep_return", np.float32),
+    ("ep_len", np.int32),
+)
 
 
 def per_step_us(fn, steps: int) -> float:
@@ -64,8 +70,7 @@ def day4_spec():
 def make_table(n: int, node: dict) -> tuple[EnvTable, dict]:
     keys = (ObsKey("state", (8,), "float32"),)
     staging = [np.zeros((n, 8), np.float32)]
-    table = EnvTable(0, np.zeros(n, np.int16), ("cartpole",), (describe(node),),
-                     [make_factory(node)], keys, staging, 0)
+    table = EnvTable(0, np.zeros(n, np.int16), ("cartpole",), (describe(node),), [make_factory(node)], keys, staging, 0)
     for i in range(n):
         table.start(i)
     return table, {name: np.zeros(n, dtype) for name, dtype in RESULT_FIELDS}
@@ -77,8 +82,9 @@ def ppo_bookkeeping(n: int, rounds: int, rng: np.random.Generator, spec):
     and then, the tracker's window full."""
     explore = EpsilonGreedy(np.zeros(n, dtype=bool), np.full(n, 2), seed=1)
     explore.set_epsilon(rng.uniform(0.0, 0.1, n))
-    rnorm = RewardNormalizer(n, spec.reward_norm.mode, spec.reward_norm.clip, spec.learner.gamma,
-                             np.zeros(n, dtype=np.int64))
+    rnorm = RewardNormalizer(
+        n, spec.reward_norm.mode, spec.reward_norm.clip, spec.learner.gamma, np.zeros(n, dtype=np.int64)
+    )
     tracker = StabilityTracker(n, window=spec.scaling.window)
     a = rng.integers(0, 2, n).astype(np.int32)
     a_cont = np.zeros((n, 1), np.float32)
@@ -96,6 +102,7 @@ def ppo_bookkeeping(n: int, rounds: int, rng: np.random.Generator, spec):
             rnorm.normalize(0, n, reward, done)
             tracker.update(0, n, reward, ep_len, cut)
             tracker.scores(0, n)
+
     return loop
 
 
@@ -124,6 +131,7 @@ def main() -> None:
                 _obs, _r, term, trunc, _info = e.step(a)
                 if term or trunc:
                     e.reset()
+
     results["gym"] = per_step_us(gym_loop, steps)
 
     factory = make_factory(node)
@@ -138,17 +146,22 @@ def main() -> None:
                 _obs, _r, term, trunc, _info = env.step(i, a)
                 if term or trunc:
                     env.reset(i)
+
     results["adapter"] = per_step_us(adapter_loop, steps)
 
     table, out = make_table(n, node)
     results["table_python"] = per_step_us(
-        lambda: [table.step_range(0, n, disc, cont, out) for _ in range(rounds)], steps)
+        lambda: [table.step_range(0, n, disc, cont, out) for _ in range(rounds)], steps
+    )
     for threads, name in ((1, "stepper_inline"), (2, "stepper_pool")):
         table, out = make_table(n, node)
         stepper = Stepper(table, threads, 30.0, out)
-        results[name] = per_step_us(      # this iteration's stepper and table, bound now
-            lambda stepper=stepper, table=table: [stepper.step(0, n, table.actions(0, n, disc, cont))
-                                                  for _ in range(rounds)], steps)
+        results[name] = per_step_us(  # this iteration's stepper and table, bound now
+            lambda stepper=stepper, table=table: [
+                stepper.step(0, n, table.actions(0, n, disc, cont)) for _ in range(rounds)
+            ],
+            steps,
+        )
         stepper.close()
         table.close_all()
 

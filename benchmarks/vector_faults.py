@@ -5,6 +5,7 @@ on sys.path, which rlpipe's workers and AsyncVectorEnv's children inherit).
 Each env raises once every `raise_every` of its own steps (from a random offset, so a vector's
 envs do not all raise on the same step); the first env of the whole vector to make
 `hang_at` steps blocks for good (it claims `hang_file` with O_EXCL: one hang per trial)."""
+
 from __future__ import annotations
 
 import os
@@ -35,9 +36,9 @@ class FaultyCartPole(CartPoleEnv):
             try:
                 os.close(os.open(self.hang_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
-                pass                        # another env already hangs
+                pass  # another env already hangs
             else:
-                while True:                 # blocks forever, as a socket that never answers
+                while True:  # blocks forever, as a socket that never answers
                     time.sleep(3600)
         return super().step(action)
 

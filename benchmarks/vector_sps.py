@@ -27,6 +27,7 @@ script down): survived (steps/s, faults reported, every env stepped in the last 
 (the exception that ended it) or hung (no step returned for --hang-limit seconds).
 rlpipe.vector runs with worker.step_timeout_s=2 (the trial's deadline).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,13 +44,13 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))          # vector_faults, here and (inherited) in every worker
+sys.path.insert(0, str(HERE))  # vector_faults, here and (inherited) in every worker
 ENV_ID = "CartPole-v1"
 FAULTY_ID = "vector_faults:FaultyCartPole-v0"
 RAISE_EVERY = 10_000
 HANG_AT = 200
 BACKENDS = ("rlpipe_sync", "rlpipe_async", "gym_sync", "gym_async", "puffer")
-START_SLACK_S = 60.0     # a trial's start-up allowance (1,000 AsyncVectorEnv processes, a loaded machine)
+START_SLACK_S = 60.0  # a trial's start-up allowance (1,000 AsyncVectorEnv processes, a loaded machine)
 
 
 def gym_thunk(env_id: str, **kwargs):
@@ -57,46 +58,53 @@ def gym_thunk(env_id: str, **kwargs):
 
     def make():
         return gym.make(env_id, disable_env_checker=True, **kwargs)
+
     return make
 
 
-def build(backend: str, env_id: str, n: int, seed: int, make_kwargs: dict | None = None,
-          overrides: tuple = ()):
+def build(backend: str, env_id: str, n: int, seed: int, make_kwargs: dict | None = None, overrides: tuple = ()):
     """(vector, stepping function(actions) -> per-step results, the batch's action count)"""
     make_kwargs = make_kwargs or {}
     if backend.startswith("rlpipe"):
         import rlpipe.vector
+
         ov = list(overrides) + [f"+env_mix.types.gym.make_kwargs.{k}={v}" for k, v in make_kwargs.items()]
         if backend == "rlpipe_async":
             return rlpipe.vector.make(env_id, n, seed=seed, overrides=ov, batch_size=max(1, n // 4))
         return rlpipe.vector.make(env_id, n, seed=seed, overrides=ov)
     import gymnasium as gym
+
     if backend == "puffer":
         import psutil
         import pufferlib.emulation
         import pufferlib.vector
+
         thunk = gym_thunk(env_id, **make_kwargs)
 
         def creator(buf=None, seed=0):
             return pufferlib.emulation.GymnasiumPufferEnv(env_creator=thunk, buf=buf, seed=seed)
+
         # its default layout: one worker per physical core (more is refused without
         # overwork=True), each stepping num_envs / workers envs; the batch is every env
         workers = min(n, psutil.cpu_count(logical=False) or 1)
         while n % workers:
             workers -= 1
-        return pufferlib.vector.make(creator, backend=pufferlib.vector.Multiprocessing, num_envs=n,
-                                     num_workers=workers, batch_size=n, seed=seed)
+        return pufferlib.vector.make(
+            creator, backend=pufferlib.vector.Multiprocessing, num_envs=n, num_workers=workers, batch_size=n, seed=seed
+        )
     fns = [gym_thunk(env_id, **make_kwargs) for _ in range(n)]
     if backend == "gym_sync":
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     if backend == "gym_async":
-        return gym.vector.AsyncVectorEnv(fns, shared_memory=True, context="fork",
-                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        return gym.vector.AsyncVectorEnv(
+            fns, shared_memory=True, context="fork", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
     raise SystemExit(f"unknown backend {backend!r}")
 
 
-def run_steps(backend: str, envs, n: int, seconds: float, rng, on_step=None,
-              hang_limit: float | None = None) -> tuple[int, float]:
+def run_steps(
+    backend: str, envs, n: int, seconds: float, rng, on_step=None, hang_limit: float | None = None
+) -> tuple[int, float]:
     """Env steps taken and the seconds they took, random actions, for `seconds`."""
     steps, t0 = 0, time.perf_counter()
     if backend == "puffer":
@@ -137,7 +145,7 @@ def sps(backend: str, n: int, seconds: float, overrides: tuple = ()) -> dict:
     rng = np.random.default_rng(0)
     envs = build(backend, ENV_ID, n, seed=0, overrides=overrides)
     try:
-        run_steps(backend, envs, n, min(2.0, seconds / 5), rng)          # warm-up
+        run_steps(backend, envs, n, min(2.0, seconds / 5), rng)  # warm-up
         steps, dt = run_steps(backend, envs, n, seconds, rng)
     finally:
         envs.close()
@@ -162,12 +170,19 @@ def trial(backend: str, n: int, seconds: float, hang_limit: float) -> dict:
     try:
         steps, dt = run_steps(backend, envs, n, seconds, rng, on_step, hang_limit)
         tail = t_start + 0.9 * (time.perf_counter() - t_start)
-        result = {"outcome": "survived", "sps": round(steps / dt), "faults_reported": faults[0],
-                  "every_env_stepped_in_last_tenth": bool((last >= tail).all())}
-    except Exception as exc:                            # the backend's own verdict on a fault
+        result = {
+            "outcome": "survived",
+            "sps": round(steps / dt),
+            "faults_reported": faults[0],
+            "every_env_stepped_in_last_tenth": bool((last >= tail).all()),
+        }
+    except Exception as exc:  # the backend's own verdict on a fault
         kind = "hung" if type(exc).__name__ == "TimeoutError" else "raised"
-        result = {"outcome": kind, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}",
-                  "after_s": round(time.perf_counter() - t_start, 1)}
+        result = {
+            "outcome": kind,
+            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}",
+            "after_s": round(time.perf_counter() - t_start, 1),
+        }
     finally:
         try:
             envs.close(terminate=True) if backend == "gym_async" else envs.close()
@@ -178,22 +193,36 @@ def trial(backend: str, n: int, seconds: float, hang_limit: float) -> dict:
 
 
 def trial_in_child(backend: str, n: int, seconds: float, hang_limit: float) -> dict:
-    cmd = [sys.executable, __file__, "--trial", backend, "--fault-envs", str(n),
-           "--fault-seconds", str(seconds), "--hang-limit", str(hang_limit)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--trial",
+        backend,
+        "--fault-envs",
+        str(n),
+        "--fault-seconds",
+        str(seconds),
+        "--hang-limit",
+        str(hang_limit),
+    ]
     # its own session: a hung backend's worker processes (PufferLib's outlive their parent) are
     # killed with it
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=seconds + hang_limit + START_SLACK_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return {"backend": backend, "envs": n, "outcome": "hung", "after_s": None,
-                "error": f"no result {seconds + hang_limit + START_SLACK_S:.0f} s after its start: a step never returned"}
+        return {
+            "backend": backend,
+            "envs": n,
+            "outcome": "hung",
+            "after_s": None,
+            "error": f"no result {seconds + hang_limit + START_SLACK_S:.0f} s after its start: a step never returned",
+        }
     finally:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)      # whatever of the trial is left
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the trial is left
         except ProcessLookupError:
             pass
     lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
@@ -207,8 +236,13 @@ def main(argv=None) -> int:
     p.add_argument("--counts", type=int, nargs="+", default=[64, 1000, 7000])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--async-max", type=int, default=256)
-    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS,
-                   help="(put rlpipe overrides before this flag, or after `--`)")
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        default=list(BACKENDS),
+        choices=BACKENDS,
+        help="(put rlpipe overrides before this flag, or after `--`)",
+    )
     p.add_argument("--fault-envs", type=int, default=1000)
     p.add_argument("--fault-seconds", type=float, default=600.0)
     p.add_argument("--hang-limit", type=float, default=30.0)
@@ -222,13 +256,18 @@ def main(argv=None) -> int:
         n = min(args.fault_envs, args.async_max) if args.trial == "gym_async" else args.fault_envs
         print(json.dumps(trial(args.trial, n, args.fault_seconds, args.hang_limit)), flush=True)
         return 0
-    print(f"load average at start: {os.getloadavg()[0]:.2f}, CPUs: {os.cpu_count()}"
-          + (f"; rlpipe overrides: {' '.join(args.overrides)}" if args.overrides else ""), flush=True)
+    print(
+        f"load average at start: {os.getloadavg()[0]:.2f}, CPUs: {os.cpu_count()}"
+        + (f"; rlpipe overrides: {' '.join(args.overrides)}" if args.overrides else ""),
+        flush=True,
+    )
     rows, survival = [], []
     if "puffer" in args.backends:
         if importlib.util.find_spec("pufferlib") is None:
-            print("puffer: skipped (pufferlib is not importable here: run this script with the bench "
-                  "venv's python, docs/benchmarks.md)")
+            print(
+                "puffer: skipped (pufferlib is not importable here: run this script with the bench "
+                "venv's python, docs/benchmarks.md)"
+            )
             args.backends = [b for b in args.backends if b != "puffer"]
     if not args.skip_sps:
         for n in args.counts:
@@ -248,11 +287,16 @@ def main(argv=None) -> int:
         for backend in args.backends:
             res = trial_in_child(backend, args.fault_envs, args.fault_seconds, args.hang_limit)
             survival.append(res)
-            print(f"survival {backend:13s} {res['envs']:6d} envs: {res['outcome']}"
-                  + (f" ({res.get('error')}" + (f", after {res['after_s']} s)" if res.get("after_s") else ")")
-                     if res["outcome"] != "survived"
-                     else f" ({res['sps']:,d} steps/s, {res['faults_reported']} faults reported, "
-                          f"every env stepped at the end: {res['every_env_stepped_in_last_tenth']})"), flush=True)
+            print(
+                f"survival {backend:13s} {res['envs']:6d} envs: {res['outcome']}"
+                + (
+                    f" ({res.get('error')}" + (f", after {res['after_s']} s)" if res.get("after_s") else ")")
+                    if res["outcome"] != "survived"
+                    else f" ({res['sps']:,d} steps/s, {res['faults_reported']} faults reported, "
+                    f"every env stepped at the end: {res['every_env_stepped_in_last_tenth']})"
+                ),
+                flush=True,
+            )
     if args.json:
         print(json.dumps({"sps": rows, "survival": survival, "load_end": os.getloadavg()[0]}))
     return 0

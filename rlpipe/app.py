@@ -1,4 +1,5 @@
 """`python -m rlpipe`: compose the Hydra config, validate it, run the engine."""
+
 from __future__ import annotations
 
 import faulthandler
@@ -28,24 +29,26 @@ log = logging.getLogger("rlpipe")
 # Hydra 1.3 still validates them against it and warns that it may stop some day.
 warnings.filterwarnings("ignore", message=r"(?s)\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore")
 EXIT_CONFIG = 2
-EXIT_RANK_LOST = 3          # under torchrun: a peer rank (or the agent) went away mid-run
+EXIT_RANK_LOST = 3  # under torchrun: a peer rank (or the agent) went away mid-run
 # 4, EXIT_STALL: the driver's loop stalled (rlpipe.supervisor.stall, which exits the process itself)
 
 
 def run_job(cfg: DictConfig) -> int:
     """One job: validate, then drive the engine; a config error is one paragraph, no traceback.
     Under torchrun (WORLD_SIZE and RANK set) the job is this rank's part (rlpipe.ranks)."""
-    faulthandler.enable()           # a crash in native code still says where it happened
+    faulthandler.enable()  # a crash in native code still says where it happened
     from rlpipe.telemetry.progress import quiet_console_logs
-    quiet_console_logs()            # other libraries' INFO lines go to the run's log file only
+
+    quiet_console_logs()  # other libraries' INFO lines go to the run's log file only
     from rlpipe.supervisor.driver import Driver  # torch is imported only past validation
 
-    mode: RunMode | None = None     # built once the config is valid; closed on every way out
+    mode: RunMode | None = None  # built once the config is valid; closed on every way out
     try:
         spec = run_spec(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if spec.run.mode == "validate":
             from rlpipe.envs.validate import validate_types
+
             return validate_types(spec, run_dir)
         mode = _run_mode(spec)
         run_dir = mode.start(run_dir)
@@ -56,6 +59,7 @@ def run_job(cfg: DictConfig) -> int:
         return EXIT_CONFIG
     except Exception as exc:
         from rlpipe.ranks.sync import RankLost
+
         if not isinstance(exc, RankLost):
             raise
         print(f"rlpipe: {exc}", file=sys.stderr, flush=True)
@@ -70,10 +74,12 @@ def _run_mode(spec: RunSpec) -> RunMode:
     before any collective)."""
     from rlpipe.ranks import rank_from_env
     from rlpipe.supervisor.runmode import Solo
+
     info = rank_from_env()
     if info is None:
         return Solo(spec)
     from rlpipe.ranks.run import Ranks
+
     return Ranks(info, spec)
 
 

@@ -8,6 +8,7 @@ every second (fourth, ...) point offered. The points it holds are always evenly 
 arrival order, so a fit or a std over any part of the run (its second half, say) is taken on
 an unbiased sample of that part. It imports nothing, so every layer may use it.
 """
+
 from __future__ import annotations
 
 
@@ -19,9 +20,9 @@ class Thinned:
             raise ValueError(f"Thinned capacity must be >= 2, got {capacity}")
         self.capacity = capacity
         self.points: list = []
-        self.stride = 1          # one point kept of every `stride` offered
-        self._skip = 0           # points still to drop before the next one is kept
-        self.offered = 0         # every point ever offered, kept or not
+        self.stride = 1  # one point kept of every `stride` offered
+        self._skip = 0  # points still to drop before the next one is kept
+        self.offered = 0  # every point ever offered, kept or not
 
     def add(self, point) -> None:
         self.offered += 1

@@ -5,6 +5,7 @@ A loop asks `timer.due(now)` each turn; it is True at most once per `interval` a
 counts the next interval from `now` (a late check does not bunch the following ones). It
 imports nothing, so every layer may use it.
 """
+
 from __future__ import annotations
 
 

@@ -16,6 +16,7 @@ This module imports nothing of rlpipe: the lifecycle package (which imports noth
 rlpipe but this) reads the faults' healing rules here, and the runner hands each injection
 what it acts on (the `ChaosRun` below).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,6 +35,7 @@ class Healed:
     newer_generation: of the injected worker's id with a higher generation (its replacement;
     an injection without a worker never heals); one_each: a row heals one injection only
     (one Redis recovery per Redis kill)."""
+
     kind: str
     newer_generation: bool = False
     one_each: bool = False
@@ -45,12 +47,13 @@ class Healed:
 
 class ChaosRun(Protocol):
     """What an injection acts on, held by the runner (rlpipe.supervisor.chaos.Chaos)."""
-    services: object                       # the run's Services: `redis` (its `proc`), `await_worker_beats`
 
-    def target(self, handles) -> object | None: ...       # a random awake worker not already hit
-    def record(self, what: str, h=None, **detail) -> None: ...   # the `chaos_inject` row
-    def t(self, now: float) -> float: ...                 # seconds into the run, for the row
-    def sigstop(self, pid: int) -> None: ...              # continued at teardown unless sigcont'ed
+    services: object  # the run's Services: `redis` (its `proc`), `await_worker_beats`
+
+    def target(self, handles) -> object | None: ...  # a random awake worker not already hit
+    def record(self, what: str, h=None, **detail) -> None: ...  # the `chaos_inject` row
+    def t(self, now: float) -> float: ...  # seconds into the run, for the row
+    def sigstop(self, pid: int) -> None: ...  # continued at teardown unless sigcont'ed
     def sigcont(self, pid: int) -> None: ...
 
 
@@ -58,10 +61,11 @@ class Fault:
     """A chaos fault. `setting` reads its key of the chaos spec (None: off); the runner builds
     the fault from the spec and the run's start when it is on, asks `due` every tick and then
     calls `inject`; `upkeep` runs every tick, also once injections stopped near the run's end."""
-    what = ""                    # the chaos_inject row's detail "what"
+
+    what = ""  # the chaos_inject row's detail "what"
     healed_by: Healed
-    costs_env_steps = False      # its down time is stepping lost (the report's lost_env_steps_est)
-    in_loop = False              # injected by the driver's loop, not by the runner's tick
+    costs_env_steps = False  # its down time is stepping lost (the report's lost_env_steps_est)
+    in_loop = False  # injected by the driver's loop, not by the runner's tick
 
     @staticmethod
     def setting(chaos) -> Optional[float]:
@@ -114,6 +118,7 @@ REDIS_RECOVERED = Healed("redis_recovered", one_each=True)
 
 class KillWorker(EveryFault):
     """SIGKILL a random awake worker every chaos.kill_worker_every_s."""
+
     what = "kill_worker"
     healed_by = REPLACEMENT_READY
     costs_env_steps = True
@@ -132,6 +137,7 @@ class KillWorker(EveryFault):
 class StopWorker(EveryFault):
     """SIGSTOP a random awake worker every chaos.stop_worker_every_s and leave it stopped: the
     watchdog must notice the silence and replace it."""
+
     what = "stop_worker"
     healed_by = REPLACEMENT_READY
     costs_env_steps = True
@@ -151,6 +157,7 @@ class KillRedis(OnceFault):
     """SIGKILL the embedded redis-server once, chaos.kill_redis_at_s into the run (the driver
     restarts it: rlpipe.supervisor.services). A Redis kill costs no env steps: Redis down is
     not a dead worker."""
+
     what = "kill_redis"
     healed_by = REDIS_RECOVERED
 
@@ -169,9 +176,10 @@ class PauseRedis(OnceFault):
     """SIGSTOP the embedded redis-server once, chaos.pause_redis_at_s into the run, and SIGCONT
     it PAUSE_S later: every Redis call meanwhile times out, nothing restarts. Healed when every
     live worker has beaten into it again after the SIGCONT (`redis_recovered`, as a kill)."""
+
     what = "pause_redis"
     healed_by = REDIS_RECOVERED
-    PAUSE_S = 3.0      # past a Redis client's 2 s timeout (rlpipe.redis_client): calls fail, not wait
+    PAUSE_S = 3.0  # past a Redis client's 2 s timeout (rlpipe.redis_client): calls fail, not wait
 
     @staticmethod
     def setting(chaos) -> Optional[float]:
@@ -179,7 +187,7 @@ class PauseRedis(OnceFault):
 
     def __init__(self, chaos, t0: float):
         super().__init__(chaos, t0)
-        self.paused: tuple[int, float] | None = None     # (pid, when to continue it)
+        self.paused: tuple[int, float] | None = None  # (pid, when to continue it)
 
     def inject(self, run: ChaosRun, handles, now: float) -> None:
         proc = run.services.redis.proc
@@ -204,6 +212,7 @@ class FreezeDriver(Fault):
     line continues from the checkpoint instead of freezing again. The loop (Driver.loop) asks
     `due_at` and calls `freeze_driver`, so the stall detector's stack dump names the loop's own
     frame and then this one."""
+
     what = "freeze_driver"
     healed_by = Healed("driver_stall")
     in_loop = True

@@ -23,6 +23,7 @@ them as read-only after `run_spec`; `rlpipe.ranks.rank_spec` derives a rank's sp
 `dataclasses.replace` (which runs the replaced objects' checks again) and sets its
 `env_id_offset`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +69,8 @@ def conf_dir() -> Path:
 
 class _Section:
     """A group of conf/ (`learner:`, `groups:`...): its fields' checks run on construction."""
-    _key = ""                        # the group's key in conf/ (a class attribute, not a setting)
+
+    _key = ""  # the group's key in conf/ (a class attribute, not a setting)
 
     def __post_init__(self) -> None:
         run_checks(self, f"{self._key}." if self._key else "")
@@ -77,43 +79,45 @@ class _Section:
 @dataclass
 class BufferKeySpec:
     shape: list[int] = MISSING
-    dtype: str = "float32"           # the default of an entry added on the command line
+    dtype: str = "float32"  # the default of an entry added on the command line
 
 
 @dataclass
 class BufferSpec(_Section):
     """The board: obs keys (checked with the whole spec, which derives `obs_keys`: the configured
     keys; under sizing=auto the run's plan grows them to the mix, rlpipe/envs/sizing.py) and sync."""
+
     _key = "buffer"
-    sync: str = setting(one_of("seqlock", "lock"))      # seqlock | lock (mutex per env, ablation)
-    sizing: str = setting(one_of(*BOARD_SIZINGS))       # auto: keys grown to the mix at plan time | fixed
+    sync: str = setting(one_of("seqlock", "lock"))  # seqlock | lock (mutex per env, ablation)
+    sizing: str = setting(one_of(*BOARD_SIZINGS))  # auto: keys grown to the mix at plan time | fixed
     keys: dict[str, BufferKeySpec] = MISSING
 
 
 @dataclass
 class EnvMixSpec:
     """Env types and their weights (checked with the whole spec, which derives `env_types`)."""
+
     types: dict[str, Any] = MISSING  # each type's env config node, passed to its constructor
     weights: dict[str, float] = MISSING
-    id: Optional[str] = None         # env_mix=gym: the Gymnasium id to run (no other mix has one)
-    name: Optional[str] = None       # env_mix=gym: the type's name (null: after the id)
+    id: Optional[str] = None  # env_mix=gym: the Gymnasium id to run (no other mix has one)
+    name: Optional[str] = None  # env_mix=gym: the type's name (null: after the id)
 
 
 @dataclass
 class GroupsSpec(_Section):
     _key = "groups"
-    size: Any = setting(checks.group_size)          # auto | envs per worker process; RunSpec resolves auto
-    hot: int = setting(positive_int)                # groups active from the start
-    wake_after_steps: int = setting(positive_int)   # steps each env of the last woken group makes first
-    wake_batch: int = setting(positive_int)         # groups woken at once
-    wake_growth: float = setting(positive)          # the batch is multiplied by this after each wake
+    size: Any = setting(checks.group_size)  # auto | envs per worker process; RunSpec resolves auto
+    hot: int = setting(positive_int)  # groups active from the start
+    wake_after_steps: int = setting(positive_int)  # steps each env of the last woken group makes first
+    wake_batch: int = setting(positive_int)  # groups woken at once
+    wake_growth: float = setting(positive)  # the batch is multiplied by this after each wake
     cgroup: str = setting(one_of("auto", "v2", "v1", "none"))
     dormant_cpu_pct: float = setting(positive)
     dormant_mem_mb: int = setting(positive_int)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.size_setting = self.size     # as configured: RunSpec writes the resolved size over `size`
+        self.size_setting = self.size  # as configured: RunSpec writes the resolved size over `size`
         if self.wake_growth < 1:
             fail("groups.wake_growth", self.wake_growth, "allowed is a number >= 1 (the wake batch never shrinks)")
         if self.dormant_cpu_pct > 100:
@@ -123,8 +127,9 @@ class GroupsSpec(_Section):
 @dataclass
 class WorkerPoolSpec(_Section):
     """`worker:`, how every worker process runs (WorkerSpec is one worker's own spec)."""
+
     _key = "worker"
-    slices: Any = MISSING            # auto | N; RunSpec resolves auto (it needs env_count, groups.size)
+    slices: Any = MISSING  # auto | N; RunSpec resolves auto (it needs env_count, groups.size)
     threads: int = setting(positive_int)
     start_method: str = setting(one_of("forkserver", "spawn"))
     doorbell_timeout_s: float = setting(positive)
@@ -146,7 +151,7 @@ class WorkerPoolSpec(_Section):
 @dataclass
 class LearnerSpec(_Section):
     _key = "learner"
-    mode: str = setting(one_of("ppo", "random"))    # ppo: policy acts and trains | random: uniform actions
+    mode: str = setting(one_of("ppo", "random"))  # ppo: policy acts and trains | random: uniform actions
     device: str = setting(one_of("cpu", "cuda", "auto"))
     torch_threads: int = setting(positive_int)
     hidden: list[int] = setting(positive_ints("a non-empty list of positive ints"))
@@ -167,11 +172,11 @@ class LearnerSpec(_Section):
     epochs: int = setting(positive_int)
     minibatch_size: int = setting(positive_int)
     value_norm: str = setting(one_of("popart", "none"))
-    popart_beta: float = setting(step_size)         # PopArt's per-sample step size of the value statistics
+    popart_beta: float = setting(step_size)  # PopArt's per-sample step size of the value statistics
     adv_norm: str = setting(one_of("per_type", "batch", "none"))
     checkpoint_interval_s: float = setting(positive)
     keep_checkpoints: int = setting(positive_int)
-    export: bool = MISSING                          # write export/policy.pt at the end
+    export: bool = MISSING  # write export/policy.pt at the end
     loss_std_at: list[float] = setting(unit_intervals)
     loss_std_window: int = setting(positive_int)
 
@@ -218,7 +223,7 @@ class ScalingSpec(_Section):
 @dataclass
 class RewardNormSpec(_Section):
     _key = "reward_norm"
-    mode: str = setting(one_of(*REWARD_NORM_MODES))   # rlpipe.worker.rewardnorm; gamma is learner.gamma
+    mode: str = setting(one_of(*REWARD_NORM_MODES))  # rlpipe.worker.rewardnorm; gamma is learner.gamma
     clip: Optional[float] = setting(positive_or_null)
     sync_every: int = setting(positive_int)
 
@@ -226,7 +231,7 @@ class RewardNormSpec(_Section):
 @dataclass
 class RedisSpec(_Section):
     _key = "redis"
-    url: Optional[str] = setting(redis_url)         # null: the driver starts an embedded redis-server
+    url: Optional[str] = setting(redis_url)  # null: the driver starts an embedded redis-server
 
 
 @dataclass
@@ -243,14 +248,18 @@ class HeartbeatSpec(_Section):
         super().__post_init__()
         slowest = max(self.signal_interval_s, self.redis_interval_s)
         if self.timeout_s <= slowest:
-            fail("heartbeat.timeout_s", self.timeout_s, f"allowed is more than the slowest beat interval "
-                 f"({slowest} s), or every worker would look dead")
+            fail(
+                "heartbeat.timeout_s",
+                self.timeout_s,
+                f"allowed is more than the slowest beat interval ({slowest} s), or every worker would look dead",
+            )
 
 
 @dataclass
 class ChaosSpec(_Section):
     """`chaos:`, one setting per fault of rlpipe.chaos_faults (null: off); what each does is
     its fault class's docstring."""
+
     _key = "chaos"
     kill_worker_every_s: Optional[float] = setting(positive_or_null)
     stop_worker_every_s: Optional[float] = setting(positive_or_null)
@@ -267,11 +276,12 @@ class ChaosSpec(_Section):
 @dataclass
 class RunControlSpec(_Section):
     """`run:`, what the job does and when it stops (RunSpec is the whole run)."""
+
     _key = "run"
-    mode: str = setting(one_of("train", "validate"))   # validate: day0, check every env type, no learner
+    mode: str = setting(one_of("train", "validate"))  # validate: day0, check every env type, no learner
     # true | false | auto (Any: a str field would turn YAML's true into "True"; checked here)
     resume: Any = setting(checks.resume_mode)
-    stall_timeout_s: Optional[float] = setting(positive_or_null)   # the driver's stall detector (null: off)
+    stall_timeout_s: Optional[float] = setting(positive_or_null)  # the driver's stall detector (null: off)
     # the driver's C heap (rlpipe.heap): blocks this large get their own mapping; malloc arenas
     # at most; malloc_trim after each PPO update (null: glibc's default)
     mmap_threshold_mb: Optional[float] = setting(positive_or_null)
@@ -284,8 +294,12 @@ class RunControlSpec(_Section):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.duration_s is None and self.total_env_steps is None:
-            fail("run.duration_s", None, "allowed is a positive number, or null only when "
-                 "run.total_env_steps is set (with both null the run never stops)")
+            fail(
+                "run.duration_s",
+                None,
+                "allowed is a positive number, or null only when "
+                "run.total_env_steps is set (with both null the run never stops)",
+            )
 
 
 @dataclass
@@ -293,11 +307,11 @@ class LoggingSpec(_Section):
     _key = "logging"
     progress_interval_s: float = setting(positive)
     aggregate_interval_s: float = setting(positive)
-    random_return_episodes: int = setting(count)       # random-action episodes per type (0: none)
+    random_return_episodes: int = setting(count)  # random-action episodes per type (0: none)
     random_return_budget_s: float = setting(positive)  # ... and the most seconds spent on one type
-    resources_interval_s: float = setting(positive)    # the least seconds between two resource samples
-    long_run_min_s: float = setting(positive)          # a loop this long gets the long-run verdict
-    project_to_s: Optional[float] = setting(positive_or_null)   # the verdict's horizon (null: run.duration_s)
+    resources_interval_s: float = setting(positive)  # the least seconds between two resource samples
+    long_run_min_s: float = setting(positive)  # a loop this long gets the long-run verdict
+    project_to_s: Optional[float] = setting(positive_or_null)  # the verdict's horizon (null: run.duration_s)
 
 
 @dataclass
@@ -305,20 +319,22 @@ class EvalSpec(_Section):
     """`eval:`, evaluation during training (rlpipe/supervisor/evaluation.py): every
     `interval_s` a child at nice 19 plays `episodes` deterministic episodes of each env type on
     envs of its own, with the policy's weights of that moment."""
+
     _key = "eval"
-    interval_s: Optional[float] = setting(positive_or_null)   # null: no evaluation during training
-    episodes: int = setting(positive_int)          # deterministic episodes per type and round
-    budget_s: float = setting(positive)            # the most seconds a round spends on one type
-    max_steps: int = setting(positive_int)         # an episode still running after this many steps is cut
+    interval_s: Optional[float] = setting(positive_or_null)  # null: no evaluation during training
+    episodes: int = setting(positive_int)  # deterministic episodes per type and round
+    budget_s: float = setting(positive)  # the most seconds a round spends on one type
+    max_steps: int = setting(positive_int)  # an episode still running after this many steps is cut
 
 
 @dataclass
 class DistSpec(_Section):
     """Multi-rank training under torchrun (rlpipe.ranks); ignored in a single process."""
+
     _key = "dist"
-    sync_frac: float = setting(fraction_of_ranks)      # an update round starts once this fraction has its rollout
+    sync_frac: float = setting(fraction_of_ranks)  # an update round starts once this fraction has its rollout
     backend: str = setting(one_of("auto", "gloo", "nccl"))
-    timeout_s: float = setting(positive)               # a collective waiting longer fails the job
+    timeout_s: float = setting(positive)  # a collective waiting longer fails the job
 
 
 @dataclass
@@ -330,6 +346,7 @@ class RunSpec(_Section):
     (rlpipe.process_layout.Layout: workers, groups, slices and CPUs, `auto` resolved for this
     machine), written back as ints into `groups.size` and `worker.slices`, the workers' CPUs
     into `worker.cpu_affinity` and the update thread's into `learner_cpu`."""
+
     env_mix: EnvMixSpec = MISSING
     buffer: BufferSpec = MISSING
     groups: GroupsSpec = MISSING
@@ -353,16 +370,22 @@ class RunSpec(_Section):
         super().__post_init__()
         self.env_types = checks.named_after_id(
             checks.env_types(self.env_mix.types, self.env_mix.weights, type_learner_checks()),
-            self.env_mix.id, self.env_mix.name)
+            self.env_mix.id,
+            self.env_mix.name,
+        )
         if self.env_count < len(self.env_types):
-            fail("env_count", self.env_count,
-                 f"allowed is at least one env per type ({len(self.env_types)} types)")
+            fail("env_count", self.env_count, f"allowed is at least one env per type ({len(self.env_types)} types)")
         self.obs_keys = checks.obs_keys(self.buffer.keys)
         # from the settings as configured, so a replace() with another env_count (a torchrun
         # rank's share) resolves auto again
         self.layout = process_layout.resolve(
-            self.env_count, self.groups.size_setting, self.worker.slices_setting,
-            self.worker.affinity_setting, self.learner.mode, self.learner.device)
+            self.env_count,
+            self.groups.size_setting,
+            self.worker.slices_setting,
+            self.worker.affinity_setting,
+            self.learner.mode,
+            self.learner.device,
+        )
         checks.slices(self.worker.slices_setting, self.layout.group_size)
         self.groups.size, self.worker.slices = self.layout.group_size, self.layout.slices
         # learner_core: the workers' CPUs and the one kept for the PPO update thread
@@ -409,5 +432,5 @@ def _fill_newer_settings(cfg: DictConfig) -> None:
     absent = object()
     for key in keys:
         value = OmegaConf.select(defaults, key, default=absent)
-        if value is not absent:                  # a key conf/ no longer has stays missing
+        if value is not absent:  # a key conf/ no longer has stays missing
             OmegaConf.update(cfg, key, value, merge=False)

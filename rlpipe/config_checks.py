@@ -7,6 +7,7 @@ one next to a schema field, so each setting's type and what it allows are declar
 Every function here takes plain Python values (what `OmegaConf.to_object` hands the schema's
 `__post_init__`), never OmegaConf nodes.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,9 @@ def run_checks(section: Any, prefix: str) -> None:
 
 
 def fail(key: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"Invalid config value {key}={value!r}: {allowed}. "
-                      f"Fix it in conf/ or on the command line (e.g. `{key}=...`).")
+    raise ConfigError(
+        f"Invalid config value {key}={value!r}: {allowed}. Fix it in conf/ or on the command line (e.g. `{key}=...`)."
+    )
 
 
 def positive_int(key: str, value: Any) -> None:
@@ -67,8 +69,7 @@ def count(key: str, value: Any) -> None:
 def _positive(key: str, value: Any, allow_none: bool) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         fail(key, value, "allowed is a positive number" + (" or null" if allow_none else ""))
 
 
@@ -104,15 +105,22 @@ def one_of(*choices: str) -> Check:
     def check(key: str, value: Any) -> None:
         if value not in choices:
             fail(key, value, "allowed are " + ", ".join(choices))
+
     return check
 
 
 def positive_ints(what: str, length: Optional[int] = None) -> Check:
     """A list of positive ints (of `length` items when given); `what` says so in the error."""
+
     def check(key: str, value: Any) -> None:
-        if not isinstance(value, (list, tuple)) or not value or (length is not None and len(value) != length) \
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        if (
+            not isinstance(value, (list, tuple))
+            or not value
+            or (length is not None and len(value) != length)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+        ):
             fail(key, value, f"allowed is {what}")
+
     return check
 
 
@@ -124,10 +132,14 @@ def redis_url(key: str, value: Any) -> None:
 def resume_mode(key: str, value: Any) -> None:
     """run.resume: true, false or auto (bools as YAML and Hydra's overrides parse them)."""
     if value is not True and value is not False and value != "auto":
-        fail(key, value, "allowed are true (continue from the newest readable checkpoint of the run "
-             "dir, an error when there is none), false (start fresh) and auto (continue when there is "
-             "a readable checkpoint, start fresh when there is none: for a supervisor that restarts "
-             "the same command line)")
+        fail(
+            key,
+            value,
+            "allowed are true (continue from the newest readable checkpoint of the run "
+            "dir, an error when there is none), false (start fresh) and auto (continue when there is "
+            "a readable checkpoint, start fresh when there is none: for a supervisor that restarts "
+            "the same command line)",
+        )
 
 
 def fifo(key: str, value: Any) -> None:
@@ -137,11 +149,16 @@ def fifo(key: str, value: Any) -> None:
 
 def fraction_of_ranks(key: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-        fail(key, value, "allowed is a number in (0, 1]: the fraction of ranks whose "
-             "rollouts start an update round (1: every rank waits for the slowest)")
+        fail(
+            key,
+            value,
+            "allowed is a number in (0, 1]: the fraction of ranks whose "
+            "rollouts start an update round (1: every rank waits for the slowest)",
+        )
 
 
 # --- derived values ----------------------------------------------------------------------------
+
 
 def obs_keys(keys: dict) -> tuple[ObsKey, ...]:
     """buffer.keys as ObsKeys in the board's order (rgb, state, vector)."""
@@ -185,8 +202,11 @@ def env_types(types: dict, weights: dict, learner_checks: dict[str, Check]) -> t
         specs.append(EnvTypeSpec(name, float(weights[name]), node, learner=overrides))
     for name in weights:
         if name not in types or name in unused:
-            fail(f"env_mix.weights.{name}", weights[name],
-                 "allowed are weights for the types in env_mix.types: " + ", ".join(types))
+            fail(
+                f"env_mix.weights.{name}",
+                weights[name],
+                "allowed are weights for the types in env_mix.types: " + ", ".join(types),
+            )
     if unused:
         log.info("env_mix: overrides for types not in this mix left out: %s", ", ".join(unused))
     return tuple(specs)
@@ -202,9 +222,13 @@ def type_learner(key: str, overrides: Any, checks: dict[str, Check]) -> dict:
         fail(key, overrides, f"allowed is a mapping of per-type learner settings ({allowed})")
     for name, value in overrides.items():
         if name not in checks:
-            fail(f"{key}.{name}", value, f"allowed are the learner settings a type may set for itself: {allowed} "
-                 "(the PPO clip, optimizer, epochs and minibatches are shared by every type: set them "
-                 "under learner:)")
+            fail(
+                f"{key}.{name}",
+                value,
+                f"allowed are the learner settings a type may set for itself: {allowed} "
+                "(the PPO clip, optimizer, epochs and minibatches are shared by every type: set them "
+                "under learner:)",
+            )
         checks[name](f"{key}.{name}", value)
     return dict(overrides)
 
@@ -224,34 +248,57 @@ def id_type_name(gym_id: str) -> str:
     return gym_id.rpartition(":")[2].rpartition("/")[2]
 
 
-def named_after_id(types: tuple[EnvTypeSpec, ...], gym_id: Optional[str],
-                   name: Optional[str]) -> tuple[EnvTypeSpec, ...]:
+def named_after_id(
+    types: tuple[EnvTypeSpec, ...], gym_id: Optional[str], name: Optional[str]
+) -> tuple[EnvTypeSpec, ...]:
     """The mix's types, the one running env_mix.id (its node's `id` is that id: env_mix=gym's
     `gym`) renamed after the id, or to env_mix.name when given, so that the charts, summaries
     and reports of two ids differ. Its key under env_mix.types stays where it is configured."""
     running = [t for t in types if gym_id is not None and t.node.get("id") == gym_id]
     if not running:
         if name is not None:
-            fail("env_mix.name", name, "allowed only with a Gymnasium id to name (env_mix=gym "
-                 "env_mix.id=<Id>); it names the type that runs that id, null keeps the id's name")
+            fail(
+                "env_mix.name",
+                name,
+                "allowed only with a Gymnasium id to name (env_mix=gym "
+                "env_mix.id=<Id>); it names the type that runs that id, null keeps the id's name",
+            )
         return types
     if len(running) > 1:
-        fail("env_mix.id", gym_id, "allowed is an id that one type of the mix runs; here "
-             + ", ".join(t.name for t in running) + " all run it, and each needs a name of its own")
+        fail(
+            "env_mix.id",
+            gym_id,
+            "allowed is an id that one type of the mix runs; here "
+            + ", ".join(t.name for t in running)
+            + " all run it, and each needs a name of its own",
+        )
     if name is not None:
         if not isinstance(name, str) or not TYPE_NAME.fullmatch(name):
-            fail("env_mix.name", name, f"allowed is {TYPE_NAME_ALLOWED} (it names the type in "
-                 "TensorBoard tags, summary.json keys and file names), or null for the id's name")
+            fail(
+                "env_mix.name",
+                name,
+                f"allowed is {TYPE_NAME_ALLOWED} (it names the type in "
+                "TensorBoard tags, summary.json keys and file names), or null for the id's name",
+            )
         key, value, new = "env_mix.name", name, name
     else:
         key, value, new = "env_mix.id", gym_id, id_type_name(gym_id)
         if not TYPE_NAME.fullmatch(new):
-            fail(key, gym_id, f"allowed is an id whose name ({new!r}, the part after ':' and "
-                 f"'/') is {TYPE_NAME_ALLOWED}; or name the type yourself with env_mix.name=<name>")
+            fail(
+                key,
+                gym_id,
+                f"allowed is an id whose name ({new!r}, the part after ':' and "
+                f"'/') is {TYPE_NAME_ALLOWED}; or name the type yourself with env_mix.name=<name>",
+            )
     others = [t.name for t in types if t is not running[0]]
     if new in others:
-        fail(key, value, f"allowed is a type name ({new!r} here) that no other type of the mix has ("
-             + ", ".join(others) + "); name the type with env_mix.name=<name>")
+        fail(
+            key,
+            value,
+            f"allowed is a type name ({new!r} here) that no other type of the mix has ("
+            + ", ".join(others)
+            + "); name the type with env_mix.name=<name>",
+        )
     return tuple(replace(t, name=new, conf_key=t.name) if t is running[0] else t for t in types)
 
 
@@ -259,8 +306,12 @@ def group_size(key: str, value: Any) -> None:
     """groups.size: auto (rlpipe.process_layout's rule) or envs per worker process."""
     if value != AUTO:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            fail(key, value, "allowed is auto (chosen from the usable CPUs and env_count), or a "
-                 "positive integer (envs per worker process)")
+            fail(
+                key,
+                value,
+                "allowed is auto (chosen from the usable CPUs and env_count), or a "
+                "positive integer (envs per worker process)",
+            )
 
 
 def slices(value: Any, group_size: int) -> None:
@@ -275,8 +326,12 @@ def affinity(value: Any) -> Optional[tuple[int, ...]] | str:
     if value is None or value in (AUTO, LEARNER_CORE):
         return value
     available = sorted(os.sched_getaffinity(0))
-    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(c, int) and c in available
-                                                                    for c in value):
-        fail("worker.cpu_affinity", value,
-             f"allowed is null, auto, {LEARNER_CORE}, or a list of CPUs among {available}")
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or not all(isinstance(c, int) and c in available for c in value)
+    ):
+        fail(
+            "worker.cpu_affinity", value, f"allowed is null, auto, {LEARNER_CORE}, or a list of CPUs among {available}"
+        )
     return tuple(value)

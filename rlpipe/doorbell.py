@@ -13,6 +13,7 @@ A worker connects at start and says HELLO (its id and generation) first, so the 
 reach it (a STOP) before its first ring; a connection closes when either side's process
 goes, which each side reads as the other gone.
 """
+
 from __future__ import annotations
 
 import select
@@ -21,9 +22,9 @@ from pathlib import Path
 
 from rlpipe.protocol import ACT, HELLO_SLICE, RING, STOP_SLICE
 
-SOCKET_NAME = "doorbell.sock"   # in the run's socket dir
-FRAME_MAX = 64          # bigger than any frame: a short read would mean a foreign peer
-SEND_TIMEOUT_S = 1.0    # a worker's ring waits this long for room (a drowning driver), then gives up
+SOCKET_NAME = "doorbell.sock"  # in the run's socket dir
+FRAME_MAX = 64  # bigger than any frame: a short read would mean a foreign peer
+SEND_TIMEOUT_S = 1.0  # a worker's ring waits this long for room (a drowning driver), then gives up
 
 
 class DoorbellServer:
@@ -32,7 +33,7 @@ class DoorbellServer:
     def __init__(self, path: Path):
         self.path = path
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        path.unlink(missing_ok=True)    # a killed driver's (a resumed run, a restarted rank)
+        path.unlink(missing_ok=True)  # a killed driver's (a resumed run, a restarted rank)
         self.listener.bind(str(path))
         self.listener.listen(4096)
         self.listener.setblocking(False)
@@ -56,7 +57,7 @@ class DoorbellServer:
                     break
                 except OSError:
                     data = b""
-                if not data:                     # the worker process is gone
+                if not data:  # the worker process is gone
                     self._drop(fd)
                     break
                 frames.append((conn, data))
@@ -93,7 +94,7 @@ def send_act(conn: socket.socket | None, slice_index: int, seq: int) -> bool:
     try:
         conn.send(ACT.pack(slice_index, seq))
         return True
-    except OSError:            # BlockingIOError (full), BrokenPipeError, a closed socket
+    except OSError:  # BlockingIOError (full), BrokenPipeError, a closed socket
         return False
 
 
@@ -115,7 +116,7 @@ class DoorbellClient:
         try:
             self.sock.send(RING.pack(self.worker_id, slice_index, self.generation, seq))
             return True
-        except OSError:            # TimeoutError, BrokenPipeError, ConnectionResetError
+        except OSError:  # TimeoutError, BrokenPipeError, ConnectionResetError
             return False
 
     def wait(self, timeout_ms: int) -> bool:

@@ -5,6 +5,7 @@ system), is flushed and fsynced, and is then renamed over the target with os.rep
 directory is fsynced after, so the rename itself survives a crash. The temporary name holds
 the writer's pid and thread, so two writers never share one, and a failed write removes it.
 """
+
 from __future__ import annotations
 
 import os

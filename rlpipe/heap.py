@@ -19,20 +19,33 @@ resident: RSS climbs while the live bytes do not. Two settings answer it:
 interpreter's allocated object blocks), so a growing RSS reads as a leak (in use grows) or as
 the allocator's keep (in use flat). Elsewhere than glibc every call is a no-op.
 """
+
 from __future__ import annotations
 
 import ctypes
 import sys
 
-MB = 2 ** 20
-M_MMAP_THRESHOLD = -3          # mallopt parameters, from glibc's malloc.h
+MB = 2**20
+M_MMAP_THRESHOLD = -3  # mallopt parameters, from glibc's malloc.h
 M_ARENA_MAX = -8
 
 
 class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-                 "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _glibc() -> ctypes.CDLL | None:

@@ -29,6 +29,7 @@ The rule (docs/benchmarks.md has the measurements behind it):
 Usable CPUs are this process's affinity mask, capped by its cgroup's CPU quota (v2 cpu.max,
 v1 cpu.cfs_quota_us), and shared among the torchrun ranks of one node (LOCAL_WORLD_SIZE).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,13 +40,14 @@ from typing import Optional
 
 AUTO = "auto"
 LEARNER_CORE = "learner_core"
-ENVS_PER_SLICE = 70          # the origin system's group (docs/origin.md): at most this many a slice
-WORKERS_PER_CPU = 10         # at most this many worker processes per usable CPU
+ENVS_PER_SLICE = 70  # the origin system's group (docs/origin.md): at most this many a slice
+WORKERS_PER_CPU = 10  # at most this many worker processes per usable CPU
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 
 
 # --- the machine --------------------------------------------------------------------------------
+
 
 def _quota(path: Path, v2: bool) -> Optional[float]:
     """The CPU quota set on one cgroup directory, in CPUs (None: none set, or unreadable)."""
@@ -84,9 +86,9 @@ def cgroup_cpu_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_CGROUP) 
         if len(parts) != 3:
             continue
         _, controllers, rel = parts
-        if controllers == "" and (root / "cgroup.controllers").is_file():        # v2, unified
+        if controllers == "" and (root / "cgroup.controllers").is_file():  # v2, unified
             limits += [_quota(d, v2=True) for d in _chain(root, rel)]
-        elif "cpu" in controllers.split(","):                                     # v1
+        elif "cpu" in controllers.split(","):  # v1
             for name in (controllers, "cpu,cpuacct", "cpu"):
                 if (root / name).is_dir():
                     limits += [_quota(d, v2=False) for d in _chain(root / name, rel)]
@@ -109,6 +111,7 @@ def usable_cpus() -> float:
 
 # --- the rule -----------------------------------------------------------------------------------
 
+
 def auto_workers(env_count: int, cpus: float) -> int:
     """Worker processes for `env_count` envs: one per ENVS_PER_SLICE envs, at most
     WORKERS_PER_CPU per usable CPU, at least one."""
@@ -125,7 +128,7 @@ def auto_slices(env_count: int, group_size: int, cpus: float) -> int:
     """worker.slices=auto: at most ENVS_PER_SLICE envs a slice; 2 (double-buffered) while
     there are fewer workers than twice the CPUs; never more slices than envs."""
     workers = math.ceil(env_count / group_size)
-    envs = min(group_size, env_count)               # the largest group's envs
+    envs = min(group_size, env_count)  # the largest group's envs
     double = 2 if workers < 2 * cpus else 1
     return min(envs, max(math.ceil(envs / ENVS_PER_SLICE), double))
 
@@ -138,6 +141,7 @@ def trains_on_cpu(learner_mode: str, learner_device: str) -> bool:
 
 # --- the layout ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Layout:
     """What the run starts: `workers` processes of `group_size` envs (the last may hold fewer)
@@ -145,12 +149,13 @@ class Layout:
     update thread (None: not pinned). `pin_after_startup`: the workers run on every CPU until
     every env has stepped, then on `worker_cpus` (learner_core). `auto`: the keys that were
     `auto`, `cpus` the usable CPUs the rule saw."""
+
     env_count: int
     cpus: float
     workers: int
     group_size: int
     slices: int
-    affinity: str                            # null | learner_core | cpus: what the workers' CPUs are
+    affinity: str  # null | learner_core | cpus: what the workers' CPUs are
     worker_cpus: Optional[tuple[int, ...]]
     learner_cpu: Optional[int]
     pin_after_startup: bool
@@ -169,22 +174,32 @@ class Layout:
         """One line for the start-up log: what runs where, and what auto chose it from."""
         chosen = f"; auto: {', '.join(self.auto)} from {self.cpus:g} usable CPUs" if self.auto else ""
         if self.affinity == LEARNER_CORE:
-            cpus = (f"workers on CPUs {_cpu_list(self.worker_cpus)} once every env stepped, "
-                    f"CPU {self.learner_cpu} kept for the PPO update")
+            cpus = (
+                f"workers on CPUs {_cpu_list(self.worker_cpus)} once every env stepped, "
+                f"CPU {self.learner_cpu} kept for the PPO update"
+            )
         elif self.worker_cpus is not None:
             cpus = f"workers on CPUs {_cpu_list(self.worker_cpus)}"
         else:
             cpus = "workers on every CPU"
-        return (f"{_count(self.workers, 'worker')} of {self.largest_group} envs, {_count(self.slices, 'slice')} "
-                f"of <= {self.envs_per_slice} envs each, {cpus}{chosen}")
+        return (
+            f"{_count(self.workers, 'worker')} of {self.largest_group} envs, {_count(self.slices, 'slice')} "
+            f"of <= {self.envs_per_slice} envs each, {cpus}{chosen}"
+        )
 
     def as_dict(self) -> dict:
         """summary.json's `layout`."""
-        return {"workers": self.workers, "group_size": self.group_size, "slices": self.slices,
-                "envs_per_slice": self.envs_per_slice, "cpu_affinity": self.affinity,
-                "worker_cpus": list(self.worker_cpus) if self.worker_cpus is not None else None,
-                "learner_cpu": self.learner_cpu, "usable_cpus": round(self.cpus, 3),
-                "auto": list(self.auto)}
+        return {
+            "workers": self.workers,
+            "group_size": self.group_size,
+            "slices": self.slices,
+            "envs_per_slice": self.envs_per_slice,
+            "cpu_affinity": self.affinity,
+            "worker_cpus": list(self.worker_cpus) if self.worker_cpus is not None else None,
+            "learner_cpu": self.learner_cpu,
+            "usable_cpus": round(self.cpus, 3),
+            "auto": list(self.auto),
+        }
 
 
 def _count(n: int, what: str) -> str:
@@ -195,14 +210,18 @@ def _cpu_list(cpus: tuple[int, ...]) -> str:
     return ",".join(str(c) for c in cpus)
 
 
-def resolve(env_count: int, size, slices, affinity, learner_mode: str, learner_device: str,
-            cpus: Optional[float] = None) -> Layout:
+def resolve(
+    env_count: int, size, slices, affinity, learner_mode: str, learner_device: str, cpus: Optional[float] = None
+) -> Layout:
     """The layout from the settings as checked (size and slices: auto or an int; affinity:
     None, auto, learner_core or a tuple of CPUs); `cpus`: the usable CPUs (default: this
     machine's). An explicit value is kept as it is; rlpipe.config_checks checks the ints."""
     cpus = usable_cpus() if cpus is None else cpus
-    auto = tuple(key for key, value in (("groups.size", size), ("worker.slices", slices),
-                                        ("worker.cpu_affinity", affinity)) if value == AUTO)
+    auto = tuple(
+        key
+        for key, value in (("groups.size", size), ("worker.slices", slices), ("worker.cpu_affinity", affinity))
+        if value == AUTO
+    )
     group_size = auto_group_size(env_count, cpus) if size == AUTO else size
     n_slices = auto_slices(env_count, group_size, cpus) if slices == AUTO else slices
     mask = sorted(os.sched_getaffinity(0))
@@ -215,6 +234,15 @@ def resolve(env_count: int, size, slices, affinity, learner_mode: str, learner_d
             worker_cpus, learner_cpu, how = tuple(mask[1:]), mask[0], LEARNER_CORE
     elif affinity is not None:
         worker_cpus, how = tuple(affinity), "cpus"
-    return Layout(env_count=env_count, cpus=cpus, workers=math.ceil(env_count / group_size),
-                  group_size=group_size, slices=n_slices, affinity=how, worker_cpus=worker_cpus,
-                  learner_cpu=learner_cpu, pin_after_startup=how == LEARNER_CORE, auto=auto)
+    return Layout(
+        env_count=env_count,
+        cpus=cpus,
+        workers=math.ceil(env_count / group_size),
+        group_size=group_size,
+        slices=n_slices,
+        affinity=how,
+        worker_cpus=worker_cpus,
+        learner_cpu=learner_cpu,
+        pin_after_startup=how == LEARNER_CORE,
+        auto=auto,
+    )

@@ -1,6 +1,7 @@
 """Is a process alive? One answer for every caller (sweeps, workers watching their driver,
 checkpoint temp files): a zombie is not alive. How much CPU has a process used? And how a
 child of the run goes when its driver does."""
+
 from __future__ import annotations
 
 import ctypes
@@ -26,7 +27,7 @@ def pid_alive(pid: int) -> bool:
         return True
     fields = _stat_fields(pid)
     if fields is None:
-        return True                      # no procfs: trust the signal probe
+        return True  # no procfs: trust the signal probe
     return fields[0] not in ("Z", "X")
 
 
@@ -37,7 +38,7 @@ def _stat_fields(pid: int) -> list[str] | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rfind(")") + 2:].split()    # the command name may hold spaces and ')'
+    return stat[stat.rfind(")") + 2 :].split()  # the command name may hold spaces and ')'
 
 
 def cpu_seconds(pid: int) -> float:
@@ -70,10 +71,12 @@ def exit_when_gone(pid: int, interval_s: float = 1.0) -> None:
     forkserver hands every child the write end of its "alive" pipe, so it outlives a killed
     driver for as long as any such child does (and multiprocessing's resource tracker with it):
     a parent-death signal, which would come from the forkserver, never fires."""
+
     def watch() -> None:
         while pid_alive(pid):
             time.sleep(interval_s)
         os._exit(0)
+
     threading.Thread(target=watch, name="exit-when-driver-gone", daemon=True).start()
 
 

@@ -2,6 +2,7 @@
 they send (small fixed structs, never pickles; the sockets are `rlpipe.doorbell`'s), how a
 worker's envs split into slices, what the learner may use of a worker to serve its slices,
 and the names of the Redis keys and channels they share. Every side imports these; none spells them out."""
+
 from __future__ import annotations
 
 import struct
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
 # worker -> learner: "slice `slice` of worker `worker` (generation) has published step `seq`"
 RING = struct.Struct("<IIIQ")
-HELLO_SLICE = 0xFFFFFFFF   # a RING with this slice: a worker's first frame on its connection
+HELLO_SLICE = 0xFFFFFFFF  # a RING with this slice: a worker's first frame on its connection
 # learner -> worker: "actions for step `seq` of slice `slice` are in the action arrays"
 ACT = struct.Struct("<IQ")
 STOP_SLICE = 0xFFFFFFFF
@@ -35,17 +36,19 @@ class SliceSource(Protocol):
     The learner gathers obs from `views.board`, writes actions into `views.actions`, reads
     `views.results`, and rings the worker back; it never starts, stops or replaces a worker.
     """
+
     worker_id: int
-    env_lo: int                                  # first env id of the worker, local to this engine
-    bounds: list[tuple[int, int]]                # per slice: [lo, hi) inside the worker
-    slice_types: list[np.ndarray]                # per slice: env type index of each env
-    views: WorkerViews                           # the current generation's shared memory
+    env_lo: int  # first env id of the worker, local to this engine
+    bounds: list[tuple[int, int]]  # per slice: [lo, hi) inside the worker
+    slice_types: list[np.ndarray]  # per slice: env type index of each env
+    views: WorkerViews  # the current generation's shared memory
 
     def ring(self, slice_index: int, seq: int) -> bool:
         """Tell the worker the actions of step `seq` of a slice are written; False if no peer."""
 
 
 # --- Redis key names -------------------------------------------------------------------------
+
 
 def run_key(run_id: str) -> str:
     """Hash: the run's state (written by the driver)."""

@@ -12,6 +12,7 @@ What a caller does when Redis stays down after the retries is the caller's decis
 never stops for it (a worker keeps stepping, the watchdog does not read a dead Redis as dead
 workers), and each such `except redis.RedisError` says why it tolerates it.
 """
+
 from __future__ import annotations
 
 import socket
@@ -21,7 +22,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 RETRIES = 2
-BACKOFF = ExponentialBackoff(cap=0.2, base=0.025)   # min(cap, base * 2**failures): 50 ms, 100 ms
+BACKOFF = ExponentialBackoff(cap=0.2, base=0.025)  # min(cap, base * 2**failures): 50 ms, 100 ms
 
 
 def keepalive_options() -> dict:
@@ -38,8 +39,9 @@ def retry_policy() -> Retry:
 
 
 def connect(url: str, timeout_s: float = 2.0) -> redis.Redis:
-    kwargs = dict(socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                  health_check_interval=30, retry=retry_policy())
+    kwargs = dict(
+        socket_timeout=timeout_s, socket_connect_timeout=timeout_s, health_check_interval=30, retry=retry_policy()
+    )
     if not url.startswith("unix://"):
         kwargs.update(socket_keepalive=True, socket_keepalive_options=keepalive_options())
     return redis.Redis.from_url(url, **kwargs)

@@ -4,6 +4,7 @@ They live here, not in `rlpipe/config.py`, so that those layers never import the
 schema (and with it OmegaConf's structured configs): `rlpipe/config.py` builds these values
 from the composed config and re-exports them for the code above.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,11 +13,12 @@ import numpy as np
 
 OBS_KEYS = ("rgb", "state", "vector")
 OBS_DTYPES = ("uint8", "float32")
-BOARD_SIZINGS = ("auto", "fixed")   # buffer.sizing: grown to the mix (rlpipe/envs/sizing.py) | as configured
+BOARD_SIZINGS = ("auto", "fixed")  # buffer.sizing: grown to the mix (rlpipe/envs/sizing.py) | as configured
 
 
 class ConfigError(ValueError):
     """A config value the engine cannot run with; the message is for the user, as is."""
+
     what = "config error"
 
 
@@ -33,9 +35,9 @@ class ObsKey:
 
 @dataclass(frozen=True)
 class EnvTypeSpec:
-    name: str           # in charts, summary.json, reports (env_mix=gym: after its id, or env_mix.name)
+    name: str  # in charts, summary.json, reports (env_mix=gym: after its id, or env_mix.name)
     weight: float
-    node: dict          # the type's config node, _target_/_partial_ included (for instantiate)
+    node: dict  # the type's config node, _target_/_partial_ included (for instantiate)
     conf_key: str = ""  # its key under env_mix.types where that is not `name` (env_mix=gym's `gym`)
     # The node's `learner:` overrides (checked; keys among rlpipe.config.TYPE_LEARNER_KEYS),
     # taken out of `node`: they are the learner's settings for this type, not constructor

@@ -1,4 +1,5 @@
 """Shared test helpers: compose the real Hydra config, run the real CLI, check for leftovers."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,8 +34,7 @@ def load_benchmark(name: str):
 
 
 def rlpipe_cmd(run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "logging.progress_interval_s=2",
-            *overrides]
+    return [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "logging.progress_interval_s=2", *overrides]
 
 
 def driver_dies_with_pytest() -> None:
@@ -42,14 +42,21 @@ def driver_dies_with_pytest() -> None:
     segments, cgroups) if pytest itself is killed, so no signal to pytest leaves a run behind."""
     import ctypes
     import signal
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
+
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def run_cli(run_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python -m rlpipe` to the end; the result carries the driver's pid (`.pid`), which
     names the run's shared-memory segments and cgroups."""
-    proc = subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=driver_dies_with_pytest)
+    proc = subprocess.Popen(
+        rlpipe_cmd(run_dir, *overrides),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=driver_dies_with_pytest,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -80,6 +87,7 @@ def short_tmp():
     """A short directory under /tmp (unix socket paths must stay under 108 bytes)."""
     import shutil
     import tempfile
+
     path = Path(tempfile.mkdtemp(prefix="rlt", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -94,12 +102,28 @@ def cartpole_multirun():
     health report), never remove any."""
     import shutil
     import tempfile
+
     base = Path(tempfile.mkdtemp(prefix="rlm", dir="/tmp"))
     sweep = base / "mr"
-    res = subprocess.run([sys.executable, "-m", "rlpipe", "-m", "env_mix=cartpole", "env_count=16",
-                          "run.total_env_steps=15000", "run.seed=1,2", "learner.checkpoint_interval_s=2",
-                          "logging.random_return_episodes=3", f"hydra.sweep.dir={sweep}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlpipe",
+            "-m",
+            "env_mix=cartpole",
+            "env_count=16",
+            "run.total_env_steps=15000",
+            "run.seed=1,2",
+            "learner.checkpoint_interval_s=2",
+            "logging.random_return_episodes=3",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     yield sweep
     shutil.rmtree(base, ignore_errors=True)
@@ -113,6 +137,7 @@ EVAL_CHILD = "rlpipe.eval.during"
 def eval_children(run_dir: Path) -> list:
     """Every live process playing an eval round of this run, whoever its parent."""
     import psutil
+
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         cmd = p.info["cmdline"] or []
@@ -125,7 +150,7 @@ def eval_history(run_dir: Path) -> list[dict]:
     """The whole lines of the run's eval history (one may be mid-write while the run goes)."""
     path = run_dir / "eval" / "history.jsonl"
     text = path.read_text() if path.is_file() else ""
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def wait_for(what, timeout_s: float, every_s: float = 0.2):
@@ -145,24 +170,43 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
     run_dir.mkdir(parents=True)
     with open(run_dir.parent / "out.txt", "w") as out, open(run_dir.parent / "err.txt", "w") as err:
         driver = subprocess.Popen(
-            rlpipe_cmd(run_dir, "env_mix=cartpole", "env_count=64", "groups.size=32", "run.duration_s=150",
-                       "run.total_env_steps=null", "eval.interval_s=3", "eval.episodes=2",
-                       "logging.random_return_episodes=0"),
-            cwd=REPO, stdout=out, stderr=err, preexec_fn=driver_dies_with_pytest)
+            rlpipe_cmd(
+                run_dir,
+                "env_mix=cartpole",
+                "env_count=64",
+                "groups.size=32",
+                "run.duration_s=150",
+                "run.total_env_steps=null",
+                "eval.interval_s=3",
+                "eval.episodes=2",
+                "logging.random_return_episodes=0",
+            ),
+            cwd=REPO,
+            stdout=out,
+            stderr=err,
+            preexec_fn=driver_dies_with_pytest,
+        )
     try:
         running = wait_for(lambda: len(eval_history(run_dir)) >= 2 and eval_children(run_dir), 120)
         assert running, f"no two rounds and a third running:\n{(run_dir.parent / 'err.txt').read_text()[-3000:]}"
         child = running[0]
         child_ppid = child.ppid()
-        child_niced = bool(wait_for(lambda: child.nice() == 19, 10))      # it lowers itself first thing
+        child_niced = bool(wait_for(lambda: child.nice() == 19, 10))  # it lowers itself first thing
         driver.send_signal(sig)
         code = driver.wait(90)
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait()
-    return SimpleNamespace(run_dir=run_dir, pid=driver.pid, code=code, stderr=(run_dir.parent / "err.txt").read_text(),
-                           child=child, child_ppid=child_ppid, child_niced=child_niced)
+    return SimpleNamespace(
+        run_dir=run_dir,
+        pid=driver.pid,
+        code=code,
+        stderr=(run_dir.parent / "err.txt").read_text(),
+        child=child,
+        child_ppid=child_ppid,
+        child_niced=child_niced,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -172,12 +216,14 @@ def signalled_run():
     rounds and children)."""
     import shutil
     import tempfile
-    base = Path(tempfile.mkdtemp(prefix="rls", dir="/tmp"))       # short: unix socket paths
+
+    base = Path(tempfile.mkdtemp(prefix="rls", dir="/tmp"))  # short: unix socket paths
     runs: dict[int, SimpleNamespace] = {}
 
     def get(sig: int) -> SimpleNamespace:
         if sig not in runs:
             runs[sig] = _signalled_run(base / signal.Signals(sig).name / "run", sig)
         return runs[sig]
+
     yield get
     shutil.rmtree(base, ignore_errors=True)

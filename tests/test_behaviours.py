@@ -1,6 +1,7 @@
 """Behaviours users rely on, each shown by a real engine run (real workers, Redis, ZMQ, SQLite,
 shared memory, cgroups; no mocks). One chaos-lite run is shared by several tests: each reads
 its own evidence from that run's files."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,21 +19,28 @@ import pytest
 
 from conftest import read_summary, run_cli, run_leftovers
 
-FAST_BEATS = ["heartbeat.timeout_s=4", "heartbeat.scan_interval_s=0.5",
-              "heartbeat.redis_interval_s=0.5", "heartbeat.signal_interval_s=0.2",
-              "heartbeat.term_grace_s=1"]
+FAST_BEATS = [
+    "heartbeat.timeout_s=4",
+    "heartbeat.scan_interval_s=0.5",
+    "heartbeat.redis_interval_s=0.5",
+    "heartbeat.signal_interval_s=0.2",
+    "heartbeat.term_grace_s=1",
+]
 
 
 def rows(run_dir: Path, kind: str) -> list[tuple]:
     """(ts, worker_id, generation, env_id, env_type, detail) of one kind, oldest first."""
     with contextlib.closing(sqlite3.connect(f"file:{run_dir}/lifecycle.sqlite?mode=ro", uri=True)) as db:
-        found = db.execute("SELECT ts, worker_id, generation, env_id, env_type, detail FROM events "
-                           "WHERE kind = ? ORDER BY ts, id", (kind,)).fetchall()
+        found = db.execute(
+            "SELECT ts, worker_id, generation, env_id, env_type, detail FROM events WHERE kind = ? ORDER BY ts, id",
+            (kind,),
+        ).fetchall()
     return [(*r[:5], json.loads(r[5]) if r[5] else {}) for r in found]
 
 
 def tb_scalars(run_dir: Path) -> dict[str, list[float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
@@ -46,17 +54,34 @@ def tb_scalars(run_dir: Path) -> dict[str, list[float]]:
 # SIGKILLs a worker every 9 s and SIGSTOPs one every 13 s (none in the last 6 s: they are
 # given time to heal).
 CHAOS_LITE = [
-    "env_mix=cartpole", "buffer=lowdim",
-    "+env@env_mix.types.faulty=faulty", "+env_mix.weights.faulty=0.25",
+    "env_mix=cartpole",
+    "buffer=lowdim",
+    "+env@env_mix.types.faulty=faulty",
+    "+env_mix.weights.faulty=0.25",
     "env_mix.types.faulty.step_error_rate=0.01",
-    "+env@env_mix.types.web_sim=web_sim", "+env_mix.weights.web_sim=0.25",
-    "env_mix.types.web_sim.hang_rate=0.002", "env_mix.types.web_sim.hang_s=null",
-    "env_count=48", "groups.size=16", "groups.hot=3", "worker.step_timeout_s=1.0",
-    "scaling=on", "scaling.publish_interval_s=1", "scaling.eps_max=0.5",
-    "reward_norm=per_env", "reward_norm.sync_every=20",
-    "learner.backlog=drop", "learner.export=true",
-    "chaos=on", "chaos.kill_redis_at_s=8", "chaos.kill_worker_every_s=9", "chaos.stop_worker_every_s=13",
-    "logging.aggregate_interval_s=5", "run.duration_s=40", "run.total_env_steps=null", *FAST_BEATS,
+    "+env@env_mix.types.web_sim=web_sim",
+    "+env_mix.weights.web_sim=0.25",
+    "env_mix.types.web_sim.hang_rate=0.002",
+    "env_mix.types.web_sim.hang_s=null",
+    "env_count=48",
+    "groups.size=16",
+    "groups.hot=3",
+    "worker.step_timeout_s=1.0",
+    "scaling=on",
+    "scaling.publish_interval_s=1",
+    "scaling.eps_max=0.5",
+    "reward_norm=per_env",
+    "reward_norm.sync_every=20",
+    "learner.backlog=drop",
+    "learner.export=true",
+    "chaos=on",
+    "chaos.kill_redis_at_s=8",
+    "chaos.kill_worker_every_s=9",
+    "chaos.stop_worker_every_s=13",
+    "logging.aggregate_interval_s=5",
+    "run.duration_s=40",
+    "run.total_env_steps=null",
+    *FAST_BEATS,
 ]
 
 
@@ -64,7 +89,8 @@ CHAOS_LITE = [
 def chaos_run():
     import shutil
     import tempfile
-    base = Path(tempfile.mkdtemp(prefix="rlb", dir="/tmp"))    # short: unix socket paths
+
+    base = Path(tempfile.mkdtemp(prefix="rlb", dir="/tmp"))  # short: unix socket paths
     run_dir = base / "run"
     try:
         out = run_cli(run_dir, *CHAOS_LITE, timeout=240)
@@ -77,6 +103,7 @@ def chaos_run():
 def test_chaos_lite_every_injection_recovered(chaos_run):
     """Item: kill and stop workers, kill Redis; every injection is healed, nothing left over."""
     from rlpipe.lifecycle.recovery import recovery_report
+
     run_dir, out = chaos_run
     rep = recovery_report(run_dir / "lifecycle.sqlite")
     kinds = {k: v["injected"] for k, v in rep["by_kind"].items()}
@@ -122,8 +149,11 @@ def test_reward_statistics_survive_a_worker_restart(chaos_run):
     injected = {(w, g): ts for ts, w, g, *_x in rows(run_dir, "chaos_inject") if w is not None}
     spawns = rows(run_dir, "worker_spawn")
     assert all(d["reward_count_restored"] == 0 for _ts, _w, g, _e, _t, d in spawns if g == 1 and "envs" in d)
-    held = [d for _ts, w, g, _e, _t, d in spawns
-            if g is not None and g > 1 and "envs" in d and injected.get((w, g - 1), 0) >= recovered_at + 3]
+    held = [
+        d
+        for _ts, w, g, _e, _t, d in spawns
+        if g is not None and g > 1 and "envs" in d and injected.get((w, g - 1), 0) >= recovered_at + 3
+    ]
     assert held, "no worker was replaced after the Redis recovery"
     # every env of the predecessor has synced many rewards: at least 20 per env
     assert all(d["reward_count_restored"] >= 20 * d["envs"] for d in held), held
@@ -161,7 +191,7 @@ def test_a_hang_in_a_real_worker_is_cut_by_the_deadline(chaos_run):
     for ts, _w, _g, env_id, _t, _d in hangs[:3]:
         assert any(r[3] == env_id and r[0] >= ts for r in rebuilds), env_id
     reasons = {d.get("reason") for *_x, d in rows(run_dir, "worker_restart")}
-    assert reasons <= {"exited", "heartbeat"}            # restarts come from the chaos, not hangs
+    assert reasons <= {"exited", "heartbeat"}  # restarts come from the chaos, not hangs
     assert read_summary(run_dir)["faults"]["env_hangs"] == len(hangs)
 
 
@@ -174,6 +204,7 @@ def test_export_loads_weights_only_and_acts_on_the_declared_spec(chaos_run):
     from rlpipe.config import run_spec
     from rlpipe.envs.registry import plan_mix
     from rlpipe.learner.policy import Policy
+
     run_dir, _out = chaos_run
     payload = torch.load(run_dir / "export" / "policy.pt", weights_only=True)
     compat = payload["compat"]
@@ -188,15 +219,16 @@ def test_export_loads_weights_only_and_acts_on_the_declared_spec(chaos_run):
     obs = {name: torch.randn(b, *shape) for name, shape, _dt in compat["obs_keys"]}
     a_disc, a_cont, logp, value = policy.act(obs, types)
     n_actions = torch.tensor([s.action_n for s in plan.specs])[types]
-    assert ((a_disc >= 0) & (a_disc < n_actions)).all()      # every type: a valid action
+    assert ((a_disc >= 0) & (a_disc < n_actions)).all()  # every type: a valid action
     assert torch.isfinite(logp).all() and torch.isfinite(value).all()
     assert payload["env_steps"] > 0
 
 
 # -- an external Redis, and the locked board -----------------------------------------------------
 
+
 def _die_with_us() -> None:
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG: gone with pytest
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with pytest
 
 
 @pytest.fixture
@@ -206,11 +238,28 @@ def external_redis(short_tmp):
     import redis
 
     from rlpipe.supervisor.redis_service import redis_server_binary
+
     sock = short_tmp / "ext.sock"
-    proc = subprocess.Popen([redis_server_binary(), "--port", "0", "--unixsocket", str(sock),
-                             "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
-                             "--dir", str(short_tmp)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, preexec_fn=_die_with_us)
+    proc = subprocess.Popen(
+        [
+            redis_server_binary(),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(short_tmp),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_us,
+    )
     url = f"unix://{sock}"
     try:
         deadline = time.monotonic() + 10
@@ -232,16 +281,28 @@ def test_external_redis_url_and_locked_board_run(short_tmp, external_redis):
     """redis.url points at a server the run did not start: beats, reward statistics and
     exploration rates all go through it; buffer.sync=lock runs the whole engine too."""
     import redis
+
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, f"redis.url={external_redis}", "buffer.sync=lock", "env_count=16",
-                  "groups.size=8", "scaling=on", "scaling.publish_interval_s=1", "reward_norm=per_env",
-                  "reward_norm.sync_every=20", "heartbeat.redis_interval_s=0.5", "run.total_env_steps=15000",
-                  "run.duration_s=90", timeout=180)
+    out = run_cli(
+        run_dir,
+        f"redis.url={external_redis}",
+        "buffer.sync=lock",
+        "env_count=16",
+        "groups.size=8",
+        "scaling=on",
+        "scaling.publish_interval_s=1",
+        "reward_norm=per_env",
+        "reward_norm.sync_every=20",
+        "heartbeat.redis_interval_s=0.5",
+        "run.total_env_steps=15000",
+        "run.duration_s=90",
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["redis"] == "external" and not (run_dir / "redis.log").exists()
     assert summary["env_steps"] >= 15000 and summary["active_envs_end"] == 16
-    assert summary["board"]["torn_retries"] == 0          # a locked board never tears
+    assert summary["board"]["torn_retries"] == 0  # a locked board never tears
     client = redis.Redis.from_url(external_redis, decode_responses=True)
     (run_key,) = client.keys("rlpipe:*:run")
     run_id = run_key.split(":")[1]
@@ -259,9 +320,16 @@ def test_day0_through_the_cli_exits_1_naming_the_failing_type(short_tmp):
     """+stage=day0 validates every type of the mix; one that cannot even reset fails the run
     (exit 1), named on stderr and in env_validation.json, while the healthy type passes."""
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "+stage=day0", "env_mix=cartpole", "buffer=lowdim",
-                  "+env@env_mix.types.faulty=faulty", "+env_mix.weights.faulty=1.0",
-                  "env_mix.types.faulty.reset_error_rate=1.0", timeout=120)
+    out = run_cli(
+        run_dir,
+        "+stage=day0",
+        "env_mix=cartpole",
+        "buffer=lowdim",
+        "+env@env_mix.types.faulty=faulty",
+        "+env_mix.weights.faulty=1.0",
+        "env_mix.types.faulty.reset_error_rate=1.0",
+        timeout=120,
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     assert re.search(r"FAILED types: faulty \(", out.stderr), out.stderr[-2000:]
@@ -271,28 +339,39 @@ def test_day0_through_the_cli_exits_1_naming_the_failing_type(short_tmp):
     assert not (run_dir / "summary.json").exists()
 
 
-@pytest.mark.slow      # 700 envs of twelve types for 35 s: soak-sized (the day5 soak runs this mix at 1,000)
+@pytest.mark.slow  # 700 envs of twelve types for 35 s: soak-sized (the day5 soak runs this mix at 1,000)
 def test_seed12_at_700_envs_with_rgb_rows(short_tmp):
     """The whole seed12 mix at 700 envs with rgb rows on the board: ALE, PyBullet, MiniGrid
     and the rest built and stepped inside the workers, every slice stepping, the CNN path
     of the policy trained (small widths keep it short)."""
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "env_mix=seed12", "buffer=small", "env_count=700", "groups.hot=10",
-                  "env_mix.types.unity_sim.warmup_ms=10", "learner.cnn_channels=[8,16,16]",
-                  "learner.cnn_out=64", "learner.rollout_len=8", "learner.update_envs=140",
-                  "learner.minibatch_size=560", "run.duration_s=35", "run.total_env_steps=null",
-                  timeout=240)
+    out = run_cli(
+        run_dir,
+        "env_mix=seed12",
+        "buffer=small",
+        "env_count=700",
+        "groups.hot=10",
+        "env_mix.types.unity_sim.warmup_ms=10",
+        "learner.cnn_channels=[8,16,16]",
+        "learner.cnn_out=64",
+        "learner.rollout_len=8",
+        "learner.update_envs=140",
+        "learner.minibatch_size=560",
+        "run.duration_s=35",
+        "run.total_env_steps=null",
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert len(summary["env_types"]) == 12 and sum(summary["env_types"].values()) == 700
-    assert summary["all_envs_ready_s"] is not None          # every slice of every worker stepped
+    assert summary["all_envs_ready_s"] is not None  # every slice of every worker stepped
     assert summary["active_envs_end"] == 700
     assert summary["updates"] >= 1
     assert summary["loss_std"] is None or math.isfinite(summary["loss_std"])
-    assert summary["shm_bytes"] > 700 * 64 * 64 * 3         # rgb rows on the board
+    assert summary["shm_bytes"] > 700 * 64 * 64 * 3  # rgb rows on the board
     built = {}
     for _ts, w, _g, _e, env_type, _d in rows(run_dir, "env_create"):
-        assert w is not None                                  # built by a worker process
+        assert w is not None  # built by a worker process
         built[env_type] = built.get(env_type, 0) + 1
     assert {"atari", "bullet_reacher", "minigrid", "unity_sim"} <= set(built)
     assert all(built[t] >= n for t, n in summary["env_types"].items())

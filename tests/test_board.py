@@ -8,6 +8,7 @@ Child processes are spawned, so this module's top level imports only what a chil
 (numpy, the native board, the segment module); the engine layout (and Hydra) is imported in
 the parent only.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -26,22 +27,31 @@ from rlpipe.native.board import BoardView, load_u64, store_u64
 from rlpipe.shm.payloads import Payloads, check_rows
 from rlpipe.shm.segment import SHM_DIR, Segment, new_run_id, run_segments, segment_name, sweep_dead_segments
 
-H_GENERATION = 8             # rlpipe.shm.layout.H_GENERATION (checked in test_layout_constants)
+H_GENERATION = 8  # rlpipe.shm.layout.H_GENERATION (checked in test_layout_constants)
 CTX = mp.get_context("spawn")
 REPO = Path(__file__).resolve().parent.parent
 
 
 # --- boards for the child processes ---------------------------------------------------------
 
+
 def open_board(geo):
     seg = Segment.attach(geo["name"])
-    board = BoardView(seg.base, geo["ctrl_off"], geo["key_offsets"], geo["strides"], geo["row_bytes"],
-                      seg.base + H_GENERATION, locked=geo["locked"], n_envs=geo["n_envs"],
-                      keepalive=seg.buf)
+    board = BoardView(
+        seg.base,
+        geo["ctrl_off"],
+        geo["key_offsets"],
+        geo["strides"],
+        geo["row_bytes"],
+        seg.base + H_GENERATION,
+        locked=geo["locked"],
+        n_envs=geo["n_envs"],
+        keepalive=seg.buf,
+    )
     if geo.get("stream"):
-        board.stream_bytes = 0          # every row of 4 KiB and up in non-temporal stores
+        board.stream_bytes = 0  # every row of 4 KiB and up in non-temporal stores
     if geo.get("lock_envs"):
-        board.lock_envs = geo["lock_envs"]      # lock board: envs sharing one mutex
+        board.lock_envs = geo["lock_envs"]  # lock board: envs sharing one mutex
     return seg, board
 
 
@@ -61,6 +71,7 @@ def wait_published(board, n_envs, min_seq=4, timeout=30.0):
 
 
 # --- child processes ------------------------------------------------------------------------
+
 
 def writer_main(geo, writer_id, gen, stop, q):
     seg, board = open_board(geo)
@@ -87,8 +98,7 @@ def reader_main(geo, writer_id, max_s, stop, q, unchecked_every=5):
     outs, ptrs, strides = out_rows(geo)
     wait_published(board, n)
     last = np.zeros(n, dtype=np.uint64)
-    stats = dict(role="reader", reads=0, torn=0, stale=0, foreign=0, retries=0, unchecked=0,
-                 torn_unchecked=0)
+    stats = dict(role="reader", reads=0, torn=0, stale=0, foreign=0, retries=0, unchecked=0, torn_unchecked=0)
     t0 = time.monotonic()
     i = 0
     while not stop.value and time.monotonic() - t0 < max_s:
@@ -123,8 +133,16 @@ def gather_after_kill_main(geo, q):
     republished = board.publish(pay.fill(1), pay.strides, 0, geo["n_envs"], load_u64(seg.base + H_GENERATION))
     board.gather(ptrs, strides, 0, geo["n_envs"])
     ok2, tags2 = check_rows(outs)
-    q.put({"ok": ok.tolist(), "tags": [int(t) for t in tags], "seqs": seqs,
-           "republished": republished, "ok2": ok2.tolist(), "tags2": [int(t) for t in tags2]})
+    q.put(
+        {
+            "ok": ok.tolist(),
+            "tags": [int(t) for t in tags],
+            "seqs": seqs,
+            "republished": republished,
+            "ok2": ok2.tolist(),
+            "tags2": [int(t) for t in tags2],
+        }
+    )
     del board
     seg.close()
 
@@ -141,6 +159,7 @@ def owner_main(q, hold):
 
 # --- parent-side helpers --------------------------------------------------------------------
 
+
 @pytest.fixture
 def segments():
     """Create board segments for a test; every one is unlinked afterwards, and checked gone."""
@@ -148,6 +167,7 @@ def segments():
 
     def make(buffer_keys, n_envs, locked=False, gen=1):
         from rlpipe.shm.layout import H_GENERATION as H_GEN, WorkerLayout, WorkerViews
+
         assert H_GEN == H_GENERATION
         layout = WorkerLayout.build(n_envs, tuple(buffer_keys), 0)
         seg = Segment.create(segment_name(new_run_id(), f"t{len(made)}"), layout.size)
@@ -157,9 +177,15 @@ def segments():
         if locked:
             views.board.init_locks(n_envs)
         views.release()
-        return seg, dict(name=seg.name, ctrl_off=layout.ctrl_off, key_offsets=list(layout.key_offsets),
-                         strides=list(layout.strides), row_bytes=[k.nbytes for k in buffer_keys],
-                         n_envs=n_envs, locked=locked)
+        return seg, dict(
+            name=seg.name,
+            ctrl_off=layout.ctrl_off,
+            key_offsets=list(layout.key_offsets),
+            strides=list(layout.strides),
+            row_bytes=[k.nbytes for k in buffer_keys],
+            n_envs=n_envs,
+            locked=locked,
+        )
 
     yield make
     for seg in made:
@@ -172,6 +198,7 @@ def buffer_keys(option: str, rgb_dtype: str | None = None):
     """Obs keys of conf/buffer/<option>.yaml, composed through Hydra like a real run."""
     from conftest import compose_cfg
     from rlpipe.config import run_spec
+
     overrides = [f"buffer={option}"]
     if rgb_dtype:
         overrides.append(f"buffer.keys.rgb.dtype={rgb_dtype}")
@@ -182,7 +209,7 @@ def buffer_options():
     # at collection (spawned children import this module too): no Hydra import here
     for path in sorted((REPO / "conf" / "buffer").glob("*.yaml")):
         has_rgb = "rgb:" in path.read_text()
-        for dtype in (("uint8", "float32") if has_rgb else (None,)):
+        for dtype in ("uint8", "float32") if has_rgb else (None,):
             yield path.stem, dtype
 
 
@@ -212,14 +239,17 @@ def reap(*procs, timeout=20.0):
 
 # --- layout and alignment -------------------------------------------------------------------
 
+
 def test_layout_constants():
     from rlpipe.shm import layout
+
     assert layout.H_GENERATION == H_GENERATION and layout.CTRL_BYTES == 64
 
 
 @pytest.mark.parametrize("option,rgb_dtype", list(buffer_options()))
 def test_every_slot_is_64_byte_aligned(segments, option, rgb_dtype):
     from rlpipe.shm.layout import WorkerLayout
+
     keys = buffer_keys(option, rgb_dtype)
     if rgb_dtype:
         assert dict((k.name, k.dtype) for k in keys)["rgb"] == rgb_dtype
@@ -240,20 +270,29 @@ def test_every_slot_is_64_byte_aligned(segments, option, rgb_dtype):
 
 def test_board_rejects_misaligned_geometry(segments):
     from rlpipe.config import ObsKey
+
     seg, geo = segments([ObsKey("state", (32,), "float32")], 4)
     with pytest.raises(ValueError):
-        BoardView(seg.base, geo["ctrl_off"], [geo["key_offsets"][0] + 8], geo["strides"],
-                  geo["row_bytes"], seg.base + H_GENERATION)
+        BoardView(
+            seg.base,
+            geo["ctrl_off"],
+            [geo["key_offsets"][0] + 8],
+            geo["strides"],
+            geo["row_bytes"],
+            seg.base + H_GENERATION,
+        )
     with pytest.raises(ValueError):
         BoardView(seg.base, geo["ctrl_off"], geo["key_offsets"], [136], [132], seg.base + H_GENERATION)
 
 
 # --- single-process semantics -----------------------------------------------------------------
 
-@pytest.mark.parametrize("locked,stream,lock_envs",
-                         [(False, False, 0), (False, True, 0), (True, False, 0), (True, True, 0),
-                          (True, False, 3)],
-                         ids=["seqlock", "seqlock-streamed", "lock", "lock-streamed", "lock-per-3-envs"])
+
+@pytest.mark.parametrize(
+    "locked,stream,lock_envs",
+    [(False, False, 0), (False, True, 0), (True, False, 0), (True, True, 0), (True, False, 3)],
+    ids=["seqlock", "seqlock-streamed", "lock", "lock-streamed", "lock-per-3-envs"],
+)
 def test_publish_gather_idx_and_revocation(segments, locked, stream, lock_envs):
     keys = buffer_keys("small")
     n = 8
@@ -301,22 +340,25 @@ def test_publish_gather_idx_and_revocation(segments, locked, stream, lock_envs):
 
 # --- concurrency: lapping, killing, replacing ---------------------------------------------------
 
-@pytest.mark.parametrize("rgb_dtype,locked,stream,lock_envs",
-                         [("uint8", False, False, 0), ("float32", False, True, 0),
-                          ("uint8", True, False, 0), ("float32", True, True, 2)],
-                         ids=["rgb-uint8", "rgb-float32-streamed", "rgb-uint8-lockboard",
-                              "rgb-float32-streamed-lockboard-one-mutex"])
+
+@pytest.mark.parametrize(
+    "rgb_dtype,locked,stream,lock_envs",
+    [("uint8", False, False, 0), ("float32", False, True, 0), ("uint8", True, False, 0), ("float32", True, True, 2)],
+    ids=["rgb-uint8", "rgb-float32-streamed", "rgb-uint8-lockboard", "rgb-float32-streamed-lockboard-one-mutex"],
+)
 def test_writer_laps_two_readers_no_torn_read_accepted(segments, rgb_dtype, locked, stream, lock_envs):
     keys = buffer_keys("seed", rgb_dtype)
     assert [k.name for k in keys] == ["rgb", "state", "vector"]
     n = 2
     seg, geo = segments(keys, n, locked=locked)
-    geo["stream"] = stream          # float32 rows (600 KB) as a big batch would copy them
+    geo["stream"] = stream  # float32 rows (600 KB) as a big batch would copy them
     geo["lock_envs"] = lock_envs
     stop, q = CTX.RawValue("i", 0), CTX.Queue()
     writer = CTX.Process(target=writer_main, args=(geo, 1, 1, stop, q), name="writer")
-    readers = [CTX.Process(target=reader_main, args=(geo, 1, 1.5, stop, q, 0 if locked else 2),
-                           name=f"reader{i}") for i in range(2)]
+    readers = [
+        CTX.Process(target=reader_main, args=(geo, 1, 1.5, stop, q, 0 if locked else 2), name=f"reader{i}")
+        for i in range(2)
+    ]
     writer.start()
     for r in readers:
         r.start()
@@ -353,9 +395,9 @@ def test_writer_killed_mid_write_leaves_old_row_readable(segments, locked):
     try:
         _, board = open_board(geo)
         wait_published(board, n)
-        if locked:   # holding the env's robust mutex (glibc: owner tid in the lock word at +8)
+        if locked:  # holding the env's robust mutex (glibc: owner tid in the lock word at +8)
             env = stop_mid_write(writer, board, n, lambda b, e: lock_owner(e) == writer.pid)
-        else:        # sequence odd: between the odd store and the publishing store
+        else:  # sequence odd: between the odd store and the publishing store
             env = stop_mid_write(writer, board, n, lambda b, e: b.seq(e) % 2 == 1)
         os.kill(writer.pid, signal.SIGKILL)
         writer.join(10)
@@ -399,16 +441,17 @@ def test_stopped_writer_replaced_then_continued_cannot_publish(segments):
         store_u64(seg1.base + H_GENERATION, 2)
         seg2, geo2 = segments(keys, n, gen=2)
         successor = CTX.Process(target=writer_main, args=(geo2, 2, 2, stop, q), name="successor")
-        readers = [CTX.Process(target=reader_main, args=(geo2, 2, 1.5, stop, q, 0), name=f"reader{i}")
-                   for i in range(2)]
+        readers = [
+            CTX.Process(target=reader_main, args=(geo2, 2, 1.5, stop, q, 0), name=f"reader{i}") for i in range(2)
+        ]
         procs += [successor, *readers]
         successor.start()
         for r in readers:
             r.start()
         _, board2 = open_board(geo2)
         wait_published(board2, n)
-        os.kill(stale.pid, signal.SIGCONT)            # the stale writer wakes up mid-copy
-        reports = [q.get(timeout=60) for _ in range(3)]   # the stale writer and both readers
+        os.kill(stale.pid, signal.SIGCONT)  # the stale writer wakes up mid-copy
+        reports = [q.get(timeout=60) for _ in range(3)]  # the stale writer and both readers
         stop.value = 1
         reports.append(q.get(timeout=30))
         reap(*procs)
@@ -437,6 +480,7 @@ def test_stopped_writer_replaced_then_continued_cannot_publish(segments):
 
 # --- segment hygiene --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o277])
 def test_segment_mode_is_0600_whatever_the_umask(umask):
     old = os.umask(umask)
@@ -464,13 +508,13 @@ def test_sweep_removes_dead_owners_segments_and_keeps_live_ones():
     mine = Segment.create(segment_name(new_run_id(), "w0g1"), 4096)
     try:
         assert len(run_segments(dead_run)) == 2 and len(run_segments(live_run)) == 2
-        os.kill(dead.pid, signal.SIGKILL)              # kill -9 of a driver: no cleanup ran
-        deadline = time.monotonic() + 10               # not reaped yet: a zombie is dead too
+        os.kill(dead.pid, signal.SIGKILL)  # kill -9 of a driver: no cleanup ran
+        deadline = time.monotonic() + 10  # not reaped yet: a zombie is dead too
         while Path(f"/proc/{dead.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert len(run_segments(dead_run)) == 2
-        removed = sweep_dead_segments()                # what the next run does first
+        removed = sweep_dead_segments()  # what the next run does first
         dead.join(10)
         assert set(run_segments(dead_run)).isdisjoint(run_segments(live_run))
         assert run_segments(dead_run) == []
@@ -511,13 +555,12 @@ RT_SCRIPT = textwrap.dedent("""
 def test_attach_detach_leaves_no_resource_tracker_trace(tmp_path):
     script = tmp_path / "rt.py"
     script.write_text(RT_SCRIPT)
-    out = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60)
     name = out.stdout.strip()
     try:
         assert out.returncode == 0, out.stderr
-        assert out.stderr == ""                        # no resource_tracker warning, nothing
-        assert (SHM_DIR / name).exists()               # and nobody unlinked it behind our back
+        assert out.stderr == ""  # no resource_tracker warning, nothing
+        assert (SHM_DIR / name).exists()  # and nobody unlinked it behind our back
     finally:
         if name.startswith("rlpipe_"):
             (SHM_DIR / name).unlink(missing_ok=True)

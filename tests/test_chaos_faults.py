@@ -2,6 +2,7 @@
 off by default, the runner injects what the registry lists on its schedule, and the recovery
 report judges every registered fault by its class's rule; the fault added last (a Redis
 pause) injected and healed in a short real run."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,7 +65,7 @@ def test_the_recovery_report_judges_every_registered_fault(tmp_path: Path):
         rule = fault.healed_by
         assert rule.kind in EVENT_KINDS, f"{fault.what}: nothing emits {rule.kind!r}"
 
-        def write(rec, k=k, fault=fault, rule=rule):      # bound now: called in this iteration
+        def write(rec, k=k, fault=fault, rule=rule):  # bound now: called in this iteration
             who = dict(worker_id=k, generation=1) if rule.newer_generation else {}
             rec("chaos_inject", detail={"what": fault.what, "t": 0.0}, ts=T0, **who)
             if rule.newer_generation:
@@ -72,8 +73,12 @@ def test_the_recovery_report_judges_every_registered_fault(tmp_path: Path):
                 rec(rule.kind, worker_id=k, generation=2, ts=T0 + 2.0)
             else:
                 rec(rule.kind, ts=T0 + 2.0)
-            rec("chaos_inject", detail={"what": fault.what, "t": 10.0}, ts=T0 + 10,
-                **(dict(worker_id=k, generation=2) if rule.newer_generation else {}))
+            rec(
+                "chaos_inject",
+                detail={"what": fault.what, "t": 10.0},
+                ts=T0 + 10,
+                **(dict(worker_id=k, generation=2) if rule.newer_generation else {}),
+            )
             rec("chaos_inject", detail={"what": "not_a_fault"}, ts=T0 + 20)
 
         db = tmp_path / fault.what / "lifecycle.sqlite"
@@ -114,21 +119,30 @@ def test_the_runner_injects_the_registered_faults_on_their_schedule(monkeypatch)
     """kill every 2 s and stop every 3 s from the start, the Redis kill once at 5 s; nothing
     after quiet_from. Signals are recorded, not sent."""
     from rlpipe.supervisor import chaos as runner
+
     sent = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(signal.Signals(sig).name))
-    monkeypatch.setattr(runner, "live_pids", set)        # the fake pids stay "alive"
+    monkeypatch.setattr(runner, "live_pids", set)  # the fake pids stay "alive"
     rows = []
-    services = SimpleNamespace(lifecycle=SimpleNamespace(record=lambda kind, detail, **f: rows.append(detail)),
-                               redis=SimpleNamespace(proc=_Proc(1)))
+    services = SimpleNamespace(
+        lifecycle=SimpleNamespace(record=lambda kind, detail, **f: rows.append(detail)),
+        redis=SimpleNamespace(proc=_Proc(1)),
+    )
     spec = _chaos("chaos.kill_worker_every_s=2", "chaos.stop_worker_every_s=3", "chaos.kill_redis_at_s=5")
     chaos = runner.Chaos(spec, seed=0, t0=100.0, services=services, pending={}, quiet_from=109.0)
     handles = [_Handle(k) for k in range(4)]
     for i in range(121):
         chaos.tick(handles, 100.0 + i * 0.1)
     assert [(d["what"], d["t"]) for d in rows] == [
-        ("kill_worker", 2.0), ("stop_worker", 3.0), ("kill_worker", 4.0), ("kill_redis", 5.0),
-        ("kill_worker", 6.0), ("stop_worker", 6.0), ("kill_worker", 8.0)]
-    assert sent == ["SIGKILL", "SIGSTOP", "SIGKILL", "SIGKILL", "SIGSTOP", "SIGKILL"]   # Redis: Popen.kill
+        ("kill_worker", 2.0),
+        ("stop_worker", 3.0),
+        ("kill_worker", 4.0),
+        ("kill_redis", 5.0),
+        ("kill_worker", 6.0),
+        ("stop_worker", 6.0),
+        ("kill_worker", 8.0),
+    ]
+    assert sent == ["SIGKILL", "SIGSTOP", "SIGKILL", "SIGKILL", "SIGSTOP", "SIGKILL"]  # Redis: Popen.kill
     assert services.redis.proc.dead and chaos.injected == 7
 
 
@@ -146,17 +160,28 @@ def test_a_redis_pause_in_a_real_run_is_healed_in_the_recovery_report(short_tmp)
     worker (Redis down is never read as one) and the run ends clean."""
     from conftest import read_summary, run_cli, run_leftovers
     from rlpipe.chaos_faults import PauseRedis
+
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "env_count=16", "groups.size=8", "run.duration_s=30", "run.total_env_steps=null",
-                  "chaos.pause_redis_at_s=4", "heartbeat.timeout_s=10", "heartbeat.scan_interval_s=0.5",
-                  "heartbeat.redis_interval_s=0.5", "heartbeat.signal_interval_s=0.2",
-                  "heartbeat.term_grace_s=1", timeout=180)
+    out = run_cli(
+        run_dir,
+        "env_count=16",
+        "groups.size=8",
+        "run.duration_s=30",
+        "run.total_env_steps=null",
+        "chaos.pause_redis_at_s=4",
+        "heartbeat.timeout_s=10",
+        "heartbeat.scan_interval_s=0.5",
+        "heartbeat.redis_interval_s=0.5",
+        "heartbeat.signal_interval_s=0.2",
+        "heartbeat.term_grace_s=1",
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rep = recovery_report(run_dir / "lifecycle.sqlite")
     assert rep["by_kind"].keys() == {"pause_redis"} and rep["unrecovered"] == 0, rep
     (event,) = rep["events"]
     assert event["recovered_by"] == "redis_recovered"
-    assert event["recover_s"] >= PauseRedis.PAUSE_S          # healed after the SIGCONT, not before
+    assert event["recover_s"] >= PauseRedis.PAUSE_S  # healed after the SIGCONT, not before
     assert read_summary(run_dir)["faults"]["worker_restarts"] == 0
     assert "every injected fault recovered: **yes**" in (run_dir / "health_report.md").read_text()
     assert run_leftovers(out.pid) == []

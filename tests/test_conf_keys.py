@@ -9,6 +9,7 @@ dataclass, its `__init__` or `describe`) declares none of their values again. A 
 `learner:` is no constructor parameter: its keys are learner settings the type sets for
 itself (rlpipe.config.TYPE_LEARNER_KEYS), each a LearnerSpec field read by code.
 """
+
 from __future__ import annotations
 
 import ast
@@ -32,8 +33,13 @@ ALLOWED_DEFAULTS = {
 }
 # Keys that code reads through a value rlpipe/config.py derives from them (the derived
 # attribute must be read outside the config modules).
-DERIVED = {"env_mix.types": "env_types", "env_mix.weights": "env_types", "env_mix.name": "env_types",
-           "buffer.keys.*.shape": "obs_keys", "buffer.keys.*.dtype": "obs_keys"}
+DERIVED = {
+    "env_mix.types": "env_types",
+    "env_mix.weights": "env_types",
+    "env_mix.name": "env_types",
+    "buffer.keys.*.shape": "obs_keys",
+    "buffer.keys.*.dtype": "obs_keys",
+}
 # env_mix.types.<type>.* are the env types' constructor parameters, not schema fields: the
 # schema walk below leaves them to the env-node tests at the end of this file.
 OPAQUE = {"env_mix.types"}
@@ -73,8 +79,12 @@ def _yaml_values(path: str):
         parts = (rest or group).split(".")
         found = [node]
         for part in parts:
-            found = [c for n in found if isinstance(n, DictConfig)
-                     for c in (n.values() if part == "*" else [n[part]] if part in n else [])]
+            found = [
+                c
+                for n in found
+                if isinstance(n, DictConfig)
+                for c in (n.values() if part == "*" else [n[part]] if part in n else [])
+            ]
         for value in found:
             yield file.relative_to(REPO), OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
@@ -88,7 +98,7 @@ def test_schema_defaults_live_in_conf_only():
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
         if default == MISSING:
             continue
-        for file, value in _yaml_values(path) if "*" not in path else ():   # an entry sets its own
+        for file, value in _yaml_values(path) if "*" not in path else ():  # an entry sets its own
             if value != default:
                 problems.append(f"{path}: schema default {default!r} but {file} sets {value!r}")
         if path not in ALLOWED_DEFAULTS:
@@ -100,8 +110,9 @@ def _configs():
     yield []
     for group in sorted(p.name for p in conf_dir().iterdir() if p.is_dir() and p.name not in ("env", "hydra")):
         for option in sorted((conf_dir() / group).glob("*.yaml")):
-            yield [f"+stage={option.stem}" if group == "stage" else f"{group}={option.stem}"] + \
-                (["env_mix.id=CartPole-v1"] if option.stem == "gym" else [])
+            yield [f"+stage={option.stem}" if group == "stage" else f"{group}={option.stem}"] + (
+                ["env_mix.id=CartPole-v1"] if option.stem == "gym" else []
+            )
 
 
 def conf_keys(node: DictConfig, fields: dict, prefix=""):
@@ -124,8 +135,11 @@ def attributes_read() -> set[str]:
     names = set()
     for path in sorted((REPO / "rlpipe").rglob("*.py")):
         if path not in CONFIG_MODULES:
-            names.update(n.attr for n in ast.walk(ast.parse(path.read_text()))
-                         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load))
+            names.update(
+                n.attr
+                for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+            )
     return names
 
 
@@ -133,8 +147,9 @@ def test_every_conf_key_is_read_by_code():
     fields, read = schema_fields(), attributes_read()
     interpolations = "\n".join(p.read_text() for p in conf_dir().rglob("*.yaml"))
     keys = {key for overrides in _configs() for key in conf_keys(compose_cfg(overrides), fields)}
-    problems = [f"{key}: in conf/ but not a schema field" for key in sorted(keys)
-                if key not in fields and key not in OPAQUE]
+    problems = [
+        f"{key}: in conf/ but not a schema field" for key in sorted(keys) if key not in fields and key not in OPAQUE
+    ]
     for key in sorted(keys):
         name = DERIVED.get(key, key.rpartition(".")[2])
         if name not in read and "${" + key + "}" not in interpolations:
@@ -144,7 +159,7 @@ def test_every_conf_key_is_read_by_code():
 
 # -- env nodes -------------------------------------------------------------------------------------
 
-TYPE_LEARNER_NODE = "learner"     # an env node's per-type learner settings (taken out before construction)
+TYPE_LEARNER_NODE = "learner"  # an env node's per-type learner settings (taken out before construction)
 
 # Constructor defaults allowed, each for a parameter that not every node of its type sets. Such a
 # default says "left out" (None), never a value: a value belongs in the node.
@@ -192,7 +207,9 @@ def env_nodes():
                 if "_target_" in node:
                     yield file.relative_to(REPO), name, _target_class(node["_target_"]), node, True
                 else:
-                    assert name in own, f"{file.relative_to(REPO)} tunes env type {name!r}, which has no conf/env/{name}.yaml"
+                    assert name in own, (
+                        f"{file.relative_to(REPO)} tunes env type {name!r}, which has no conf/env/{name}.yaml"
+                    )
                     yield file.relative_to(REPO), name, own[name], node, False
 
 
@@ -229,10 +246,16 @@ def parameters_read(cls: type) -> set[str]:
         if not klass.__module__.startswith("rlpipe."):
             continue
         tree = ast.parse(Path(sys.modules[klass.__module__].__file__).read_text())
-        skip = {id(n) for n in ast.walk(_class_node(tree, params.__name__))} if params is not None and \
-            _class_node(tree, params.__name__) is not None else set()
-        names.update(n.attr for n in ast.walk(tree) if id(n) not in skip
-                     and isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load))
+        skip = (
+            {id(n) for n in ast.walk(_class_node(tree, params.__name__))}
+            if params is not None and _class_node(tree, params.__name__) is not None
+            else set()
+        )
+        names.update(
+            n.attr
+            for n in ast.walk(tree)
+            if id(n) not in skip and isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+        )
         body = _class_node(tree, klass.__name__)
         for fn in (n for n in (body.body if body else []) if isinstance(n, ast.FunctionDef) and n.name in ENV_METHODS):
             names.update(n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
@@ -252,18 +275,25 @@ def test_env_constructor_defaults_live_in_conf_only():
                     continue
                 for file, value in set_by:
                     if value == _plain(default):
-                        problems.append(f"{where}: {name}={default!r} duplicates {file}'s {name}: {value!r}; "
-                                        "make it required (no default)")
+                        problems.append(
+                            f"{where}: {name}={default!r} duplicates {file}'s {name}: {value!r}; "
+                            "make it required (no default)"
+                        )
                     elif label not in ENV_ALLOWED_DEFAULTS:
-                        problems.append(f"{where}: {name}={default!r} but {file} sets {name}: {value!r}; "
-                                        "make it required (no default)")
+                        problems.append(
+                            f"{where}: {name}={default!r} but {file} sets {name}: {value!r}; "
+                            "make it required (no default)"
+                        )
                 if label not in ENV_ALLOWED_DEFAULTS:
                     if not set_by:
-                        problems.append(f"{where}: {name}={default!r} is a setting no conf/ node sets; set it "
-                                        f"in the type's conf/env node and make it required")
+                        problems.append(
+                            f"{where}: {name}={default!r} is a setting no conf/ node sets; set it "
+                            f"in the type's conf/env node and make it required"
+                        )
                 elif default is not None:
-                    problems.append(f"{where}: {name}={default!r}: an allowed default is None (left out), "
-                                    "never a value")
+                    problems.append(
+                        f"{where}: {name}={default!r}: an allowed default is None (left out), never a value"
+                    )
                 elif {f for f, _v in set_by} >= set(defining):
                     problems.append(f"{where}: {name} is set by every node of {cls.__name__}; make it required")
     assert not problems, "\n".join(problems)
@@ -279,8 +309,10 @@ def test_every_env_node_key_is_a_parameter_read_by_code():
             if key not in params:
                 problems.append(f"{file}: {name}.{key} is no parameter of {cls.__name__}")
             elif key not in read:
-                problems.append(f"{file}: {name}.{key} is set but no code of {cls.__name__} reads `.{key}` "
-                                "(or the name in the method taking it)")
+                problems.append(
+                    f"{file}: {name}.{key} is set but no code of {cls.__name__} reads `.{key}` "
+                    "(or the name in the method taking it)"
+                )
     assert not problems, "\n".join(problems)
 
 
@@ -290,8 +322,11 @@ def test_env_node_learner_keys_are_per_type_learner_settings():
     of its own (the node key could not reach it)."""
     learner_fields, read = {f.name for f in dataclasses.fields(LearnerSpec)}, attributes_read()
     problems = [f"TYPE_LEARNER_KEYS: {k} is no LearnerSpec field" for k in TYPE_LEARNER_KEYS if k not in learner_fields]
-    problems += [f"TYPE_LEARNER_KEYS: {k} is read by no code outside rlpipe/config*.py"
-                 for k in TYPE_LEARNER_KEYS if k not in read]
+    problems += [
+        f"TYPE_LEARNER_KEYS: {k} is read by no code outside rlpipe/config*.py"
+        for k in TYPE_LEARNER_KEYS
+        if k not in read
+    ]
     for file, name, cls, node, _defines in env_nodes():
         if TYPE_LEARNER_NODE in env_parameters(cls):
             problems.append(f"{cls.__name__} takes a `{TYPE_LEARNER_NODE}` parameter, which the node key shadows")

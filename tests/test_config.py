@@ -1,4 +1,5 @@
 """Config composition of every group option through Hydra's compose API, and clear errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,57 +28,88 @@ CLASSIC = {"cartpole": 1.0, "acrobot": 1.0, "pendulum": 1.0, "mountaincar_cont":
 # What each group option must change in the plain spec: an option whose values never reach
 # the spec (or reach the wrong field) fails here, and a new option without a check fails too.
 OPTION_CHECKS = {
-    ("buffer", "auto"): lambda s: _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)}
-    and s.buffer.sizing == "auto",
+    ("buffer", "auto"): lambda s: (
+        _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)} and s.buffer.sizing == "auto"
+    ),
     ("buffer", "lowdim"): lambda s: _keys(s) == {"state": (32,), "vector": (16,)} and s.buffer.sync == "seqlock",
     ("buffer", "seed"): lambda s: _keys(s) == {"rgb": (224, 224, 3), "state": (128,), "vector": (64,)},
-    ("buffer", "small"): lambda s: _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)}
-    and s.buffer.sizing == "fixed",
+    ("buffer", "small"): lambda s: (
+        _keys(s) == {"rgb": (64, 64, 3), "state": (32,), "vector": (16,)} and s.buffer.sizing == "fixed"
+    ),
     ("buffer", "state_only"): lambda s: _keys(s) == {"state": (32,)},
     ("chaos", "off"): lambda s: not s.chaos.enabled,
-    ("chaos", "on"): lambda s: (s.chaos.kill_worker_every_s, s.chaos.stop_worker_every_s,
-                                s.chaos.kill_redis_at_s) == (30, 45, 20),
+    ("chaos", "on"): lambda s: (
+        (s.chaos.kill_worker_every_s, s.chaos.stop_worker_every_s, s.chaos.kill_redis_at_s) == (30, 45, 20)
+    ),
     ("env_mix", "cartpole"): lambda s: _types(s) == {"cartpole": 1.0},
     ("env_mix", "classic"): lambda s: _types(s) == CLASSIC,
-    ("env_mix", "control"): lambda s: _types(s) == {"cartpole": 1.0, "acrobot": 1.0, "pendulum": 1.0,
-                                                     "lunar_lander": 1.0, "physics_sim": 1.0}
-    and next(t for t in s.env_types if t.name == "physics_sim").node["reward_scale"] == 100.0,
+    ("env_mix", "control"): lambda s: (
+        _types(s) == {"cartpole": 1.0, "acrobot": 1.0, "pendulum": 1.0, "lunar_lander": 1.0, "physics_sim": 1.0}
+        and next(t for t in s.env_types if t.name == "physics_sim").node["reward_scale"] == 100.0
+    ),
     ("env_mix", "gym"): lambda s: _types(s) == {"CartPole-v1": 1.0} and s.env_types[0].node["id"] == "CartPole-v1",
     ("env_mix", "images"): lambda s: _types(s) == {"atari": 1.0, "minigrid": 1.0, "unity_sim": 1.0},
     ("env_mix", "mixed"): lambda s: _types(s) == {"cartpole": 0.5, "mountaincar_cont": 0.5},
     ("env_mix", "pendulum"): lambda s: _types(s) == {"pendulum": 1.0},
     ("env_mix", "reward_scales"): lambda s: _types(s) == {**CLASSIC, "physics_sim": 1.0},
-    ("env_mix", "seed12"): lambda s: len(s.env_types) == 12 and {"atari", "bullet_reacher", "minigrid",
-                                                                  "web_sim"} <= set(_types(s)),
-    ("groups", "default"): lambda s: (s.groups.size_setting, s.groups.hot, s.groups.wake_after_steps,
-                                      s.groups.cgroup) == ("auto", 2, 100, "auto")
-    and s.groups.size == s.layout.group_size,
-    ("heartbeat", "default"): lambda s: (s.heartbeat.timeout_s, s.heartbeat.startup_timeout_s,
-                                         s.heartbeat.scan_interval_s) == (90, 300, 30),
-    ("learner", "ppo"): lambda s: (s.learner.mode, s.learner.rollout_len, s.learner.backlog, s.learner.hidden,
-                                   s.learner.value_norm, s.learner.adv_norm) == ("ppo", 32, "hold", (64, 64),
-                                                                                  "popart", "per_type"),
-    ("logging", "default"): lambda s: (s.logging.progress_interval_s, s.logging.aggregate_interval_s,
-                                       s.logging.random_return_episodes, s.logging.random_return_budget_s)
-    == (10, 60, 20, 30),
-    ("eval", "default"): lambda s: (s.eval.interval_s, s.eval.episodes, s.eval.budget_s, s.eval.max_steps)
-    == (None, 5, 20.0, 5000),
-    ("dist", "default"): lambda s: (s.dist.sync_frac, s.dist.backend, s.dist.timeout_s) == (0.6, "auto", 300.0)
-    and s.env_id_offset == 0,
+    ("env_mix", "seed12"): lambda s: (
+        len(s.env_types) == 12 and {"atari", "bullet_reacher", "minigrid", "web_sim"} <= set(_types(s))
+    ),
+    ("groups", "default"): lambda s: (
+        (s.groups.size_setting, s.groups.hot, s.groups.wake_after_steps, s.groups.cgroup) == ("auto", 2, 100, "auto")
+        and s.groups.size == s.layout.group_size
+    ),
+    ("heartbeat", "default"): lambda s: (
+        (s.heartbeat.timeout_s, s.heartbeat.startup_timeout_s, s.heartbeat.scan_interval_s) == (90, 300, 30)
+    ),
+    ("learner", "ppo"): lambda s: (
+        (
+            s.learner.mode,
+            s.learner.rollout_len,
+            s.learner.backlog,
+            s.learner.hidden,
+            s.learner.value_norm,
+            s.learner.adv_norm,
+        )
+        == ("ppo", 32, "hold", (64, 64), "popart", "per_type")
+    ),
+    ("logging", "default"): lambda s: (
+        (
+            s.logging.progress_interval_s,
+            s.logging.aggregate_interval_s,
+            s.logging.random_return_episodes,
+            s.logging.random_return_budget_s,
+        )
+        == (10, 60, 20, 30)
+    ),
+    ("eval", "default"): lambda s: (
+        (s.eval.interval_s, s.eval.episodes, s.eval.budget_s, s.eval.max_steps) == (None, 5, 20.0, 5000)
+    ),
+    ("dist", "default"): lambda s: (
+        (s.dist.sync_frac, s.dist.backend, s.dist.timeout_s) == (0.6, "auto", 300.0) and s.env_id_offset == 0
+    ),
     ("redis", "embedded"): lambda s: s.redis.url is None,
     ("reward_norm", "global"): lambda s: (s.reward_norm.mode, s.reward_norm.clip) == ("global", 10),
     ("reward_norm", "mean_std"): lambda s: (s.reward_norm.mode, s.reward_norm.clip) == ("mean_std", 10),
     ("reward_norm", "off"): lambda s: s.reward_norm.mode == "off",
     ("reward_norm", "per_type"): lambda s: (s.reward_norm.mode, s.reward_norm.sync_every) == ("per_type", 1000),
     ("reward_norm", "per_env"): lambda s: (s.reward_norm.mode, s.reward_norm.sync_every) == ("per_env", 1000),
-    ("run", "default"): lambda s: (s.run.duration_s, s.run.total_env_steps, s.run.seed,
-                                   s.run.resume) == (600, 500000, 1, False),
+    ("run", "default"): lambda s: (
+        (s.run.duration_s, s.run.total_env_steps, s.run.seed, s.run.resume) == (600, 500000, 1, False)
+    ),
     ("scaling", "off"): lambda s: not s.scaling.enabled,
     ("scaling", "on"): lambda s: s.scaling.enabled and s.scaling.window == 100,
-    ("worker", "default"): lambda s: (s.worker.start_method, s.worker.step_timeout_s,
-                                      s.worker.doorbell_timeout_s, s.worker.threads,
-                                      s.worker.slices_setting, s.worker.affinity_setting)
-    == ("forkserver", 30, 1.0, 1, "auto", "auto"),
+    ("worker", "default"): lambda s: (
+        (
+            s.worker.start_method,
+            s.worker.step_timeout_s,
+            s.worker.doorbell_timeout_s,
+            s.worker.threads,
+            s.worker.slices_setting,
+            s.worker.affinity_setting,
+        )
+        == ("forkserver", 30, 1.0, 1, "auto", "auto")
+    ),
 }
 
 
@@ -102,33 +134,36 @@ def test_defaults_are_plain_values():
     assert isinstance(spec.learner.hidden, tuple)
 
 
-@pytest.mark.parametrize("override,key", [
-    ("env_count=0", "env_count"),
-    ("env_count=-5", "env_count"),
-    ("buffer.keys.state.shape=[0]", "buffer.keys.state.shape"),
-    ("buffer.keys.state.shape=[4,-1]", "buffer.keys.state.shape"),
-    ("buffer.sync=spin", "buffer.sync"),
-    ("learner.gamma=1.5", "learner.gamma"),
-    ("worker.start_method=fork", "worker.start_method"),
-    ("redis.url=localhost:6379", "redis.url"),
-    ("run.duration_s=null", "run.duration_s"),
-    ("worker.slices=often", "worker.slices"),
-    ("worker.slices=0", "worker.slices"),
-    ("worker.slices=71", "worker.slices"),
-    ("groups.size=0", "groups.size"),
-    ("groups.size=big", "groups.size"),
-    ("learner.value_norm=popart_plus", "learner.value_norm"),
-    ("learner.adv_norm=per_env", "learner.adv_norm"),
-    ("learner.popart_beta=0", "learner.popart_beta"),
-    ("learner.popart_beta=2", "learner.popart_beta"),
-    ("reward_norm.mode=mean", "reward_norm.mode"),
-    ("logging.random_return_episodes=-1", "logging.random_return_episodes"),
-    ("eval.episodes=0", "eval.episodes"),
-    ("eval.interval_s=-5", "eval.interval_s"),
-    ("eval.interval_s=0", "eval.interval_s"),
-    ("eval.budget_s=0", "eval.budget_s"),
-    ("eval.max_steps=0", "eval.max_steps"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("env_count=0", "env_count"),
+        ("env_count=-5", "env_count"),
+        ("buffer.keys.state.shape=[0]", "buffer.keys.state.shape"),
+        ("buffer.keys.state.shape=[4,-1]", "buffer.keys.state.shape"),
+        ("buffer.sync=spin", "buffer.sync"),
+        ("learner.gamma=1.5", "learner.gamma"),
+        ("worker.start_method=fork", "worker.start_method"),
+        ("redis.url=localhost:6379", "redis.url"),
+        ("run.duration_s=null", "run.duration_s"),
+        ("worker.slices=often", "worker.slices"),
+        ("worker.slices=0", "worker.slices"),
+        ("worker.slices=71", "worker.slices"),
+        ("groups.size=0", "groups.size"),
+        ("groups.size=big", "groups.size"),
+        ("learner.value_norm=popart_plus", "learner.value_norm"),
+        ("learner.adv_norm=per_env", "learner.adv_norm"),
+        ("learner.popart_beta=0", "learner.popart_beta"),
+        ("learner.popart_beta=2", "learner.popart_beta"),
+        ("reward_norm.mode=mean", "reward_norm.mode"),
+        ("logging.random_return_episodes=-1", "logging.random_return_episodes"),
+        ("eval.episodes=0", "eval.episodes"),
+        ("eval.interval_s=-5", "eval.interval_s"),
+        ("eval.interval_s=0", "eval.interval_s"),
+        ("eval.budget_s=0", "eval.budget_s"),
+        ("eval.max_steps=0", "eval.max_steps"),
+    ],
+)
 def test_bad_values_raise_config_error_naming_the_key(override, key):
     overrides = [override] + (["run.total_env_steps=null"] if key == "run.duration_s" else [])
     with pytest.raises(ConfigError) as err:
@@ -155,11 +190,11 @@ def test_learner_core_keeps_one_cpu_for_the_update_when_ppo_trains_here(monkeypa
     spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}"]))
     assert spec.worker.cpu_affinity == (1, 2) and spec.learner_cpu == 0
     assert spec.layout.affinity == "learner_core" and spec.layout.pin_after_startup
-    for other in (["learner.mode=random"], ["learner.device=cuda"]):    # no update on these CPUs
+    for other in (["learner.mode=random"], ["learner.device=cuda"]):  # no update on these CPUs
         spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}", *other]))
         assert spec.worker.cpu_affinity is None and spec.learner_cpu is None
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0})
-    spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}"]))   # one CPU: nothing to keep
+    spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}"]))  # one CPU: nothing to keep
     assert spec.worker.cpu_affinity is None and spec.learner_cpu is None
     assert run_spec(compose_cfg(["worker.cpu_affinity=null"])).learner_cpu is None
     with pytest.raises(ConfigError, match="learner_core"):
@@ -221,6 +256,7 @@ STAGES = sorted(p.stem for p in (conf_dir() / "stage").glob("day*.yaml"))
 def test_every_stage_composes_and_validates(stage):
     """Each stage's own numbers reach the spec (read from its yaml, against the defaults)."""
     from omegaconf import OmegaConf
+
     own = OmegaConf.load(conf_dir() / "stage" / f"{stage}.yaml")
     default = run_spec(compose_cfg())
     spec = run_spec(compose_cfg([f"+stage={stage}"]))
@@ -238,8 +274,9 @@ def test_every_stage_composes_and_validates(stage):
         assert getattr(spec.eval, key) == value, key
     for key, value in own.get("learner", {}).items():
         got = getattr(spec.learner, key)
-        assert (tuple(got) if isinstance(got, (list, tuple)) else got) == \
-            (tuple(value) if OmegaConf.is_list(value) else value), key
+        assert (tuple(got) if isinstance(got, (list, tuple)) else got) == (
+            tuple(value) if OmegaConf.is_list(value) else value
+        ), key
 
 
 def test_stage_env_count_is_overridable_and_day4_is_the_seed12_mix():
@@ -261,24 +298,66 @@ def test_day5_composes_to_its_chaos_schedule_and_tightened_heartbeats():
     got["chaos"] = {k: v for k, v in got["chaos"].items() if v is not None}
     assert got == {
         "chaos": {"kill_worker_every_s": 30.0, "stop_worker_every_s": 45.0, "kill_redis_at_s": 20.0},
-        "heartbeat": {"signal_interval_s": 0.5, "redis_interval_s": 1.0, "scan_interval_s": 2.0,
-                      "timeout_s": 10.0, "term_grace_s": 2.0, "startup_timeout_s": 300.0},
-        "groups": {"size": "auto", "hot": 4, "wake_after_steps": 20, "wake_batch": 4, "wake_growth": 2.0,
-                   "cgroup": "auto", "dormant_cpu_pct": 1.0, "dormant_mem_mb": 512},
-        "buffer": {"sync": "seqlock", "sizing": "fixed",
-                   "keys": {"rgb": {"shape": [64, 64, 3], "dtype": "uint8"},
-                            "state": {"shape": [32], "dtype": "float32"},
-                            "vector": {"shape": [16], "dtype": "float32"}}}}
+        "heartbeat": {
+            "signal_interval_s": 0.5,
+            "redis_interval_s": 1.0,
+            "scan_interval_s": 2.0,
+            "timeout_s": 10.0,
+            "term_grace_s": 2.0,
+            "startup_timeout_s": 300.0,
+        },
+        "groups": {
+            "size": "auto",
+            "hot": 4,
+            "wake_after_steps": 20,
+            "wake_batch": 4,
+            "wake_growth": 2.0,
+            "cgroup": "auto",
+            "dormant_cpu_pct": 1.0,
+            "dormant_mem_mb": 512,
+        },
+        "buffer": {
+            "sync": "seqlock",
+            "sizing": "fixed",
+            "keys": {
+                "rgb": {"shape": [64, 64, 3], "dtype": "uint8"},
+                "state": {"shape": [32], "dtype": "float32"},
+                "vector": {"shape": [16], "dtype": "float32"},
+            },
+        },
+    }
     assert all(type(v) is float for v in got["chaos"].values())
-    assert (cfg.stage, cfg.env_count, cfg.worker.step_timeout_s, cfg.logging.aggregate_interval_s,
-            cfg.learner.update_envs, cfg.learner.minibatch_size, cfg.run.duration_s,
-            cfg.run.total_env_steps) == ("day5", 1000, 2.0, 15.0, 256, 2048, 180.0, None)
-    assert list(cfg.env_mix.weights) == ["cartpole", "acrobot", "pendulum", "mountaincar_cont",
-                                         "lunar_lander", "bullet_reacher", "atari", "minigrid",
-                                         "unity_sim", "physics_sim", "web_sim", "faulty"]
+    assert (
+        cfg.stage,
+        cfg.env_count,
+        cfg.worker.step_timeout_s,
+        cfg.logging.aggregate_interval_s,
+        cfg.learner.update_envs,
+        cfg.learner.minibatch_size,
+        cfg.run.duration_s,
+        cfg.run.total_env_steps,
+    ) == ("day5", 1000, 2.0, 15.0, 256, 2048, 180.0, None)
+    assert list(cfg.env_mix.weights) == [
+        "cartpole",
+        "acrobot",
+        "pendulum",
+        "mountaincar_cont",
+        "lunar_lander",
+        "bullet_reacher",
+        "atari",
+        "minigrid",
+        "unity_sim",
+        "physics_sim",
+        "web_sim",
+        "faulty",
+    ]
     faulty, web = cfg.env_mix.types.faulty, cfg.env_mix.types.web_sim
-    assert (faulty.reset_error_rate, faulty.step_error_rate, faulty.render_error_rate,
-            faulty.violation_rate) == (0.05, 0.01, 0.002, 0.002)
+    assert (faulty.reset_error_rate, faulty.step_error_rate, faulty.render_error_rate, faulty.violation_rate) == (
+        0.05,
+        0.01,
+        0.002,
+        0.002,
+    )
     assert (web.hang_rate, web.hang_s, web.hang_raises) == (0.002, None, False)
 
 
@@ -297,6 +376,7 @@ def test_a_config_saved_by_an_older_rlpipe_reads_back_with_todays_defaults_for_n
     from omegaconf import OmegaConf
 
     from rlpipe.config import run_spec
+
     saved = OmegaConf.to_container(compose_cfg(["env_count=16"]), resolve=False)
     del saved["eval"], saved["logging"]["resources_interval_s"], saved["logging"]["project_to_s"]
     path = tmp_path / "config.yaml"

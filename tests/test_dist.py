@@ -1,6 +1,7 @@
 """DD-PPO across torchrun ranks (rlpipe.ranks): shares, config errors, the collectives of an
 update with two gloo ranks, and whole 2-rank jobs under torchrun (ids, segments, a rank
 killed mid-run)."""
+
 from __future__ import annotations
 
 import json
@@ -25,12 +26,13 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 # -- shares and config ------------------------------------------------------------------------
 
+
 def test_shares_tile_env_ids_and_remainders_go_to_the_first_ranks():
     for total, world in [(64, 2), (65, 2), (7, 3), (100, 7), (3, 3)]:
         parts = [share(total, world, r) for r in range(world)]
         assert sum(n for n, _ in parts) == total
         ids = [i for n, off in parts for i in range(off, off + n)]
-        assert ids == list(range(total))            # globally unique, no gap
+        assert ids == list(range(total))  # globally unique, no gap
         assert [n for n, _ in parts] == sorted((n for n, _ in parts), reverse=True)
         assert max(n for n, _ in parts) - min(n for n, _ in parts) <= 1
 
@@ -41,7 +43,7 @@ def test_rank_spec_splits_envs_and_update_envs():
     r1 = rank_spec(spec, RankInfo(1, 2, 1, "t", 0))
     assert (r0.env_count, r0.env_id_offset, r1.env_count, r1.env_id_offset) == (33, 0, 32, 33)
     assert r0.learner.update_envs + r1.learner.update_envs == 64
-    assert not r0.run.resume and rank_spec(spec, RankInfo(0, 2, 0, "t", 1)).run.resume   # a restart resumes
+    assert not r0.run.resume and rank_spec(spec, RankInfo(0, 2, 0, "t", 1)).run.resume  # a restart resumes
 
 
 def test_rank_from_env():
@@ -52,10 +54,15 @@ def test_rank_from_env():
         rank_from_env({"RANK": "4", "WORLD_SIZE": "4"})
 
 
-@pytest.mark.parametrize("override, key", [("dist.sync_frac=2", "dist.sync_frac"),
-                                           ("dist.sync_frac=0", "dist.sync_frac"),
-                                           ("dist.backend=mpi", "dist.backend"),
-                                           ("dist.timeout_s=-1", "dist.timeout_s")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("dist.sync_frac=2", "dist.sync_frac"),
+        ("dist.sync_frac=0", "dist.sync_frac"),
+        ("dist.backend=mpi", "dist.backend"),
+        ("dist.timeout_s=-1", "dist.timeout_s"),
+    ],
+)
 def test_bad_dist_values_are_one_paragraph_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         run_spec(compose_cfg([override]))
@@ -69,8 +76,13 @@ def test_too_few_envs_for_the_ranks_is_a_config_error():
 
 
 def test_bad_sync_frac_on_the_command_line_exits_non_zero(short_tmp):
-    out = subprocess.run([sys.executable, "-m", "rlpipe", f"hydra.run.dir={short_tmp}", "dist.sync_frac=2"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", f"hydra.run.dir={short_tmp}", "dist.sync_frac=2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "dist.sync_frac=2" in out.stderr and "Traceback" not in out.stderr
 
@@ -91,36 +103,39 @@ class _Store:
 
 def test_rounds_start_when_sync_frac_of_ranks_are_ready_and_stragglers_are_preempted(monkeypatch):
     from rlpipe.ranks import sync
+
     monkeypatch.setattr(sync, "POLL_S", 0.0)
     store = _Store()
     ranks = [sync.Rounds(store, r, 4, 0.6) for r in range(4)]
-    assert ranks[0].need == 3                                  # ceil(0.6 x 4)
-    assert not any(r.due(have_rollout=r.rank < 2, want_stop=False) for r in ranks)   # 2 of 4 ready
-    assert ranks[2].due(have_rollout=True, want_stop=False)    # the third: the round starts...
-    assert ranks[3].due(have_rollout=False, want_stop=False)   # ...for the straggler too
+    assert ranks[0].need == 3  # ceil(0.6 x 4)
+    assert not any(r.due(have_rollout=r.rank < 2, want_stop=False) for r in ranks)  # 2 of 4 ready
+    assert ranks[2].due(have_rollout=True, want_stop=False)  # the third: the round starts...
+    assert ranks[3].due(have_rollout=False, want_stop=False)  # ...for the straggler too
     had = [r.begin() for r in ranks]
-    assert had == [True, True, True, False]                    # rank 3 joins preempted
+    assert had == [True, True, True, False]  # rank 3 joins preempted
     assert all(r.round == 1 for r in ranks)
-    assert not any(r.due(have_rollout=False, want_stop=False) for r in ranks)      # round 1 waits
-    assert ranks[1].due(have_rollout=False, want_stop=True)    # a rank that must stop starts it...
-    assert all(r.due(have_rollout=False, want_stop=False) for r in ranks)          # ...everywhere
+    assert not any(r.due(have_rollout=False, want_stop=False) for r in ranks)  # round 1 waits
+    assert ranks[1].due(have_rollout=False, want_stop=True)  # a rank that must stop starts it...
+    assert all(r.due(have_rollout=False, want_stop=False) for r in ranks)  # ...everywhere
     one = sync.Rounds(_Store(), 0, 2, 0.6)
-    assert one.need == 2                                       # two ranks: 0.6 means both
+    assert one.need == 2  # two ranks: 0.6 means both
 
 
 # -- the collectives of an update: two gloo ranks ----------------------------------------------
 
-UPDATE_SIZES = [(120, 80), (0, 60), (97, 0), (5, 3)]   # samples per rank per update
+UPDATE_SIZES = [(120, 80), (0, 60), (97, 0), (5, 3)]  # samples per rank per update
 
 
 def _plan_and_spec(overrides):
     from rlpipe.envs.registry import plan_mix
+
     spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", *overrides]))
     return spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
 
 
 def _batch(policy, plan, n: int, seed: int) -> dict:
     from rlpipe.ranks.learner import empty_batch
+
     if n == 0:
         return empty_batch(plan, torch.device("cpu"), False)
     g = torch.Generator().manual_seed(seed)
@@ -134,8 +149,16 @@ def _batch(policy, plan, n: int, seed: int) -> dict:
     adv = torch.randn(n, generator=g) * 3
     # returns on very different scales per type: PopArt's statistics move visibly
     ret = value + adv + types.float() * 50
-    return {"obs": obs, "types": types, "a_disc": a_disc, "a_cont": a_cont, "logp": logp.float(),
-            "value": value, "adv": adv, "ret": ret}
+    return {
+        "obs": obs,
+        "types": types,
+        "a_disc": a_disc,
+        "a_cont": a_cont,
+        "logp": logp.float(),
+        "value": value,
+        "adv": adv,
+        "ret": ret,
+    }
 
 
 def _rank_main(rank: int, world: int, init_file: str, out_dir: str, overrides: list, sizes: list) -> None:
@@ -146,10 +169,11 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str, overrides: l
     from rlpipe.learner.type_settings import TypeSettings
     from rlpipe.ranks.run import state_checksums
     from rlpipe.ranks.sync import RankSync
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     spec, plan = _plan_and_spec(overrides)
-    torch.manual_seed(rank)            # different inits: the start-up broadcast is not what syncs here
+    torch.manual_seed(rank)  # different inits: the start-up broadcast is not what syncs here
     policy = Policy(plan, plan.obs_keys, spec.learner.hidden, spec.learner.cnn_channels, spec.learner.cnn_out)
     box = [policy.state_dict() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
@@ -159,28 +183,39 @@ def _rank_main(rank: int, world: int, init_file: str, out_dir: str, overrides: l
     gen = torch.Generator().manual_seed(1000 + rank)
     digests = []
 
-    class Probe:                           # what state_checksums reads of a learner
+    class Probe:  # what state_checksums reads of a learner
         pass
+
     probe = Probe()
     probe.policy, probe._optimizer, probe.round_steps = policy, opt, 0
     probe.counters = type("C", (), {"updates": 0})()
     for u, per_rank in enumerate(sizes):
         batch = _batch(policy, plan, per_rank[rank], seed=10 * u + rank)
-        ppo_update(policy, opt, batch, spec.learner, gen, sync=sync,
-                   per_type=TypeSettings.of(spec.learner, spec.env_types))
+        ppo_update(
+            policy, opt, batch, spec.learner, gen, sync=sync, per_type=TypeSettings.of(spec.learner, spec.env_types)
+        )
         probe.counters.updates = u + 1
         digests.append(state_checksums(probe))
-    torch.save({"digests": digests, "collectives": sync.collectives,
-                "state": policy.state_dict(), "mu": policy.popart.mu.clone()}, Path(out_dir) / f"rank{rank}.pt")
+    torch.save(
+        {
+            "digests": digests,
+            "collectives": sync.collectives,
+            "state": policy.state_dict(),
+            "mu": policy.popart.mu.clone(),
+        },
+        Path(out_dir) / f"rank{rank}.pt",
+    )
     dist.destroy_process_group()
 
 
 def _spawn_two(tmp_path, overrides, sizes):
     """Two ranks forked from the test process (no second interpreter start-up to wait for)."""
     import torch.multiprocessing as tmp_mp
+
     init = tmp_path / "pg_init"
-    tmp_mp.start_processes(_rank_main, args=(2, str(init), str(tmp_path), overrides, sizes), nprocs=2,
-                           join=True, start_method="fork")
+    tmp_mp.start_processes(
+        _rank_main, args=(2, str(init), str(tmp_path), overrides, sizes), nprocs=2, join=True, start_method="fork"
+    )
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -188,15 +223,26 @@ def test_two_gloo_ranks_stay_bit_identical_over_unequal_and_empty_batches(tmp_pa
     """Five updates with batches of different sizes on each rank (one rank empty twice, one
     with fewer samples than minibatches): after every update the parameters, PopArt buffers
     and optimizer state hash the same on both ranks, and both made the same collective calls."""
-    r0, r1 = _spawn_two(tmp_path, ["learner.minibatch_size=48", "learner.epochs=2", "learner.hidden=[16]"], UPDATE_SIZES)
+    r0, r1 = _spawn_two(
+        tmp_path, ["learner.minibatch_size=48", "learner.epochs=2", "learner.hidden=[16]"], UPDATE_SIZES
+    )
     assert r0["digests"] == r1["digests"]
     assert r0["collectives"] == r1["collectives"] > len(UPDATE_SIZES)
     # the statistics moved with the batch: PopArt is not trivially in sync at (0, 1)
     assert float(r0["mu"].abs().max()) > 1.0
 
 
-@pytest.mark.parametrize("per_type", [(), ("learner.ent_coef=0.0", "+env_mix.types.cartpole.learner.ent_coef=0.05",
-                                               "+env_mix.types.pendulum.learner.popart_beta=0.01")])
+@pytest.mark.parametrize(
+    "per_type",
+    [
+        (),
+        (
+            "learner.ent_coef=0.0",
+            "+env_mix.types.cartpole.learner.ent_coef=0.05",
+            "+env_mix.types.pendulum.learner.popart_beta=0.01",
+        ),
+    ],
+)
 def test_two_ranks_take_the_step_one_process_takes_on_the_union_batch(tmp_path, per_type):
     """One epoch, one minibatch: the sample-weighted gradient mean over ranks, PopArt and
     per-type advantage statistics from both ranks' batches make the update of one process
@@ -205,23 +251,37 @@ def test_two_ranks_take_the_step_one_process_takes_on_the_union_batch(tmp_path, 
     from rlpipe.learner.policy import Policy
     from rlpipe.learner.ppo import ppo_update
     from rlpipe.learner.type_settings import TypeSettings
+
     overrides = ["learner.minibatch_size=100000", "learner.epochs=1", "learner.hidden=[16]", *per_type]
     sizes = [(120, 50)]
     r0, _r1 = _spawn_two(tmp_path, overrides, sizes)
     spec, plan = _plan_and_spec(overrides)
-    torch.manual_seed(0)                   # rank 0's init, which the ranks broadcast
+    torch.manual_seed(0)  # rank 0's init, which the ranks broadcast
     policy = Policy(plan, plan.obs_keys, spec.learner.hidden, spec.learner.cnn_channels, spec.learner.cnn_out)
     parts = [_batch(policy, plan, n, seed=r) for r, n in enumerate(sizes[0])]
-    union = {k: ({kk: torch.cat([p[k][kk] for p in parts]) for kk in parts[0][k]} if k == "obs"
-                 else torch.cat([p[k] for p in parts])) for k in parts[0]}
+    union = {
+        k: (
+            {kk: torch.cat([p[k][kk] for p in parts]) for kk in parts[0][k]}
+            if k == "obs"
+            else torch.cat([p[k] for p in parts])
+        )
+        for k in parts[0]
+    }
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3, eps=1e-5)
-    ppo_update(policy, opt, union, spec.learner, torch.Generator().manual_seed(0),
-               per_type=TypeSettings.of(spec.learner, spec.env_types))
+    ppo_update(
+        policy,
+        opt,
+        union,
+        spec.learner,
+        torch.Generator().manual_seed(0),
+        per_type=TypeSettings.of(spec.learner, spec.env_types),
+    )
     for name, value in policy.state_dict().items():
         assert torch.allclose(value, r0["state"][name], rtol=1e-4, atol=1e-5), name
 
 
 # -- whole jobs under torchrun -------------------------------------------------------------------
+
 
 def _stop_group(proc: subprocess.Popen) -> None:
     """A job a failed test leaves running: SIGTERM (each rank tears down), SIGKILL if stuck."""
@@ -237,6 +297,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 def _descendants(pid: int) -> list[int]:
     import psutil
+
     try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -251,6 +312,7 @@ def torchrun_temp_dirs() -> set[Path]:
 def _rank_pids(torchrun_pid: int) -> dict[int, int]:
     """rank -> driver pid of a running torchrun job (from the children's environments)."""
     import psutil
+
     found = {}
     for child in psutil.Process(torchrun_pid).children():
         try:
@@ -269,6 +331,7 @@ def _env_rows(db: Path) -> list[tuple]:
 
 def _alive(pids) -> list[int]:
     import psutil
+
     out = []
     for pid in pids:
         try:
@@ -283,14 +346,26 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
     """Two ranks step disjoint global env ids in segments of their own; SIGKILL rank 1's
     driver: torchrun names it, rank 0 says why it stops, and no process, segment or socket
     dir of the job is left."""
-    run = short_tmp / "run"                    # removed by the fixture whatever happens
+    run = short_tmp / "run"  # removed by the fixture whatever happens
     elastic_before = torchrun_temp_dirs()
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", f"--log-dir={short_tmp / 'torchrun'}",
-           "-m", "rlpipe", f"hydra.run.dir={run}",
-           "env_count=12", "groups.size=3", "run.duration_s=300", "run.total_env_steps=10000000",
-           "logging.random_return_episodes=0", "logging.progress_interval_s=1"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node=2",
+        f"--log-dir={short_tmp / 'torchrun'}",
+        "-m",
+        "rlpipe",
+        f"hydra.run.dir={run}",
+        "env_count=12",
+        "groups.size=3",
+        "run.duration_s=300",
+        "run.total_env_steps=10000000",
+        "logging.random_return_episodes=0",
+        "logging.progress_interval_s=1",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         rows: list = []
@@ -317,7 +392,7 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
         segs = [sorted(p.name for p in Path("/dev/shm").glob(f"rlpipe_{ranks[r]}-*")) for r in (0, 1)]
         assert segs[0] and segs[1] and not set(segs[0]) & set(segs[1])
         tree = _descendants(proc.pid)
-        time.sleep(3.0)                    # a few update rounds go through first
+        time.sleep(3.0)  # a few update rounds go through first
         os.kill(ranks[1], signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -325,14 +400,14 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
     assert proc.returncode != 0
     assert "rank      : 1" in out and "SIGKILL" in out, out[-3000:]
     assert "rlpipe rank 0/2: SIGTERM received, stopping" in out or "rlpipe: rank 0/2" in out, out[-3000:]
-    deadline = time.monotonic() + 20           # forkservers and workers go on their own, shortly after
+    deadline = time.monotonic() + 20  # forkservers and workers go on their own, shortly after
     while _alive(tree) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _alive(tree) == [], [(p, open(f"/proc/{p}/cmdline").read()) for p in _alive(tree)]
     for pid in ranks.values():
         assert not list(Path("/dev/shm").glob(f"rlpipe_{pid}-*"))
         assert not list(Path("/tmp").glob(f"rlpipe_{pid}-*"))
-    assert torchrun_temp_dirs() <= elastic_before          # torchrun's files went under short_tmp
+    assert torchrun_temp_dirs() <= elastic_before  # torchrun's files went under short_tmp
 
 
 def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync(short_tmp):
@@ -341,20 +416,33 @@ def test_two_rank_job_killed_rank_restarts_resumes_and_ends_in_sync(short_tmp):
     learner state broadcast), and ends with exit 0, world_size 2 and every checksum equal
     (measured), env steps and SPS summed over ranks in rank 0's summary, rank 1's outputs
     under rank1/, nothing of either attempt left in /dev/shm."""
-    run = short_tmp / "run"                    # removed by the fixture whatever happens
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "--max-restarts=1",
-           f"--log-dir={short_tmp / 'torchrun'}", "-m", "rlpipe",
-           f"hydra.run.dir={run}", "env_count=8", "groups.size=4", "run.total_env_steps=12000",
-           "run.duration_s=200", "learner.update_envs=8", "learner.checkpoint_interval_s=1",
-           "logging.random_return_episodes=0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    run = short_tmp / "run"  # removed by the fixture whatever happens
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node=2",
+        "--max-restarts=1",
+        f"--log-dir={short_tmp / 'torchrun'}",
+        "-m",
+        "rlpipe",
+        f"hydra.run.dir={run}",
+        "env_count=8",
+        "groups.size=4",
+        "run.total_env_steps=12000",
+        "run.duration_s=200",
+        "learner.update_envs=8",
+        "learner.checkpoint_interval_s=1",
+        "logging.random_return_episodes=0",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 150
         while not all(list((d / "checkpoints").glob("ckpt_*.pt")) for d in (run, run / "rank1")):
             if proc.poll() is not None or time.monotonic() > deadline:
                 if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)     # each rank tears down
+                    os.killpg(proc.pid, signal.SIGTERM)  # each rank tears down
                 out, _ = proc.communicate(timeout=60)
                 raise AssertionError("no checkpoints on both ranks:\n" + out[-4000:])
             time.sleep(0.3)

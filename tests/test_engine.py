@@ -1,4 +1,5 @@
 """End to end through the real CLI: real workers, Redis, ZMQ, SQLite, shared memory."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,11 +15,37 @@ import pytest
 
 from conftest import REPO, compose_cfg, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_cli, run_leftovers
 
-SUMMARY_KEYS = {"stage", "env_count", "env_types", "active_envs_end", "env_steps", "wall_s", "teardown_s", "sps",
-                "startup_first_step_s", "all_envs_ready_s", "startup_cpu_s", "updates", "trained_samples",
-                "episodes", "mean_return_last100", "random_return", "learned", "peak_rss_mb", "shm_bytes", "faults",
-                "board", "cgroup_driver", "redis", "env_versions", "loss_std", "loss_std_checkpoints",
-                "resumed_from_step", "dist", "layout"}
+SUMMARY_KEYS = {
+    "stage",
+    "env_count",
+    "env_types",
+    "active_envs_end",
+    "env_steps",
+    "wall_s",
+    "teardown_s",
+    "sps",
+    "startup_first_step_s",
+    "all_envs_ready_s",
+    "startup_cpu_s",
+    "updates",
+    "trained_samples",
+    "episodes",
+    "mean_return_last100",
+    "random_return",
+    "learned",
+    "peak_rss_mb",
+    "shm_bytes",
+    "faults",
+    "board",
+    "cgroup_driver",
+    "redis",
+    "env_versions",
+    "loss_std",
+    "loss_std_checkpoints",
+    "resumed_from_step",
+    "dist",
+    "layout",
+}
 
 
 def run_processes(driver_pid, run_dir):
@@ -29,8 +56,7 @@ def run_processes(driver_pid, run_dir):
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         try:
-            if str(run_dir) in cmd or (cmd.startswith("rlpipe:") and
-                                       any(marker in m.path for m in p.memory_maps())):
+            if str(run_dir) in cmd or (cmd.startswith("rlpipe:") and any(marker in m.path for m in p.memory_maps())):
                 found.append(f"{p.info['pid']}: {cmd[:100]}")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -83,23 +109,37 @@ def expected_shm_bytes(*overrides: str) -> int:
     from rlpipe.envs.registry import plan_mix
     from rlpipe.shm.layout import WorkerLayout
     from rlpipe.supervisor.workers import group_ranges
+
     spec = run_spec(compose_cfg(list(overrides)))
     plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
-    return sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size
-               for lo, hi in group_ranges(spec.env_count, spec.groups.size))
+    return sum(
+        WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size
+        for lo, hi in group_ranges(spec.env_count, spec.groups.size)
+    )
 
 
 def test_short_run_learns_and_cleans_up(short_tmp):
     run_dir = short_tmp / "run"
     # reward_norm=per_env scales by the std of the discounted return: CartPole's +1 keeps its
     # meaning (the mean-shifting form would turn it into 0 and nothing would be learned)
-    overrides = ("env_mix=cartpole", "env_count=32", "run.total_env_steps=60000", "run.duration_s=240",
-                 "reward_norm=per_env")
+    overrides = (
+        "env_mix=cartpole",
+        "env_count=32",
+        "run.total_env_steps=60000",
+        "run.duration_s=240",
+        "reward_norm=per_env",
+    )
     t_start = time.monotonic()
-    proc = subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=driver_dies_with_pytest)
-    samples = []                 # our own memory samples of the run's process tree
-    cpu_sets = set()             # the CPUs its workers were allowed, sample by sample
+    proc = subprocess.Popen(
+        rlpipe_cmd(run_dir, *overrides),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=driver_dies_with_pytest,
+    )
+    samples = []  # our own memory samples of the run's process tree
+    cpu_sets = set()  # the CPUs its workers were allowed, sample by sample
     try:
         while proc.poll() is None and time.monotonic() - t_start < 240:
             samples.append(tree_memory(proc.pid))
@@ -122,9 +162,9 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     assert summary["updates"] > 10
     # Random CartPole lasts ~22 steps; a learning policy is well past that after 60k steps.
     assert summary["mean_return_last100"]["cartpole"] > 60
-    assert 10 < summary["random_return"]["cartpole"] < 40      # measured beside the run
+    assert 10 < summary["random_return"]["cartpole"] < 40  # measured beside the run
     assert summary["learned"] == {"cartpole": "learned"}
-    assert summary["trained_samples"] >= summary["updates"] * 32 * 32   # update_envs x rollout_len
+    assert summary["trained_samples"] >= summary["updates"] * 32 * 32  # update_envs x rollout_len
     assert summary["redis"] == "embedded"
     # Run figures: taken at the end of the stepping loop, teardown apart.
     first, ready, wall = summary["startup_first_step_s"], summary["all_envs_ready_s"], summary["wall_s"]
@@ -132,7 +172,7 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     # CPU seconds used by the time every env stepped: both sides worked, within what the
     # machine's CPUs could give (the driver's count starts with its interpreter, before t0)
     cpu = summary["startup_cpu_s"]
-    assert cpu["driver"] > 0 and cpu["workers"] > 0 and cpu["forkserver"] > 0      # it imported the envs
+    assert cpu["driver"] > 0 and cpu["workers"] > 0 and cpu["forkserver"] > 0  # it imported the envs
     assert sum(cpu.values()) <= (ready + 5) * len(os.sched_getaffinity(0)), cpu
     assert 0 < summary["teardown_s"] and wall + summary["teardown_s"] <= elapsed
     stepping_rate = summary["env_steps"] / (wall - first)
@@ -140,13 +180,16 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     # peak_rss_mb: PSS summed over the whole tree (not the driver alone, not RSS that counts
     # shared pages once per mapper), so between our PSS and RSS samples.
     peak = summary["peak_rss_mb"] * 2**20
-    assert 0.85 * max(p for p, _r in samples) <= peak <= 1.1 * max(r for _p, r in samples), \
-        (summary["peak_rss_mb"], max(samples))
+    assert 0.85 * max(p for p, _r in samples) <= peak <= 1.1 * max(r for _p, r in samples), (
+        summary["peak_rss_mb"],
+        max(samples),
+    )
     assert summary["shm_bytes"] == expected_shm_bytes(*overrides)
     assert summary["faults"]["lifecycle_dropped"] == 0
     # the layout conf/'s auto chose here, reported; under learner_core (2+ CPUs) the worker
     # moved off the update's CPU the moment every env had stepped
     from rlpipe.config import run_spec
+
     layout = run_spec(compose_cfg(list(overrides))).layout
     assert {k: summary["layout"][k] for k in layout.as_dict()} == layout.as_dict()
     if layout.pin_after_startup:
@@ -165,9 +208,17 @@ def test_short_run_learns_and_cleans_up(short_tmp):
 def test_mixed_discrete_and_continuous_run(short_tmp):
     """One policy, both heads: losses stay finite and the discrete classic-control type learns."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "env_mix=mixed", "env_count=32", "groups.size=16",
-                  "run.total_env_steps=100000", "run.duration_s=240", "learner.update_envs=32")
+    out = run_cli(
+        run_dir,
+        "env_mix=mixed",
+        "env_count=32",
+        "groups.size=16",
+        "run.total_env_steps=100000",
+        "run.duration_s=240",
+        "learner.update_envs=32",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["env_types"] == {"cartpole": 16, "mountaincar_cont": 16}
@@ -183,16 +234,24 @@ def test_mixed_discrete_and_continuous_run(short_tmp):
 
 def test_tensorboard_tags(cartpole_multirun):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    run_dir = cartpole_multirun / "0"            # 16 CartPoles, 15k env steps (tests/conftest.py)
+
+    run_dir = cartpole_multirun / "0"  # 16 CartPoles, 15k env steps (tests/conftest.py)
     acc = EventAccumulator(str(run_dir / "tb"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"charts/sps", "losses/policy", "losses/value", "losses/entropy", "envs/active",
-            "charts/episodic_return/cartpole", "latency/step_ms/cartpole/p50",
-            "latency/step_ms/cartpole/p99"} <= tags
+    assert {
+        "charts/sps",
+        "losses/policy",
+        "losses/value",
+        "losses/entropy",
+        "envs/active",
+        "charts/episodic_return/cartpole",
+        "latency/step_ms/cartpole/p50",
+        "latency/step_ms/cartpole/p99",
+    } <= tags
     p50 = [e.value for e in acc.Scalars("latency/step_ms/cartpole/p50")]
     p99 = [e.value for e in acc.Scalars("latency/step_ms/cartpole/p99")]
-    assert all(0 < a <= b < 1000 for a, b in zip(p50, p99))     # CartPole's step: microseconds
+    assert all(0 < a <= b < 1000 for a, b in zip(p50, p99))  # CartPole's step: microseconds
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -211,31 +270,43 @@ def test_sigterm_while_dormant_workers_are_still_starting_leaves_nothing(short_t
     SIGTERM in the middle of those starts must still stop every worker they started (through
     the driver, which records each exit) and start no more."""
     run_dir = short_tmp / "run"
-    proc = subprocess.Popen(rlpipe_cmd(run_dir, "env_count=1400", "groups.size=14", "groups.hot=1",
-                                       "learner.mode=random", "run.duration_s=300",
-                                       "run.total_env_steps=null"),
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=driver_dies_with_pytest)
+    proc = subprocess.Popen(
+        rlpipe_cmd(
+            run_dir,
+            "env_count=1400",
+            "groups.size=14",
+            "groups.hot=1",
+            "learner.mode=random",
+            "run.duration_s=300",
+            "run.total_env_steps=null",
+        ),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=driver_dies_with_pytest,
+    )
     log_file, deadline = run_dir / "app.log", time.monotonic() + 90
     driver = psutil.Process(proc.pid)
-    while len(driver.children(recursive=True)) < 8:   # Redis, forkserver, tracker, 1 hot + 4 dormant
+    while len(driver.children(recursive=True)) < 8:  # Redis, forkserver, tracker, 1 hot + 4 dormant
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
         time.sleep(0.005)
-    proc.send_signal(signal.SIGTERM)              # a few dormant workers are up, most are not
+    proc.send_signal(signal.SIGTERM)  # a few dormant workers are up, most are not
     try:
         _out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        proc.kill()                               # a hung teardown fails the test, leaving nothing
+        proc.kill()  # a hung teardown fails the test, leaving nothing
         raise
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    assert "all 100 workers started" not in log_file.read_text()      # it really was mid-start
+    assert "all 100 workers started" not in log_file.read_text()  # it really was mid-start
     assert_nothing_left(run_dir, proc.pid)
     # Every worker that came up was stopped by the driver while its lifecycle log still ran
     # (a worker whose start the teardown did not take in would only notice the driver gone,
     # with nobody left to record its exit).
     with contextlib.closing(sqlite3.connect(run_dir / "lifecycle.sqlite")) as db:
-        rows = db.execute("SELECT kind, worker_id, generation FROM events "
-                          "WHERE kind IN ('worker_spawn', 'worker_exit')").fetchall()
+        rows = db.execute(
+            "SELECT kind, worker_id, generation FROM events WHERE kind IN ('worker_spawn', 'worker_exit')"
+        ).fetchall()
     spawned = {(w, g) for kind, w, g in rows if kind == "worker_spawn"}
     exited = {(w, g) for kind, w, g in rows if kind == "worker_exit"}
     assert len(spawned) > 1 and spawned <= exited, sorted(spawned - exited)
@@ -244,9 +315,10 @@ def test_sigterm_while_dormant_workers_are_still_starting_leaves_nothing(short_t
 def test_multirun_jobs_each_run_and_free_everything(short_tmp):
     """Jobs of a multirun share the driver process: each must get its own full run."""
     sweep = short_tmp / "sweep"
-    cmd = rlpipe_cmd(sweep / "unused", "env_count=8,16", "run.total_env_steps=6000",
-                     "run.duration_s=120", f"hydra.sweep.dir={sweep}")
-    cmd.insert(3, "-m")              # python -m rlpipe -m <overrides>
+    cmd = rlpipe_cmd(
+        sweep / "unused", "env_count=8,16", "run.total_env_steps=6000", "run.duration_s=120", f"hydra.sweep.dir={sweep}"
+    )
+    cmd.insert(3, "-m")  # python -m rlpipe -m <overrides>
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     for job, n in (("0", 8), ("1", 16)):

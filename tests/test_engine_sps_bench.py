@@ -3,6 +3,7 @@ layout resolved for the machine), `70` is the layout before auto, the 350x5 layo
 70-env slices (so PPO batches keep their size), the PPO modes name conf/'s affinity, every
 CPU or learner_core, and a malformed layout or mode is refused with the flag and what is
 allowed."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,16 +31,18 @@ def test_layouts_compose_into_the_same_slices_in_fewer_processes(two_cpus):
     auto = run_spec(compose_cfg(base + bench.layout_overrides("auto")))
     assert (old.groups.size, old.worker.slices, old.layout.workers) == (70, 1, 100)
     assert (wide.groups.size, wide.worker.slices) == (350, 5)
-    assert (auto.groups.size, auto.worker.slices) == (350, 5)     # on 2 CPUs auto is 350x5
+    assert (auto.groups.size, auto.worker.slices) == (350, 5)  # on 2 CPUs auto is 350x5
     assert slice_bounds(wide.groups.size, wide.worker.slices) == [(i, i + 70) for i in range(0, 350, 70)]
-    assert wide.learner == old.learner == auto.learner          # the same PPO settings in every layout
+    assert wide.learner == old.learner == auto.learner  # the same PPO settings in every layout
 
 
 def test_ppo_modes_name_the_affinity(two_cpus):
     bench = load_benchmark("engine_sps")
     base = ["env_mix=cartpole", "env_count=1000"]
-    learner_cpu = {mode: run_spec(compose_cfg(base + bench.mode_overrides(mode))).learner_cpu
-                   for mode in ("hold", "drop+null", "hold+core", "random")}
+    learner_cpu = {
+        mode: run_spec(compose_cfg(base + bench.mode_overrides(mode))).learner_cpu
+        for mode in ("hold", "drop+null", "hold+core", "random")
+    }
     assert learner_cpu == {"hold": 0, "drop+null": None, "hold+core": 0, "random": None}
     assert bench.mode_name("drop+null") == "engine PPO backlog=drop, workers on every CPU"
     with pytest.raises(SystemExit, match=r"--ppo-modes: 'hold\+all' is not hold or drop"):
@@ -48,8 +51,15 @@ def test_ppo_modes_name_the_affinity(two_cpus):
 
 def test_the_resolved_layout_is_printed_from_the_summary():
     bench = load_benchmark("engine_sps")
-    layout = {"workers": 20, "group_size": 350, "slices": 5, "cpu_affinity": "learner_core",
-              "worker_cpus": [1], "learner_cpu": 0, "workers_pinned_s": 3.2}
+    layout = {
+        "workers": 20,
+        "group_size": 350,
+        "slices": 5,
+        "cpu_affinity": "learner_core",
+        "worker_cpus": [1],
+        "learner_cpu": 0,
+        "workers_pinned_s": 3.2,
+    }
     assert bench.resolved_layout({"layout": layout}) == "ran 20 x 350 in 5 slices, learner core 0 from 3.2 s"
     assert bench.resolved_layout({}) == "layout not reported"
 

@@ -1,5 +1,6 @@
 """The env layer: the 12 types under the contract checker, quarantine and rebuild in the
 worker's env table, Gymnasium ids mapped automatically, day0 validation. Real envs throughout."""
+
 from __future__ import annotations
 
 import copy
@@ -29,12 +30,25 @@ from rlpipe.envs import (
 from rlpipe.envs.image import Resizer
 from rlpipe.worker.envtable import EnvTable
 
-TYPES = ("cartpole", "acrobot", "pendulum", "mountaincar_cont", "lunar_lander", "bullet_reacher",
-         "atari", "minigrid", "unity_sim", "physics_sim", "web_sim", "faulty")
-FAST = {"unity_sim": {"warmup_ms": 20.0}}          # keep the suite quick; behaviour unchanged
-QUIET = {"faulty": {"reset_error_rate": 0.0, "step_error_rate": 0.0, "render_error_rate": 0.0,
-                    "violation_rate": 0.0},
-         "web_sim": {"hang_rate": 0.0}}
+TYPES = (
+    "cartpole",
+    "acrobot",
+    "pendulum",
+    "mountaincar_cont",
+    "lunar_lander",
+    "bullet_reacher",
+    "atari",
+    "minigrid",
+    "unity_sim",
+    "physics_sim",
+    "web_sim",
+    "faulty",
+)
+FAST = {"unity_sim": {"warmup_ms": 20.0}}  # keep the suite quick; behaviour unchanged
+QUIET = {
+    "faulty": {"reset_error_rate": 0.0, "step_error_rate": 0.0, "render_error_rate": 0.0, "violation_rate": 0.0},
+    "web_sim": {"hang_rate": 0.0},
+}
 
 
 def _spec(overrides):
@@ -59,6 +73,7 @@ def _random_action(spec: EnvSpec, rng) -> np.ndarray:
 
 # --- every type keeps the contract ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", TYPES)
 def test_type_passes_contract_checker(name):
     spec_run = _seed12()
@@ -67,7 +82,7 @@ def test_type_passes_contract_checker(name):
     check_fits(name, spec, spec_run.obs_keys)
     factory = make_factory(node)
     rng = np.random.default_rng(0)
-    envs = [factory(env_id=i, seed=i) for i in range(2)]      # two side by side (shared clients)
+    envs = [factory(env_id=i, seed=i) for i in range(2)]  # two side by side (shared clients)
     try:
         for i, env in enumerate(envs):
             assert isinstance(env, EnvInterface)
@@ -87,8 +102,8 @@ def test_seed12_plan_has_both_heads_and_all_types():
     plan = plan_mix(spec.env_types, 48, spec.obs_keys, spec.buffer.sizing)
     assert set(plan.names) == set(TYPES)
     assert all(n >= 1 for n in plan.counts().values())
-    assert plan.actions.discrete_n == 7                  # minigrid's 7 actions is the largest
-    assert plan.actions.cont_dim == 7                    # the arm's 7 joints
+    assert plan.actions.discrete_n == 7  # minigrid's 7 actions is the largest
+    assert plan.actions.cont_dim == 7  # the arm's 7 joints
 
 
 @pytest.mark.parametrize("buffer", ["small", "seed"])
@@ -119,10 +134,11 @@ def test_resizer_nearest_and_channels():
     assert (out[::2, ::2, 0] == frame).all() and (out[..., 0] == out[..., 2]).all()
     rgba = np.zeros((10, 10, 4), np.uint8)
     rgba[..., 3] = 255
-    assert Resizer(rgba.shape, (5, 5, 3))(rgba).max() == 0       # alpha dropped
+    assert Resizer(rgba.shape, (5, 5, 3))(rgba).max() == 0  # alpha dropped
 
 
 # --- quarantine and rebuild in the worker's env table ----------------------------------------
+
 
 class Counting:
     """Wraps a real env and counts the calls the env table makes on it."""
@@ -144,10 +160,19 @@ class Counting:
 
 def test_faulty_is_quarantined_and_rebuilt_while_neighbours_keep_stepping():
     run = _spec(["env_mix=seed12", "buffer=small"])
-    chaos = {"reset_error_rate": 0.05, "step_error_rate": 0.03, "render_error_rate": 0.02,
-             "violation_rate": 0.08, "violations": ["shape", "dtype", "nan", "key", "reward"]}
-    nodes = {"faulty": _node("faulty", **chaos), "cartpole": _node("cartpole"),
-             "physics_sim": _node("physics_sim"), "web_sim": _node("web_sim", hang_rate=0.0)}
+    chaos = {
+        "reset_error_rate": 0.05,
+        "step_error_rate": 0.03,
+        "render_error_rate": 0.02,
+        "violation_rate": 0.08,
+        "violations": ["shape", "dtype", "nan", "key", "reward"],
+    }
+    nodes = {
+        "faulty": _node("faulty", **chaos),
+        "cartpole": _node("cartpole"),
+        "physics_sim": _node("physics_sim"),
+        "web_sim": _node("web_sim", hang_rate=0.0),
+    }
     names = tuple(nodes)
     specs = tuple(describe(n) for n in nodes.values())
     counts: dict = {}
@@ -156,15 +181,19 @@ def test_faulty_is_quarantined_and_rebuilt_while_neighbours_keep_stepping():
         return lambda env_id, seed: Counting(factory(env_id=env_id, seed=seed), counts, env_id)
 
     factories = [counted(make_factory(n)) for n in nodes.values()]
-    type_index = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1], dtype=np.int16)   # faulty at 0, 4, 8
+    type_index = np.array([0, 1, 2, 3, 0, 1, 2, 3, 0, 1], dtype=np.int16)  # faulty at 0, 4, 8
     n = len(type_index)
     staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
     table = EnvTable(100, type_index, names, specs, factories, run.obs_keys, staging, 5)
     disc = np.zeros(n, dtype=np.int64)
     cont = np.zeros((n, 2), dtype=np.float32)
-    out = {"reward": np.zeros(n, np.float32), "terminated": np.zeros(n, np.uint8),
-           "truncated": np.zeros(n, np.uint8), "ep_return": np.zeros(n, np.float32),
-           "ep_len": np.zeros(n, np.int32)}
+    out = {
+        "reward": np.zeros(n, np.float32),
+        "terminated": np.zeros(n, np.uint8),
+        "truncated": np.zeros(n, np.uint8),
+        "ep_return": np.zeros(n, np.float32),
+        "ep_len": np.zeros(n, np.int32),
+    }
     rng = np.random.default_rng(1)
     n_actions = np.array([specs[t].action_n for t in type_index])
     steps = 400
@@ -174,14 +203,16 @@ def test_faulty_is_quarantined_and_rebuilt_while_neighbours_keep_stepping():
         neighbours = [i for i in range(n) if type_index[i] != 0]
         first_envs = {i: table.envs[i] for i in neighbours}
         for _ in range(steps):
-            disc[:] = rng.integers(0, n_actions)         # each env within its type's head
+            disc[:] = rng.integers(0, n_actions)  # each env within its type's head
             cont[:] = rng.uniform(-1, 1, cont.shape)
             table.step_range(0, n, disc, cont, out)
             assert np.isfinite(out["reward"]).all()
         faulty_ids = {100 + i for i in range(n) if type_index[i] == 0}
         # faults happened, all of them in faulty envs, both kinds, with fingerprints
         assert table.faults
-        assert {f.env_id for f in table.faults} <= faulty_ids, [f for f in table.faults if f.env_id not in faulty_ids][:3]
+        assert {f.env_id for f in table.faults} <= faulty_ids, [f for f in table.faults if f.env_id not in faulty_ids][
+            :3
+        ]
         kinds = {f.kind for f in table.faults}
         assert kinds == {"env_quarantine", "env_crash"}
         assert all(len(f.record["stacktrace_hash"]) == 32 for f in table.faults)
@@ -206,12 +237,22 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
     seeded envs (faulty ones breaking the contract every way they can), give the same board
     rows, results, episode stats and faults, step after step."""
     run = _spec(["env_mix=seed12", "buffer=small"])
-    chaos = {"reset_error_rate": 0.05, "step_error_rate": 0.03, "render_error_rate": 0.02,
-             "violation_rate": 0.08, "violations": ["shape", "dtype", "nan", "key", "reward"]}
+    chaos = {
+        "reset_error_rate": 0.05,
+        "step_error_rate": 0.03,
+        "render_error_rate": 0.02,
+        "violation_rate": 0.08,
+        "violations": ["shape", "dtype", "nan", "key", "reward"],
+    }
     # the second faulty type has no rgb, so its "nan" violations land in a float key
-    nodes = [_node("faulty", **chaos), _node("cartpole"), _node("pendulum"),
-             _node("physics_sim"), _node("web_sim", hang_rate=0.0),
-             _node("faulty", **{**chaos, "violations": ["nan"], "rgb_shape": None})]
+    nodes = [
+        _node("faulty", **chaos),
+        _node("cartpole"),
+        _node("pendulum"),
+        _node("physics_sim"),
+        _node("web_sim", hang_rate=0.0),
+        _node("faulty", **{**chaos, "violations": ["nan"], "rgb_shape": None}),
+    ]
     specs = tuple(describe(n) for n in nodes)
     type_index = np.array([0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1], dtype=np.int16)
     n = len(type_index)
@@ -219,8 +260,17 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
     def twin():
         staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
         final = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
-        table = EnvTable(100, type_index, tuple(f"t{i}" for i in range(len(nodes))), specs,
-                         [make_factory(node) for node in nodes], run.obs_keys, staging, 5, final)
+        table = EnvTable(
+            100,
+            type_index,
+            tuple(f"t{i}" for i in range(len(nodes))),
+            specs,
+            [make_factory(node) for node in nodes],
+            run.obs_keys,
+            staging,
+            5,
+            final,
+        )
         out = _results(n)
         for i in range(n):
             table.start(i)
@@ -239,7 +289,7 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
             disc[:] = rng.integers(0, n_actions)
             cont[:] = rng.uniform(-1, 1, cont.shape)
             ref.step_range(0, n, disc, cont, ref_out)
-            loop.run(0, 7, fast.actions(0, 7, disc, cont), 0)         # two slices
+            loop.run(0, 7, fast.actions(0, 7, disc, cont), 0)  # two slices
             loop.run(7, n, fast.actions(7, n, disc, cont), 0)
             for key in ref_out:
                 np.testing.assert_array_equal(fast_out[key], ref_out[key], err_msg=f"{key} at step {step}")
@@ -249,13 +299,15 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
             assert not (ref_out["final"].astype(bool) & ~ref_out["truncated"].astype(bool)).any()
             np.testing.assert_array_equal(fast.ep_return, ref.ep_return)
             np.testing.assert_array_equal(fast.ep_len, ref.ep_len)
+
         def faults(t):
             return sorted((f.env_id, f.kind, f.record["error_type"]) for f in t.faults)
+
         assert faults(fast) == faults(ref)
         assert {k for _, k, _ in faults(ref)} == {"env_quarantine", "env_crash"}
-        assert any("NaN" in f.record["message"] for f in ref.faults)     # finiteness is exercised
+        assert any("NaN" in f.record["message"] for f in ref.faults)  # finiteness is exercised
         assert (ref_out["ep_len"] > 0).any() or ref.ep_len.max() > 0
-        assert finals_seen > 0                                            # time limits are exercised
+        assert finals_seen > 0  # time limits are exercised
         np.testing.assert_array_equal(fast.rebuilds, ref.rebuilds)
     finally:
         ref.close_all()
@@ -263,9 +315,14 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
 
 
 def _results(n: int) -> dict:
-    return {"reward": np.zeros(n, np.float32), "terminated": np.zeros(n, np.uint8),
-            "truncated": np.zeros(n, np.uint8), "final": np.zeros(n, np.uint8),
-            "ep_return": np.zeros(n, np.float32), "ep_len": np.zeros(n, np.int32)}
+    return {
+        "reward": np.zeros(n, np.float32),
+        "terminated": np.zeros(n, np.uint8),
+        "truncated": np.zeros(n, np.uint8),
+        "final": np.zeros(n, np.uint8),
+        "ep_return": np.zeros(n, np.float32),
+        "ep_len": np.zeros(n, np.int32),
+    }
 
 
 class _Float64Walk(EnvInterface):
@@ -287,7 +344,7 @@ class _Float64Walk(EnvInterface):
         self.t += 1
         obs = {"state": self.rng.normal(size=3) * 1e3}
         if self.t >= 5:
-            self.end_obs = obs["state"]            # what the final-obs rows must hold
+            self.end_obs = obs["state"]  # what the final-obs rows must hold
         return obs, float(action), False, self.t >= 5, {}
 
     def close(self, env_id):
@@ -302,8 +359,7 @@ def test_c_step_loop_casts_obs_whose_dtype_differs_from_the_board():
     for _ in range(2):
         staging = [np.full((n,) + k.shape, -7, dtype=k.dtype) for k in run.obs_keys]
         final = [np.full((n,) + k.shape, -7, dtype=k.dtype) for k in run.obs_keys]
-        table = EnvTable(0, np.zeros(n, np.int16), ("walk",), (spec,), [_Float64Walk], run.obs_keys,
-                         staging, 1, final)
+        table = EnvTable(0, np.zeros(n, np.int16), ("walk",), (spec,), [_Float64Walk], run.obs_keys, staging, 1, final)
         for i in range(n):
             table.start(i)
         tables.append((table, staging[0], _results(n), final[0]))
@@ -322,17 +378,25 @@ def test_c_step_loop_casts_obs_whose_dtype_differs_from_the_board():
         if fast_out["final"].any():
             for i in range(n):
                 assert np.array_equal(fast_final[i, :3], fast.envs[i].end_obs.astype(np.float32))
-    assert finals == 2 * n and (fast_final[:, :3] != -7).all()    # steps 5 and 10 truncate
-    assert (fast_rows[:, 3:] == -7).all() and (fast_final[:, 3:] == -7).all()   # nothing past the 3 values
+    assert finals == 2 * n and (fast_final[:, :3] != -7).all()  # steps 5 and 10 truncate
+    assert (fast_rows[:, 3:] == -7).all() and (fast_final[:, 3:] == -7).all()  # nothing past the 3 values
     assert np.abs(fast_rows[:, :3]).max() > 10 and not fast.faults
 
 
 # --- emulator behaviour -----------------------------------------------------------------------
 
+
 def test_faulty_violations_are_caught_by_the_checker():
-    factory = make_factory(_node("faulty", reset_error_rate=0.0, step_error_rate=0.0,
-                                 render_error_rate=0.0, violation_rate=1.0,
-                                 violations=["shape", "dtype", "nan", "key", "reward"]))
+    factory = make_factory(
+        _node(
+            "faulty",
+            reset_error_rate=0.0,
+            step_error_rate=0.0,
+            render_error_rate=0.0,
+            violation_rate=1.0,
+            violations=["shape", "dtype", "nan", "key", "reward"],
+        )
+    )
     spec = describe(_node("faulty", violation_rate=1.0))
     env = factory(env_id=0, seed=0)
     env.reset(0)
@@ -360,26 +424,26 @@ def test_web_sim_hangs_block_for_real_and_close_wakes_them():
             forever.step(1, np.asarray(np.int64(0)))
         except Exception as exc:
             caught.append(exc)
+
     th = threading.Thread(target=stepper)
     th.start()
     time.sleep(0.3)
-    assert th.is_alive()                              # hung
+    assert th.is_alive()  # hung
     forever.close(1)
     th.join(5)
     assert not th.is_alive() and isinstance(caught[0], ConnectionAbortedError)
 
 
 def test_unity_sim_warms_up_and_grows_memory_up_to_its_cap():
-    factory = make_factory(_node("unity_sim", warmup_ms=60.0, leak_bytes_per_step=64 * 1024,
-                                 leak_max_mb=0.5))
+    factory = make_factory(_node("unity_sim", warmup_ms=60.0, leak_bytes_per_step=64 * 1024, leak_max_mb=0.5))
     t = time.perf_counter()
     env = factory(env_id=0, seed=0)
     assert time.perf_counter() - t >= 0.06
     obs = env.reset(0)
-    assert obs["rgb"].std() > 0                        # a real picture, not a blank frame
+    assert obs["rgb"].std() > 0  # a real picture, not a blank frame
     for _ in range(20):
         env.step(0, np.zeros(2, np.float32))
-    assert env.leaked_bytes == 512 * 1024              # capped at leak_max_mb
+    assert env.leaked_bytes == 512 * 1024  # capped at leak_max_mb
     env.close(0)
 
 
@@ -399,14 +463,15 @@ def test_physics_sim_reward_scale_and_heavy_tail():
 
 def test_bullet_arms_share_clients():
     from rlpipe.envs.bullet import ClientPool
+
     ClientPool.shutdown()
     before = ClientPool.stats()
     factory = make_factory(_node("bullet_reacher", arms_per_client=2))
     arms = [factory(env_id=i, seed=i) for i in range(3)]
     assert ClientPool.stats()["arms"] == before["arms"] + 3
-    assert ClientPool.stats()["clients"] == before["clients"] + 2       # 2 + 1 arms
+    assert ClientPool.stats()["clients"] == before["clients"] + 2  # 2 + 1 arms
     obs = [a.reset(i)["state"] for i, a in enumerate(arms)]
-    for _ in range(5):                                 # one arm moving leaves the others alone
+    for _ in range(5):  # one arm moving leaves the others alone
         moved = arms[0].step(0, np.ones(7, np.float32))[0]["state"]
     assert not np.allclose(moved[:14], obs[0][:14])
     for i in (1, 2):
@@ -419,16 +484,21 @@ def test_bullet_arms_share_clients():
 
 # --- any Gymnasium id -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gym_id,kind,key", [
-    ("LunarLander-v3", DISCRETE, "state"),            # Box2D, discrete
-    ("BipedalWalker-v3", CONTINUOUS, "state"),        # Box2D, continuous Box(4)
-    ("FrozenLake-v1", DISCRETE, "state"),             # Discrete obs -> one-hot
-    ("ALE/Pong-v5", DISCRETE, "rgb"),                 # image obs -> rgb at the buffer shape
-    ("MiniGrid-Empty-5x5-v0", DISCRETE, "state"),     # Dict obs -> flattened (text left out)
-])
+
+@pytest.mark.parametrize(
+    "gym_id,kind,key",
+    [
+        ("LunarLander-v3", DISCRETE, "state"),  # Box2D, discrete
+        ("BipedalWalker-v3", CONTINUOUS, "state"),  # Box2D, continuous Box(4)
+        ("FrozenLake-v1", DISCRETE, "state"),  # Discrete obs -> one-hot
+        ("ALE/Pong-v5", DISCRETE, "rgb"),  # image obs -> rgb at the buffer shape
+        ("MiniGrid-Empty-5x5-v0", DISCRETE, "state"),  # Dict obs -> flattened (text left out)
+    ],
+)
 def test_gym_mix_maps_any_id(gym_id, kind, key):
-    spec = _spec(["env_mix=gym", f"env_mix.id={gym_id}", "buffer=small",
-                  "buffer.keys.state.shape=[160]"])    # MiniGrid's flattened Dict is 151 floats
+    spec = _spec(
+        ["env_mix=gym", f"env_mix.id={gym_id}", "buffer=small", "buffer.keys.state.shape=[160]"]
+    )  # MiniGrid's flattened Dict is 151 floats
     plan = plan_mix(spec.env_types, 2, spec.obs_keys, spec.buffer.sizing)
     s = plan.specs[0]
     assert s.action_kind == kind and key in s.obs
@@ -458,10 +528,11 @@ def test_cli_unknown_gym_id_clear_error_no_traceback(short_tmp):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "config error" in out.stderr and "'CartPoleX-v1' does not exist" in out.stderr
-    assert "CartPole-v1" in out.stderr                 # the close match is suggested
+    assert "CartPole-v1" in out.stderr  # the close match is suggested
 
 
 # --- day0 -------------------------------------------------------------------------------------
+
 
 class AlwaysBroken(EnvInterface):
     """A type that returns float64 obs: every step is a contract violation."""
@@ -485,10 +556,10 @@ class AlwaysBroken(EnvInterface):
 
 def test_day0_validates_every_type_and_names_failures(tmp_path, monkeypatch):
     from rlpipe.envs import validate
+
     monkeypatch.setattr(validate, "CYCLES", 2)
     monkeypatch.setattr(validate, "STEPS_PER_ENV", 40)
-    spec = _spec(["+stage=day0", "env_mix=seed12", "buffer=small",
-                  "env_mix.types.unity_sim.warmup_ms=20"])
+    spec = _spec(["+stage=day0", "env_mix=seed12", "buffer=small", "env_mix.types.unity_sim.warmup_ms=20"])
     assert spec.run.mode == "validate" and spec.stage == "day0"
     assert validate.validate_types(spec, tmp_path) == 0
     report = json.loads((tmp_path / "env_validation.json").read_text())
@@ -522,8 +593,9 @@ def test_step_latency_is_timed_per_env_on_both_paths():
     n = 4
     for inline in (True, False):
         staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
-        table = EnvTable(0, np.zeros(n, np.int16), ("web_sim",), (spec,), [make_factory(node)],
-                         run.obs_keys, staging, 1)
+        table = EnvTable(
+            0, np.zeros(n, np.int16), ("web_sim",), (spec,), [make_factory(node)], run.obs_keys, staging, 1
+        )
         out = {**_results(n), "step_ms": np.full(n, -1.0, np.float32)}
         try:
             for i in range(n):

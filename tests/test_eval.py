@@ -1,5 +1,6 @@
 """`python -m rlpipe.eval`: a short real run, then the CLI on it (returns, video, TensorBoard);
 the errors a user meets (no checkpoint, no config, an unknown type); the board layout of obs."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,13 @@ from conftest import REPO
 
 
 def eval_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlpipe.eval", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlpipe.eval", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -35,18 +41,20 @@ def test_eval_writes_returns_video_and_tensorboard(trained_run):
     for mode in ("deterministic", "stochastic"):
         s = cart[mode]
         assert s["episodes"] + s["cut"] == 3 and s["episodes"] == 3
-        assert 8 <= s["min"] <= s["mean"] <= s["max"] <= 500    # CartPole returns: 1 per step
+        assert 8 <= s["min"] <= s["mean"] <= s["max"] <= 500  # CartPole returns: 1 per step
     assert cart["random"]["source"] == "run" and cart["random"]["mean"] > 0
     md = (out / "returns.md").read_text()
     assert "| cartpole |" in md and "cartpole.mp4" in md
 
     import imageio.v2 as imageio
+
     reader = imageio.get_reader(out / "cartpole.mp4")
     frames = sum(1 for _ in reader)
     assert reader.get_meta_data()["codec"] == "h264"
-    assert frames == cart["video_frames"] >= 9       # the reset frame plus one per step
+    assert frames == cart["video_frames"] >= 9  # the reset frame plus one per step
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(trained_run / "tb"), size_guidance={"images": 0, "scalars": 0})
     acc.Reload()
     assert "eval/return_deterministic/cartpole" in acc.Tags()["scalars"]
@@ -57,6 +65,7 @@ def test_eval_writes_returns_video_and_tensorboard(trained_run):
 def eval_main(capsys, *args) -> tuple[int, str]:
     """The CLI's main in this process (the subprocess above already covers the entry point)."""
     from rlpipe.eval.__main__ import main
+
     code = main([str(a) for a in args])
     return code, capsys.readouterr().err
 
@@ -90,12 +99,18 @@ def test_board_layout_matches_the_worker_rows():
     from rlpipe.envs.contract import EnvSpec
     from rlpipe.envs.registry import ActionSpace, MixPlan
     from rlpipe.eval.play import BoardLayout, env_action
-    keys = (ObsKey("rgb", (8, 8, 3), "uint8"), ObsKey("state", (32,), "float32"),
-            ObsKey("vector", (16,), "float32"))
-    plan = MixPlan(("images", "cartpole"),
-                   (EnvSpec({"rgb": ((8, 8, 3), "uint8"), "vector": ((3,), "float32")}, "continuous", 2),
-                    EnvSpec({"state": ((4,), "float32")}, "discrete", 2)),
-                   np.array([0, 1], dtype=np.int16), ActionSpace(2, 2), keys)
+
+    keys = (ObsKey("rgb", (8, 8, 3), "uint8"), ObsKey("state", (32,), "float32"), ObsKey("vector", (16,), "float32"))
+    plan = MixPlan(
+        ("images", "cartpole"),
+        (
+            EnvSpec({"rgb": ((8, 8, 3), "uint8"), "vector": ((3,), "float32")}, "continuous", 2),
+            EnvSpec({"state": ((4,), "float32")}, "discrete", 2),
+        ),
+        np.array([0, 1], dtype=np.int16),
+        ActionSpace(2, 2),
+        keys,
+    )
     t = 1
     layout = BoardLayout(plan, t)
     obs = {"state": np.arange(1, 5, dtype=np.float32)}

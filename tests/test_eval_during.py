@@ -3,6 +3,7 @@ TensorBoard, the health report's section and plot, no child left after SIGTERM o
 driver's hook on its own with real child processes (a skipped round, a killed one, a failing
 one, one past its time limit, stop mid-round); the per-type time budget of `play`; bad values
 as one-paragraph config errors."""
+
 from __future__ import annotations
 
 import json
@@ -36,26 +37,26 @@ def test_a_training_run_evaluates_every_interval_and_a_signal_leaves_no_child(si
     run = signalled_run(sig)
     run_dir, child, driver_pid = run.run_dir, run.child, run.pid
     assert run.child_ppid == driver_pid
-    assert run.child_niced                               # it lowers itself first thing
+    assert run.child_niced  # it lowers itself first thing
     assert run.code == 128 + sig, run.stderr[-3000:]
     assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
     assert eval_children(run_dir) == []
-    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["history.jsonl"]   # no snapshot, no temp
+    assert sorted(p.name for p in (run_dir / "eval").iterdir()) == ["history.jsonl"]  # no snapshot, no temp
     assert run_leftovers(driver_pid) == []
 
     rounds = eval_history(run_dir)
     assert len(rounds) >= 2
     steps = [r["env_steps"] for r in rounds]
-    assert steps == sorted(steps) and steps[-1] > 0      # weights of later and later moments
+    assert steps == sorted(steps) and steps[-1] > 0  # weights of later and later moments
     for r in rounds:
         cart = r["types"]["cartpole"]
         assert set(cart) == {"mean", "std", "episodes", "cut"}
         assert cart["episodes"] + cart["cut"] == 2 and cart["episodes"] >= 1
-        assert 8 <= cart["mean"] <= 500 and cart["std"] >= 0          # CartPole: 1 per step
+        assert 8 <= cart["mean"] <= 500 and cart["std"] >= 0  # CartPole: 1 per step
         assert r["wall_s"] > 0 and r["eval_s"] > 0
 
     charted = read_scalars(run_dir / "tb")["eval/cartpole"]
-    assert charted.steps.tolist() == steps          # each round once, at its weights' env steps
+    assert charted.steps.tolist() == steps  # each round once, at its weights' env steps
     assert charted.values.tolist() == pytest.approx([r["types"]["cartpole"]["mean"] for r in rounds])
 
     report = (run_dir / "health_report.md").read_text()
@@ -76,8 +77,7 @@ def eval_hook(short_tmp):
     from rlpipe.supervisor.services import Services
 
     run_dir = short_tmp / "run"
-    cfg = compose_cfg(["env_mix=cartpole", "env_count=4", "eval.interval_s=1", "eval.episodes=2",
-                       "eval.budget_s=20"])
+    cfg = compose_cfg(["env_mix=cartpole", "env_count=4", "eval.interval_s=1", "eval.episodes=2", "eval.budget_s=20"])
     (run_dir / ".hydra").mkdir(parents=True)
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     spec = run_spec(cfg)
@@ -93,7 +93,7 @@ def eval_hook(short_tmp):
         ev.maybe_start(clock[0], learner)
 
     ev.maybe_start(clock[0], learner)
-    assert ev.proc is None                              # the first round is one interval in
+    assert ev.proc is None  # the first round is one interval in
     yield ev, next_round, run_dir
     ev.stop()
     services.tb.close()
@@ -111,36 +111,36 @@ def test_the_hook_skips_counts_survives_a_crash_and_stops_clean(eval_hook, caplo
     first = ev.proc
     assert first is not None and (run_dir / "eval" / "policy_snapshot.pt").is_file()
     assert wait_for(lambda: psutil.Process(first.pid).nice() == 19, 20)
-    next_round()                                    # due while the first still runs
+    next_round()  # due while the first still runs
     assert ev.skipped == 1 and ev.proc is first
     finish(ev)
     assert ev.rounds == 1 and len(eval_history(run_dir)) == 1 and eval_history(run_dir)[0]["env_steps"] == 0
     assert not (run_dir / "eval" / "policy_snapshot.pt").exists()
 
-    next_round()                                    # a child killed mid-round: a crash
+    next_round()  # a child killed mid-round: a crash
     ev.proc.kill()
     finish(ev)
     assert ev.failed == 1 and ev.rounds == 1
     assert "eval: round failed (exit -9)" in caplog.text
 
-    config = run_dir / ".hydra" / "config.yaml"     # a run whose config cannot be read back
+    config = run_dir / ".hydra" / "config.yaml"  # a run whose config cannot be read back
     good = config.read_text()
     config.write_text("env_count: -1\n")
     next_round()
     finish(ev)
     assert ev.failed == 2 and "rlpipe.eval.during:" in caplog.text and ".hydra/config.yaml" in caplog.text
     config.write_text(good)
-    next_round()                                    # and the next round tries again
+    next_round()  # and the next round tries again
     finish(ev)
     assert ev.rounds == 2 and len(eval_history(run_dir)) == 2
 
-    ev.limit_s = 0.5                                # a round past its limit (hung in C code)
+    ev.limit_s = 0.5  # a round past its limit (hung in C code)
     next_round()
     slow = ev.proc
     finish(ev)
     assert slow.returncode is not None and ev.failed == 3 and "round still running after" in caplog.text
 
-    next_round()                                    # teardown mid-round
+    next_round()  # teardown mid-round
     child = ev.proc
     ev.stop()
     assert child.poll() is not None and eval_children(run_dir) == []
@@ -158,6 +158,7 @@ def test_a_round_ends_with_its_driver_even_after_sigkill(eval_hook):
     parent dies, and would be for seconds more)."""
     import shutil
     import sys
+
     ev, next_round, run_dir = eval_hook
     next_round()
     weights = run_dir / "weights.pt"
@@ -165,12 +166,21 @@ def test_a_round_ends_with_its_driver_even_after_sigkill(eval_hook):
     ev.stop()
     history_file = run_dir / "other_history.jsonl"
     # a stand-in driver: a parent process that starts the round as the driver does, then waits
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import os, subprocess, sys, time\n"
-        f"p = subprocess.Popen([sys.executable, '-m', '{EVAL_CHILD}', {str(run_dir)!r}, '--weights', {str(weights)!r}, "
-        f"'--history', {str(history_file)!r}, '--episodes', '2000', '--budget-s', '60', '--max-steps', '5000', "
-        "'--wall-s', '1', '--driver-pid', str(os.getpid())], start_new_session=True)\n"
-        "print(p.pid, flush=True)\ntime.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, subprocess, sys, time\n"
+                f"p = subprocess.Popen([sys.executable, '-m', '{EVAL_CHILD}', {str(run_dir)!r}, '--weights', {str(weights)!r}, "
+                f"'--history', {str(history_file)!r}, '--episodes', '2000', '--budget-s', '60', '--max-steps', '5000', "
+                "'--wall-s', '1', '--driver-pid', str(os.getpid())], start_new_session=True)\n"
+                "print(p.pid, flush=True)\ntime.sleep(120)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     child = psutil.Process(int(parent.stdout.readline()))
     assert wait_for(lambda: child.nice() == 19, 20)
     parent.kill()
@@ -181,6 +191,7 @@ def test_a_round_ends_with_its_driver_even_after_sigkill(eval_hook):
             return child.status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
+
     assert wait_for(gone, 15)
     assert not history_file.exists()
 
@@ -189,6 +200,7 @@ def test_play_cuts_the_episodes_a_type_budget_does_not_cover():
     from rlpipe.envs.registry import make_factory, plan_mix
     from rlpipe.eval.play import play
     from rlpipe.learner.policy import Policy
+
     spec = run_spec(compose_cfg(["env_mix=cartpole", "env_count=2"]))
     plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     policy = Policy(plan, plan.obs_keys, spec.learner.hidden, spec.learner.cnn_channels, spec.learner.cnn_out)
@@ -205,14 +217,33 @@ def test_a_type_whose_steps_hang_is_cut_at_its_budget_not_its_step_timeout():
     from rlpipe.envs.registry import make_factory, plan_mix
     from rlpipe.eval.play import play
     from rlpipe.learner.policy import Policy
-    spec = run_spec(compose_cfg(["env_mix=seed12", "env_count=12", "env_mix.types.web_sim.hang_rate=1.0",
-                                 "env_mix.types.web_sim.hang_s=null"]))
+
+    spec = run_spec(
+        compose_cfg(
+            [
+                "env_mix=seed12",
+                "env_count=12",
+                "env_mix.types.web_sim.hang_rate=1.0",
+                "env_mix.types.web_sim.hang_s=null",
+            ]
+        )
+    )
     plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
     policy = Policy(plan, plan.obs_keys, spec.learner.hidden, spec.learner.cnn_channels, spec.learner.cnn_out)
     web = plan.names.index("web_sim")
     t0 = time.monotonic()
-    eps = play(policy, plan, web, make_factory(spec.env_types[web].node), 2, True, 0, 5000,
-               spec.worker.step_timeout_s, budget_s=1.0)
+    eps = play(
+        policy,
+        plan,
+        web,
+        make_factory(spec.env_types[web].node),
+        2,
+        True,
+        0,
+        5000,
+        spec.worker.step_timeout_s,
+        budget_s=1.0,
+    )
     took = time.monotonic() - t0
     assert spec.worker.step_timeout_s == 30 and (len(eps.returns), eps.cut) == (0, 2)
     assert took < 8, took
@@ -222,14 +253,29 @@ def test_health_report_of_eval_rounds_alone(short_tmp):
     """A run dir holding only its eval history (the run was killed before anything else): the
     section lists the last round beside the first, a line cut off mid-write is counted."""
     from rlpipe.telemetry.health import PLOT_RETURNS, write_health_report
+
     ev = short_tmp / "eval"
     ev.mkdir()
-    rounds = [{"env_steps": 0, "wall_s": 5.0, "eval_s": 3.0,
-               "types": {"cartpole": {"mean": 20.0, "std": 2.0, "episodes": 2, "cut": 0},
-                         "atari": {"mean": None, "std": None, "episodes": 0, "cut": 2}}},
-              {"env_steps": 40_000, "wall_s": 65.0, "eval_s": 4.0,
-               "types": {"cartpole": {"mean": 180.5, "std": 9.5, "episodes": 2, "cut": 0},
-                         "atari": {"mean": 3.0, "std": 0.0, "episodes": 1, "cut": 1}}}]
+    rounds = [
+        {
+            "env_steps": 0,
+            "wall_s": 5.0,
+            "eval_s": 3.0,
+            "types": {
+                "cartpole": {"mean": 20.0, "std": 2.0, "episodes": 2, "cut": 0},
+                "atari": {"mean": None, "std": None, "episodes": 0, "cut": 2},
+            },
+        },
+        {
+            "env_steps": 40_000,
+            "wall_s": 65.0,
+            "eval_s": 4.0,
+            "types": {
+                "cartpole": {"mean": 180.5, "std": 9.5, "episodes": 2, "cut": 0},
+                "atari": {"mean": 3.0, "std": 0.0, "episodes": 1, "cut": 1},
+            },
+        },
+    ]
     (ev / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds) + '{"env_st')
     report = write_health_report(short_tmp).read_text()
     assert "| `eval/history.jsonl` | present (2 round(s), 1 unreadable line(s)) |" in report
@@ -239,8 +285,9 @@ def test_health_report_of_eval_rounds_alone(short_tmp):
     assert (short_tmp / PLOT_RETURNS).is_file()
 
 
-@pytest.mark.parametrize("override,key", [("eval.episodes=0", "eval.episodes"),
-                                          ("eval.interval_s=-1", "eval.interval_s")])
+@pytest.mark.parametrize(
+    "override,key", [("eval.episodes=0", "eval.episodes"), ("eval.interval_s=-1", "eval.interval_s")]
+)
 def test_cli_bad_eval_value_is_one_paragraph(short_tmp, override, key):
     out = run_cli(short_tmp / "run", override, timeout=60)
     assert out.returncode == 2

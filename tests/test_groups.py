@@ -1,4 +1,5 @@
 """Groups: wake order and counts, cgroup drivers on this machine, the `none` fallback."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,20 +21,28 @@ from rlpipe.supervisor.groups import WakeSchedule
 
 
 def spec(**kw) -> GroupsSpec:
-    base = dict(size=70, hot=1, wake_after_steps=10, wake_batch=1, wake_growth=1.0, cgroup="none",
-                dormant_cpu_pct=1.0, dormant_mem_mb=512)
+    base = dict(
+        size=70,
+        hot=1,
+        wake_after_steps=10,
+        wake_batch=1,
+        wake_growth=1.0,
+        cgroup="none",
+        dormant_cpu_pct=1.0,
+        dormant_mem_mb=512,
+    )
     return GroupsSpec(**{**base, **kw})
 
 
 def test_wake_order_and_counts():
     s = WakeSchedule(6, spec(hot=2, wake_batch=1, wake_growth=2.0))
     assert s.awake == [True, True, False, False, False, False]
-    assert s.due({0: 9, 1: 50}) == []              # group 0 has not made its 10 steps yet
-    assert s.due({0: 10, 1: 10}) == [2]            # batch 1, then it doubles
-    assert s.due({0: 99, 1: 99, 2: 3}) == []       # waits for the group just woken
+    assert s.due({0: 9, 1: 50}) == []  # group 0 has not made its 10 steps yet
+    assert s.due({0: 10, 1: 10}) == [2]  # batch 1, then it doubles
+    assert s.due({0: 99, 1: 99, 2: 3}) == []  # waits for the group just woken
     assert s.due({0: 99, 1: 99, 2: 10}) == [3, 4]
     assert s.due({3: 10, 4: 9}) == []
-    assert s.due({3: 10, 4: 10}) == [5]            # only one dormant group left
+    assert s.due({3: 10, 4: 10}) == [5]  # only one dormant group left
     assert s.all_awake and s.due({5: 1000}) == [] and s.wakes == 3
 
 
@@ -59,14 +68,15 @@ def test_v1_places_moves_and_cleans_up():
         assert f"cpu:/rlpipe_{run_id}/g4" in groups and f"memory:/rlpipe_{run_id}/g4" in groups
         g4 = Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}/g4")
         assert (g4 / "cpu.cfs_quota_us").read_text().strip() == "1000"
-        assert (Path(f"/sys/fs/cgroup/memory/rlpipe_{run_id}/g4/memory.limit_in_bytes")
-                .read_text().strip() == str(512 * 2**20))
+        assert Path(f"/sys/fs/cgroup/memory/rlpipe_{run_id}/g4/memory.limit_in_bytes").read_text().strip() == str(
+            512 * 2**20
+        )
         driver.wake(4, proc.pid)
         groups = Path(f"/proc/{proc.pid}/cgroup").read_text()
         assert f"cpu:/rlpipe_{run_id}/active" in groups
         driver.hibernate(4, proc.pid)
         assert f"cpu:/rlpipe_{run_id}/g4" in Path(f"/proc/{proc.pid}/cgroup").read_text()
-        driver.cleanup()      # the live process is moved out, then every dir removed
+        driver.cleanup()  # the live process is moved out, then every dir removed
         assert not Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}").exists()
         assert not Path(f"/sys/fs/cgroup/memory/rlpipe_{run_id}").exists()
     finally:
@@ -105,9 +115,16 @@ def test_sweep_removes_dead_runs_only(tmp_path):
 
 def test_engine_wakes_groups_in_order(short_tmp):
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "env_count=210", "groups.size=70", "groups.hot=1",
-                  "groups.wake_after_steps=20", "groups.wake_batch=1", "run.duration_s=40",
-                  "run.total_env_steps=60000")
+    out = run_cli(
+        run_dir,
+        "env_count=210",
+        "groups.size=70",
+        "groups.hot=1",
+        "groups.wake_after_steps=20",
+        "groups.wake_batch=1",
+        "run.duration_s=40",
+        "run.total_env_steps=60000",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["active_envs_end"] == 210
@@ -115,8 +132,7 @@ def test_engine_wakes_groups_in_order(short_tmp):
     roots = CgroupRoots.detect()
     expected = "v2" if _v2_usable(roots.v2) else "v1" if _v1_usable(roots.v1) else "none"
     assert summary["cgroup_driver"] == expected
-    with contextlib.closing(sqlite3.connect(f"file:{run_dir}/lifecycle.sqlite?mode=ro&immutable=1",
-                                            uri=True)) as db:
+    with contextlib.closing(sqlite3.connect(f"file:{run_dir}/lifecycle.sqlite?mode=ro&immutable=1", uri=True)) as db:
         wakes = db.execute("SELECT worker_id FROM events WHERE kind = 'group_wake' ORDER BY ts").fetchall()
     assert [w for (w,) in wakes] == [1, 2]
 
@@ -124,7 +140,8 @@ def test_engine_wakes_groups_in_order(short_tmp):
 def _die_with_us() -> None:
     import ctypes
     import signal
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)     # PR_SET_PDEATHSIG: gone with pytest
+
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with pytest
 
 
 def _drop_interface_files(top: Path) -> None:
@@ -175,6 +192,7 @@ def test_a_dormant_group_is_really_cpu_limited():
     """A busy process in a dormant group's cgroup (1% of a core) gets about 1% of a core:
     its CPU time while dormant, the group's throttling count, then the same process woken."""
     import sys
+
     run_id = f"{os.getpid()}-d0a1"
     driver = make_driver("v1", run_id, cpu_pct=1.0, mem_mb=512, n_groups=2)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_die_with_us)
@@ -201,7 +219,7 @@ def test_a_dormant_group_is_really_cpu_limited():
         busy.kill()
         busy.wait()
         driver.cleanup()
-    assert dormant <= 0.03 * span, dormant          # 1% quota (+ a period's slack)
+    assert dormant <= 0.03 * span, dormant  # 1% quota (+ a period's slack)
     assert throttled > 0
-    assert awake > 3 * dormant, (awake, dormant)     # the same process, unlimited
+    assert awake > 3 * dormant, (awake, dormant)  # the same process, unlimited
     assert not Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}").exists()

@@ -2,6 +2,7 @@
 obs at plan time, an explicit buffer is used as written, every stage and mix keeps the board it
 had, and an env_mix=gym type is named after its id (or env_mix.name) wherever a type name
 appears. The third-party env is tests/wide_obs_gym.py, registered on import (no network)."""
+
 from __future__ import annotations
 
 import json
@@ -37,13 +38,17 @@ def _board(plan) -> dict:
 
 # --- the board sized from the mix ---------------------------------------------------------------
 
+
 def test_default_board_grows_to_a_wide_gym_obs_and_an_explicit_buffer_keeps_its_error():
     spec, plan = _plan(WIDE)
     assert spec.buffer.sizing == "auto"
     assert _board(plan) == {"state": ((wide_obs_gym.OBS_DIM,), "float32")}
     # an explicit buffer is used as written: today's error, naming the key and both lengths
-    with pytest.raises(ConfigError, match=f"produces state of {wide_obs_gym.OBS_DIM} values but "
-                                          r"buffer.keys.state.shape holds 32"):
+    with pytest.raises(
+        ConfigError,
+        match=f"produces state of {wide_obs_gym.OBS_DIM} values but "
+        r"buffer.keys.state.shape holds 32",
+    ):
         _plan(WIDE + ["buffer=small"])
 
 
@@ -51,7 +56,7 @@ def test_memory_check_counts_the_sized_board():
     spec, plan = _plan(WIDE + ["env_count=64"])
     budget = check_memory_budget(spec, plan, group_ranges(spec.env_count, spec.groups.size))
     assert budget["obs_bytes_per_step"] == wide_obs_gym.OBS_DIM * 4
-    with pytest.raises(ConfigError) as err:          # a machine too small: the arithmetic shows it
+    with pytest.raises(ConfigError) as err:  # a machine too small: the arithmetic shows it
         check_memory_budget(spec, plan, group_ranges(spec.env_count, spec.groups.size), total_bytes=2**20)
     msg = str(err.value)
     assert f"{wide_obs_gym.OBS_DIM * 4:,} B of obs per step (state [{wide_obs_gym.OBS_DIM}] float32" in msg
@@ -64,13 +69,16 @@ def test_sized_rgb_is_the_types_own_shape_when_they_agree():
     assert _board(plan)["rgb"] == ((210, 160, 3), "uint8")
     assert spec.env_types[0].name == "Pong-v5"
     # types that disagree: the configured (buffer=small's) shape, and the odd one is named
-    with pytest.raises(ConfigError, match=r"'atari' renders rgb \[210, 160, 3\] but buffer.keys.rgb.shape "
-                                          r"is \[64, 64, 3\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'atari' renders rgb \[210, 160, 3\] but buffer.keys.rgb.shape "
+        r"is \[64, 64, 3\]",
+    ):
         _plan(["env_mix=images", "env_mix.types.atari.rgb_shape=null"])
 
 
 def test_a_run_config_saved_before_buffer_sizing_reads_back_as_fixed():
-    saved = OmegaConf.create(OmegaConf.to_yaml(compose_cfg(["buffer=small"])))   # as .hydra/config.yaml
+    saved = OmegaConf.create(OmegaConf.to_yaml(compose_cfg(["buffer=small"])))  # as .hydra/config.yaml
     del saved.buffer["sizing"]
     assert run_spec(saved).buffer.sizing == "fixed"
     assert run_spec(OmegaConf.create(OmegaConf.to_yaml(compose_cfg()))).buffer.sizing == "auto"
@@ -89,8 +97,11 @@ def _check_board_unchanged(stage: str | None, mix: str | None) -> None:
     """Before buffer=auto the default was buffer=small: a config that took the default must plan
     exactly that board now (so no figure moves), and a stage that picks its buffer keeps it."""
     picked = _stage_buffer(stage)
-    overrides = ([f"+stage={stage}"] if stage else []) + ([f"env_mix={mix}"] if mix else []) + \
-        (["env_mix.id=CartPole-v1"] if mix == "gym" else [])
+    overrides = (
+        ([f"+stage={stage}"] if stage else [])
+        + ([f"env_mix={mix}"] if mix else [])
+        + (["env_mix.id=CartPole-v1"] if mix == "gym" else [])
+    )
     spec, plan = _plan(overrides)
     assert spec.buffer.sizing == ("fixed" if picked else "auto"), overrides
     _, before = _plan(overrides + [f"buffer={picked or 'small'}"])
@@ -99,8 +110,9 @@ def _check_board_unchanged(stage: str | None, mix: str | None) -> None:
 
 # Every mix on the default board, and every stage with its own mix (a stage changes the board
 # only through the buffer it picks and the type parameters it sets for its mix) ...
-@pytest.mark.parametrize("stage,mix", [(None, m) for m in MIXES] + [(s, None) for s in STAGES if s],
-                         ids=lambda v: v or "-")
+@pytest.mark.parametrize(
+    "stage,mix", [(None, m) for m in MIXES] + [(s, None) for s in STAGES if s], ids=lambda v: v or "-"
+)
 def test_every_stage_and_mix_composes_to_the_board_it_had(stage, mix):
     _check_board_unchanged(stage, mix)
 
@@ -115,11 +127,15 @@ def test_every_stage_with_every_mix_composes_to_the_board_it_had(stage):
 
 # --- the type named after its id ------------------------------------------------------------------
 
-@pytest.mark.parametrize("gym_id,name", [
-    ("flappy_bird_gymnasium:FlappyBird-v0", "FlappyBird-v0"),   # the module that registers it is left out
-    ("ALE/Pong-v5", "Pong-v5"),                                 # so is the namespace: '/' nests tags and paths
-    ("MiniGrid-DoorKey-5x5-v0", "MiniGrid-DoorKey-5x5-v0"),
-])
+
+@pytest.mark.parametrize(
+    "gym_id,name",
+    [
+        ("flappy_bird_gymnasium:FlappyBird-v0", "FlappyBird-v0"),  # the module that registers it is left out
+        ("ALE/Pong-v5", "Pong-v5"),  # so is the namespace: '/' nests tags and paths
+        ("MiniGrid-DoorKey-5x5-v0", "MiniGrid-DoorKey-5x5-v0"),
+    ],
+)
 def test_id_type_name(gym_id, name):
     assert id_type_name(gym_id) == name
 
@@ -130,18 +146,23 @@ def test_gym_type_is_named_after_the_id_or_env_mix_name():
     assert (t.name, t.conf_path) == ("WideObs-v0", "env_mix.types.gym")
     assert [t.name for t in run_spec(compose_cfg(WIDE + ["env_mix.name=wide_2.v1"])).env_types] == ["wide_2.v1"]
     # other mixes keep their names; env_mix.id does not rename a type that does not run it
-    assert [t.name for t in run_spec(compose_cfg(["env_mix=mixed", "env_mix.id=Acrobot-v1"])).env_types] == \
-        ["cartpole", "mountaincar_cont"]
+    assert [t.name for t in run_spec(compose_cfg(["env_mix=mixed", "env_mix.id=Acrobot-v1"])).env_types] == [
+        "cartpole",
+        "mountaincar_cont",
+    ]
 
 
-@pytest.mark.parametrize("overrides,allowed", [
-    (WIDE + ["env_mix.name=wide/obs"], "letters, digits"),     # '/' would nest tags and paths
-    (WIDE + ["env_mix.name=2wide"], "starts with a letter"),
-    (WIDE + ["env_mix.name='wide obs'"], "letters, digits"),
-    (WIDE + ["env_mix.name='w,o'"], "letters, digits"),           # ',' would split rlpipe.eval --types
-    (WIDE + ["env_mix.name=" + "w" * 65], "1 to 64"),
-    (["env_mix=cartpole", "env_mix.name=mine"], "only with a Gymnasium id"),
-])
+@pytest.mark.parametrize(
+    "overrides,allowed",
+    [
+        (WIDE + ["env_mix.name=wide/obs"], "letters, digits"),  # '/' would nest tags and paths
+        (WIDE + ["env_mix.name=2wide"], "starts with a letter"),
+        (WIDE + ["env_mix.name='wide obs'"], "letters, digits"),
+        (WIDE + ["env_mix.name='w,o'"], "letters, digits"),  # ',' would split rlpipe.eval --types
+        (WIDE + ["env_mix.name=" + "w" * 65], "1 to 64"),
+        (["env_mix=cartpole", "env_mix.name=mine"], "only with a Gymnasium id"),
+    ],
+)
 def test_bad_env_mix_name_is_a_config_error_naming_the_key(overrides, allowed):
     with pytest.raises(ConfigError) as err:
         run_spec(compose_cfg(overrides))
@@ -160,16 +181,23 @@ def test_cli_bad_env_mix_name_is_one_paragraph_exit_2(short_tmp):
 
 # --- a whole run, then the after-the-run CLIs ---------------------------------------------------------
 
+
 def test_wide_gym_id_trains_on_the_default_board_and_every_output_names_it(short_tmp):
     """The issue's command with a registered test env: no buffer override, the type named
     `WideObs-v0` in summary.json, TensorBoard, the health report, rlpipe.eval and
     rlpipe.report. Its paying cue sits past the 32 floats of buffer=small, so learning it
     shows the policy reads the grown board."""
     run_dir = short_tmp / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}   # the driver and its workers import it
-    res = subprocess.run(rlpipe_cmd(run_dir, *WIDE, "env_count=16", "run.total_env_steps=30000"),
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-                         preexec_fn=driver_dies_with_pytest)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests")}  # the driver and its workers import it
+    res = subprocess.run(
+        rlpipe_cmd(run_dir, *WIDE, "env_count=16", "run.total_env_steps=30000"),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=driver_dies_with_pytest,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     name = "WideObs-v0"
     s = read_summary(run_dir)
@@ -178,19 +206,32 @@ def test_wide_gym_id_trains_on_the_default_board_and_every_output_names_it(short
     assert s["learned"] == {name: "learned"}, (s["mean_return_last100"], s["random_return"])
 
     from rlpipe.telemetry.tb_events import read_scalars
+
     tags = read_scalars(run_dir / "tb")
     assert f"charts/episodic_return/{name}" in tags and f"latency/step_ms/{name}/p50" in tags
     assert f"| {name} | 16 |" in (run_dir / "health_report.md").read_text()
 
-    res = subprocess.run([sys.executable, "-m", "rlpipe.eval", str(run_dir), "--episodes", "2",
-                          "--types", name], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlpipe.eval", str(run_dir), "--episodes", "2", "--types", name],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     returns = json.loads((run_dir / "eval" / "returns.json").read_text())
     assert list(returns["types"]) == [name]
     assert f"| {name} |" in (run_dir / "eval" / "returns.md").read_text()
 
     (run_dir / "health_report.md").unlink()
-    res = subprocess.run([sys.executable, "-m", "rlpipe.report", str(run_dir)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=180)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlpipe.report", str(run_dir)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"| {name} | 16 |" in (run_dir / "health_report.md").read_text()

@@ -1,5 +1,6 @@
 """The env harness (rlpipe/envs/harness.py): one StepTimeout that no env can swallow, the
 contract on every step, and the probe that measures random returns stepping through it."""
+
 from __future__ import annotations
 
 import ast
@@ -21,6 +22,7 @@ class ProbeEnv:
     """Episodes of 5 steps with reward 1, except: a step that waits (`hang`, swallowing every
     Exception on the way, as careless env code does) or one whose obs breaks the contract
     (`bad_obs`); the first build of the probe's env misbehaves, its rebuilds do not."""
+
     builds = 0
     mode = "hang"
 
@@ -41,7 +43,7 @@ class ProbeEnv:
         self.t += 1
         obs = {"vector": np.zeros(3, np.float32)}
         if self.broken and self.t == 2:
-            if ProbeEnv.mode == "hang":        # 3 s, retried through any Exception
+            if ProbeEnv.mode == "hang":  # 3 s, retried through any Exception
                 until = time.monotonic() + 3.0
                 while time.monotonic() < until:
                     try:
@@ -65,9 +67,12 @@ def probe():
 
 def test_one_step_timeout_in_the_package_and_it_is_a_base_exception():
     package = Path(harness.__file__).resolve().parents[1]
-    defined = [str(path.relative_to(package.parent)) for path in sorted(package.rglob("*.py"))
-               for node in ast.walk(ast.parse(path.read_text()))
-               if isinstance(node, ast.ClassDef) and "steptimeout" in node.name.lower()]
+    defined = [
+        str(path.relative_to(package.parent))
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and "steptimeout" in node.name.lower()
+    ]
     assert defined == ["rlpipe/envs/harness.py"], defined
     assert not issubclass(harness.StepTimeout, Exception)
     assert harness.StepTimeout in harness.CUTS and Exception in harness.CUTS
@@ -104,5 +109,5 @@ def test_random_return_probe_cuts_the_episode_and_rebuilds(probe, mode):
     t0 = time.monotonic()
     result = play_random(NODE, episodes=3, budget_s=20.0, seed=0, step_timeout_s=0.3)
     assert result == {"mean": 5.0, "std": 0.0, "episodes": 3}
-    assert probe.builds == 2              # the broken env and its rebuild
-    assert time.monotonic() - t0 < 2.5    # the hang was cut at its deadline, not waited out
+    assert probe.builds == 2  # the broken env and its rebuild
+    assert time.monotonic() - t0 < 2.5  # the hang was cut at its deadline, not waited out

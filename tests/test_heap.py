@@ -1,4 +1,5 @@
 """rlpipe.heap: the driver's C heap figures read true, and its settings return freed memory."""
+
 import ctypes
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from rlpipe import heap
 
 pytestmark = pytest.mark.skipif(heap._LIBC is None, reason="glibc 2.33+ only")
-MB = 2 ** 20
+MB = 2**20
 
 
 def test_in_use_counts_a_live_array_and_drops_when_it_is_freed():
@@ -30,7 +31,7 @@ def test_trim_returns_holes_between_live_small_blocks():
     libc.malloc.argtypes = [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
     size = 64 * 1024
-    blocks = [libc.malloc(size) for _ in range(4096)]          # 256 MiB
+    blocks = [libc.malloc(size) for _ in range(4096)]  # 256 MiB
     for b in blocks:
         ctypes.memset(b, 1, size)
     for b in blocks[::2]:

@@ -1,5 +1,6 @@
 """The shared helpers: atomic writes (rlpipe/files.py), the process-alive check and CPU
 count (rlpipe/procs.py) and the periodic timer (rlpipe/cadence.py)."""
+
 from __future__ import annotations
 
 import os
@@ -45,10 +46,10 @@ def test_a_zombie_is_not_alive():
         assert pid_alive(child.pid)
         os.kill(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while pid_alive(child.pid):                 # killed, not reaped: a zombie
+        while pid_alive(child.pid):  # killed, not reaped: a zombie
             assert time.monotonic() < deadline, "a zombie still counts as alive"
             time.sleep(0.05)
-        assert os.waitpid(child.pid, os.WNOHANG)[0] == child.pid   # it was a zombie until now
+        assert os.waitpid(child.pid, os.WNOHANG)[0] == child.pid  # it was a zombie until now
         child.returncode = -signal.SIGKILL
     finally:
         if child.returncode is None:
@@ -60,15 +61,16 @@ def test_a_zombie_is_not_alive():
 def test_cpu_seconds_and_parent_of_a_child():
     """A child that spins until its own CPU clock reads 0.3 s shows about that much (/proc
     counts in clock ticks); its parent is us; once reaped, both answers say it is gone."""
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                              "while time.process_time() < 0.3: pass\nsys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nwhile time.process_time() < 0.3: pass\nsys.stdin.read()"],
+        stdin=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 30
         while cpu_seconds(child.pid) < 0.25:
             assert time.monotonic() < deadline, cpu_seconds(child.pid)
             time.sleep(0.05)
-        assert cpu_seconds(child.pid) < 0.3 + 5          # it idles on stdin after its spin
+        assert cpu_seconds(child.pid) < 0.3 + 5  # it idles on stdin after its spin
         assert parent_pid(child.pid) == os.getpid()
     finally:
         child.kill()
@@ -78,11 +80,11 @@ def test_cpu_seconds_and_parent_of_a_child():
 
 def test_every_is_due_once_per_interval_counted_from_the_check():
     timer = Every(2.0)
-    assert timer.due(100.0)                        # first_at 0: due at the first check
+    assert timer.due(100.0)  # first_at 0: due at the first check
     assert not timer.due(101.9) and timer.due(102.5)
-    assert not timer.due(104.0) and timer.due(104.5)   # counted from 102.5, not from 102.0
+    assert not timer.due(104.0) and timer.due(104.5)  # counted from 102.5, not from 102.0
     late = Every(10.0, first_at=50.0)
-    assert not late.due(49.9) and late.passed(50.0) and late.passed(50.0)   # passed() does not re-arm
+    assert not late.due(49.9) and late.passed(50.0) and late.passed(50.0)  # passed() does not re-arm
     late.restart(50.0)
     assert not late.due(59.9) and late.due(60.0)
 
@@ -93,16 +95,17 @@ def test_the_resource_sampler_spends_at_most_its_share_of_a_core(monkeypatch, tm
     cost / MAX_CPU_SHARE after each sample (never less than its interval)."""
     from rlpipe.supervisor import resources
 
-    def costly(_pid: int, _roles) -> dict:    # burns ~20 ms of this thread's CPU, like a big run
+    def costly(_pid: int, _roles) -> dict:  # burns ~20 ms of this thread's CPU, like a big run
         end = time.thread_time() + 0.02
         while time.thread_time() < end:
             pass
         return {"tree/pss_mb": 123.0}
+
     monkeypatch.setattr(resources, "process_figures", costly)
     sampler = resources.ResourceSampler(os.getpid(), "norun", tmp_path, 0.5, dict, lambda: None)
     sampler.paced_sample()
     assert sampler.peak_bytes == 123 << 20
-    assert sampler.wait_s >= 0.02 / resources.MAX_CPU_SHARE     # >= 2 s between samples
+    assert sampler.wait_s >= 0.02 / resources.MAX_CPU_SHARE  # >= 2 s between samples
     monkeypatch.setattr(resources, "process_figures", lambda _pid, _roles: {"tree/pss_mb": 1.0})
-    sampler.paced_sample()                                       # a cheap sample: the interval again
+    sampler.paced_sample()  # a cheap sample: the interval again
     assert sampler.wait_s == 0.5 and sampler.peak_bytes == 123 << 20 and sampler.last_bytes == 1 << 20

@@ -5,6 +5,7 @@ Every import statement of the package, lazy ones inside functions included, is r
 out: they are annotations, not dependencies at run time. A new module must be given a layer
 here, so the table stays the whole picture.
 """
+
 from __future__ import annotations
 
 import ast
@@ -13,8 +14,20 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "rlpipe"
 
 # Modules every layer may use; they import nothing of rlpipe outside this set.
-BASE = ("rlpipe", "rlpipe.spec", "rlpipe.protocol", "rlpipe.doorbell", "rlpipe.redis_client", "rlpipe.files",
-        "rlpipe.procs", "rlpipe.cadence", "rlpipe.bounded", "rlpipe.heap", "rlpipe.chaos_faults", "rlpipe.lifecycle")
+BASE = (
+    "rlpipe",
+    "rlpipe.spec",
+    "rlpipe.protocol",
+    "rlpipe.doorbell",
+    "rlpipe.redis_client",
+    "rlpipe.files",
+    "rlpipe.procs",
+    "rlpipe.cadence",
+    "rlpipe.bounded",
+    "rlpipe.heap",
+    "rlpipe.chaos_faults",
+    "rlpipe.lifecycle",
+)
 # Neutral modules that import no other base module, and the one each may import all the same
 # (docs/architecture.md: the recovery report reads the faults' healing rules in their classes).
 ISOLATED = {"rlpipe.lifecycle": {"rlpipe.chaos_faults"}, "rlpipe.chaos_faults": set()}
@@ -26,14 +39,14 @@ ALLOWED = {
     "shm": {"native", "base"},
     "envs": {"shm", "native", "base"},
     "worker": {"envs", "shm", "native", "base"},
-    "config": {"worker", "envs", "shm", "native", "base"},   # the Hydra schema and validation:
-                                                 # it checks values against what the layers offer
-    "telemetry": {"base"},                       # reads run files and public APIs only
+    "config": {"worker", "envs", "shm", "native", "base"},  # the Hydra schema and validation:
+    # it checks values against what the layers offer
+    "telemetry": {"base"},  # reads run files and public APIs only
     "learner": {"config", "worker", "envs", "shm", "native", "base"},
     "supervisor": {"telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
     "ranks": {"supervisor", "telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
-                                                 # torchrun ranks: the Ranks run mode; the driver holds
-                                                 # it as a supervisor.runmode.RunMode without importing it
+    # torchrun ranks: the Ranks run mode; the driver holds
+    # it as a supervisor.runmode.RunMode without importing it
     "app": {"ranks", "supervisor", "telemetry", "learner", "config", "worker", "envs", "shm", "native", "base"},
 }
 SUBPACKAGES = ("native", "shm", "envs", "worker", "learner", "supervisor", "ranks", "telemetry")
@@ -49,9 +62,9 @@ def layer_of(module: str) -> str:
         return "config"
     if module in ("rlpipe.app", "rlpipe.__main__"):
         return "app"
-    if len(parts) >= 2 and parts[1] in ("eval", "report"):   # after-the-run CLIs on top of it all
+    if len(parts) >= 2 and parts[1] in ("eval", "report"):  # after-the-run CLIs on top of it all
         return "app"
-    if len(parts) >= 2 and parts[1] == "vector":   # the engine for any learner (a VectorEnv), beside eval
+    if len(parts) >= 2 and parts[1] == "vector":  # the engine for any learner (a VectorEnv), beside eval
         return "app"
     raise AssertionError(f"{module} has no layer: add it to tests/test_imports.py")
 
@@ -66,8 +79,9 @@ def module_name(path: Path) -> str:
 
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST, package: str):
@@ -83,17 +97,18 @@ def _imports(tree: ast.AST, package: str):
                 if alias.name.split(".")[0] == "rlpipe":
                     yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:                       # relative: resolve against this package
-                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+            if node.level:  # relative: resolve against this package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
             if target.split(".")[0] != "rlpipe":
                 continue
-            for alias in node.names:            # `from rlpipe import redis_client`: a submodule
+            for alias in node.names:  # `from rlpipe import redis_client`: a submodule
                 sub = f"{target}.{alias.name}"
-                is_module = (PACKAGE.parent / Path(*sub.split("."))).with_suffix(".py").is_file() or \
-                    (PACKAGE.parent / Path(*sub.split("."))).is_dir()
+                is_module = (PACKAGE.parent / Path(*sub.split("."))).with_suffix(".py").is_file() or (
+                    PACKAGE.parent / Path(*sub.split("."))
+                ).is_dir()
                 yield node.lineno, sub if is_module else target
         stack.extend(ast.iter_child_nodes(node))
 

@@ -1,4 +1,5 @@
 """The lifecycle log end to end: real SQLite, real ZMQ over ipc://, real worker processes."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,7 @@ def _worker(endpoint: str, worker_id: int, n: int) -> None:
             client.event("env_crash", env_id=env_id, env_type="cartpole", detail="segfault in step")
             client.event("env_rebuild", env_id=env_id, env_type="cartpole")
     client.event("worker_exit")
-    client.close()          # linger, so these last events still arrive after the process exits
+    client.close()  # linger, so these last events still arrive after the process exits
     assert client.dropped == 0
 
 
@@ -88,8 +89,9 @@ def test_events_from_processes_and_driver_land_in_db(run_dir, writer):
     assert writer.rows_written == expected and writer.bad_messages == 0
     # Batched: far fewer transactions than rows.
     assert writer.batches < expected / 5
-    assert _rows(db, "SELECT worker_id, COUNT(*) FROM events WHERE worker_id IS NOT NULL "
-                     "AND generation = 1 GROUP BY worker_id") == [(1, per_worker), (2, per_worker)]
+    assert _rows(
+        db, "SELECT worker_id, COUNT(*) FROM events WHERE worker_id IS NOT NULL AND generation = 1 GROUP BY worker_id"
+    ) == [(1, per_worker), (2, per_worker)]
     assert set(_rows(db, "SELECT DISTINCT run_id FROM events")) == {("run-1",)}
     (detail,) = _rows(db, "SELECT detail FROM events WHERE kind = 'worker_restart'")[0]
     assert json.loads(detail) == {"reason": "heartbeat"}
@@ -100,10 +102,16 @@ def test_events_from_processes_and_driver_land_in_db(run_dir, writer):
     assert _rows(db, "PRAGMA journal_mode") == [("wal",)]
     # Both indices exist (history and per-kind counts do not scan the table).
     assert {"events_kind", "events_env_id"} <= {
-        n for (n,) in _rows(db, "SELECT name FROM sqlite_master WHERE type = 'index'")}
+        n for (n,) in _rows(db, "SELECT name FROM sqlite_master WHERE type = 'index'")
+    }
 
-    assert fault_counts(db) == {"env_crashes": 60, "env_hangs": 0, "env_rebuilds": 60,
-                                "quarantined": 0, "worker_restarts": 1}
+    assert fault_counts(db) == {
+        "env_crashes": 60,
+        "env_hangs": 0,
+        "env_rebuilds": 60,
+        "quarantined": 0,
+        "worker_restarts": 1,
+    }
 
 
 def test_fault_and_event_counts_and_history(run_dir, writer):
@@ -121,8 +129,13 @@ def test_fault_and_event_counts_and_history(run_dir, writer):
     writer.flush()
     db = writer.db_path
 
-    assert fault_counts(db) == {"env_crashes": 3, "env_hangs": 2, "env_rebuilds": 4,
-                                "quarantined": 1, "worker_restarts": 2}
+    assert fault_counts(db) == {
+        "env_crashes": 3,
+        "env_hangs": 2,
+        "env_rebuilds": 4,
+        "quarantined": 1,
+        "worker_restarts": 2,
+    }
     counts = event_counts(db)
     assert counts[("env_crash", "pong")] == 3
     assert counts[("worker_restart", None)] == 2
@@ -142,15 +155,19 @@ def test_cli_counts_and_env_history(run_dir, writer, capsys):
     writer.record("env_crash", env_id=3, env_type="cartpole", detail="boom", ts=11.0)
     writer.record("env_rebuild", env_id=3, env_type="cartpole", ts=12.0)
     writer.record("worker_spawn", worker_id=0, generation=1)
-    writer.stop()           # the CLI reads a finished run
+    writer.stop()  # the CLI reads a finished run
 
     assert cli([str(run_dir)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["kind", "env_type", "count"]
     table = {tuple(line.split()[:2]): line.split()[2] for line in lines[1:-1]}
-    assert table == {("env_create", "cartpole"): "1", ("env_create", "pendulum"): "1",
-                     ("env_crash", "cartpole"): "1", ("env_rebuild", "cartpole"): "1",
-                     ("worker_spawn", "-"): "1"}
+    assert table == {
+        ("env_create", "cartpole"): "1",
+        ("env_create", "pendulum"): "1",
+        ("env_crash", "cartpole"): "1",
+        ("env_rebuild", "cartpole"): "1",
+        ("worker_spawn", "-"): "1",
+    }
     assert lines[-1].split() == ["total", "-", "5"]
     # Aligned: the count column ends at the same place on every line.
     assert len({len(line) for line in lines}) == 1
@@ -161,8 +178,13 @@ def test_cli_counts_and_env_history(run_dir, writer, capsys):
     assert "v9" in lines[1] and lines[2].rstrip().endswith("boom")
 
     # The real entry point, as a user types it.
-    out = subprocess.run([sys.executable, "-m", "rlpipe.lifecycle", str(run_dir), "--env", "3"],
-                         cwd=REPO, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe.lifecycle", str(run_dir), "--env", "3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
     assert "env_rebuild" in out.stdout and "env_create" in out.stdout
 
@@ -172,14 +194,14 @@ def test_cli_missing_db_is_a_clear_error(run_dir, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert str(run_dir / "lifecycle.sqlite") in err
-    assert not (run_dir / "lifecycle.sqlite").exists()     # reading never creates a db
+    assert not (run_dir / "lifecycle.sqlite").exists()  # reading never creates a db
     with pytest.raises(FileNotFoundError):
         fault_counts(run_dir / "lifecycle.sqlite")
 
 
 def test_stop_is_idempotent_and_leaves_no_thread(run_dir):
     w = LifecycleWriter(run_dir / "lifecycle.sqlite", f"ipc://{run_dir}/lc.sock", run_id="r")
-    w.record("env_create", env_id=1)            # queued before start: still written
+    w.record("env_create", env_id=1)  # queued before start: still written
     w.start()
     client = LifecycleClient(w.endpoint, worker_id=0)
     client.event("env_rebuild", env_id=1)
@@ -191,9 +213,9 @@ def test_stop_is_idempotent_and_leaves_no_thread(run_dir):
     assert time.monotonic() - t0 < 3.0
     assert not any(t.name == "lifecycle-writer" for t in threading.enumerate())
     assert sorted(_rows(w.db_path, "SELECT kind FROM events")) == [("env_create",), ("env_rebuild",)]
-    w.record("env_create", env_id=2)             # after stop: counted, not raised
+    w.record("env_create", env_id=2)  # after stop: counted, not raised
     assert w.dropped == 1
-    w.flush()                                    # nothing running: returns at once
+    w.flush()  # nothing running: returns at once
 
 
 def test_bad_input(run_dir, writer):
@@ -213,8 +235,13 @@ def test_bad_input(run_dir, writer):
     # A buggy sender must not take the log down: bad frames are skipped and counted.
     raw = zmq.Context.instance().socket(zmq.PUSH)
     raw.connect(writer.endpoint)
-    for frame in (b"not json", b"[1, 2]", b'{"kind": "bogus"}', b'{"kind": "env_rebuild", "x": 1}',
-                  b'{"kind": "env_rebuild", "env_id": 5}'):
+    for frame in (
+        b"not json",
+        b"[1, 2]",
+        b'{"kind": "bogus"}',
+        b'{"kind": "env_rebuild", "x": 1}',
+        b'{"kind": "env_rebuild", "env_id": 5}',
+    ):
         raw.send(frame)
     raw.close(linger=1000)
     deadline = time.monotonic() + 5
@@ -231,7 +258,7 @@ def test_client_never_blocks_when_writer_is_gone(run_dir):
         client.event("env_create", env_id=i)
     assert time.monotonic() - t0 < 1.0
     assert client.dropped >= 80
-    client.close()          # bounded by the 500 ms linger
+    client.close()  # bounded by the 500 ms linger
     assert time.monotonic() - t0 < 2.0
 
 
@@ -244,6 +271,7 @@ def test_every_kind_is_accepted(run_dir, writer):
 
 def _synthetic_db(tmp_path, rows: int):
     from tests.conftest import load_benchmark
+
     db = tmp_path / "lifecycle.sqlite"
     load_benchmark("lifecycle_scale").write_synthetic_db(db, rows, hours=144)
     return db
@@ -254,12 +282,17 @@ def test_lifecycle_readers_use_the_indexes(tmp_path):
     index look-ups, never a scan of the table (what keeps the CLI fast at that size)."""
     db = _synthetic_db(tmp_path, 20_000)
     with sqlite3.connect(db) as con:
-        plan = " ".join(r[-1] for r in con.execute(
-            "EXPLAIN QUERY PLAN SELECT * FROM events WHERE env_id = ? ORDER BY ts, id", (5,)))
+        plan = " ".join(
+            r[-1] for r in con.execute("EXPLAIN QUERY PLAN SELECT * FROM events WHERE env_id = ? ORDER BY ts, id", (5,))
+        )
         assert "USING INDEX events_env_id" in plan, plan
-        plan = " ".join(r[-1] for r in con.execute(
-            "EXPLAIN QUERY PLAN SELECT kind, COUNT(*) FROM events WHERE kind IN ('env_crash', 'env_hang') "
-            "GROUP BY kind"))
+        plan = " ".join(
+            r[-1]
+            for r in con.execute(
+                "EXPLAIN QUERY PLAN SELECT kind, COUNT(*) FROM events WHERE kind IN ('env_crash', 'env_hang') "
+                "GROUP BY kind"
+            )
+        )
         assert "USING COVERING INDEX events_kind" in plan, plan
 
 
@@ -267,11 +300,21 @@ def test_lifecycle_readers_use_the_indexes(tmp_path):
 def test_the_cli_answers_on_six_days_of_chaos_rows(tmp_path):
     """Six days at a day4 chaos soak's rate (docs/benchmarks.md, Endurance): the CLI's counts
     and one env's history come back complete (benchmarks/lifecycle_scale.py times them)."""
-    rows = 30_685 * 144                 # the day4 soak's 30,685 rows per hour, for six days
+    rows = 30_685 * 144  # the day4 soak's 30,685 rows per hour, for six days
     _synthetic_db(tmp_path, rows)
-    out = subprocess.run([sys.executable, "-m", "rlpipe.lifecycle", str(tmp_path)], capture_output=True,
-                         text=True, timeout=300, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe.lifecycle", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
     assert out.splitlines()[-1].split()[-1] == str(rows)
-    out = subprocess.run([sys.executable, "-m", "rlpipe.lifecycle", str(tmp_path), "--env", "4321"],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
-    assert len(out.splitlines()) > 100              # ~290 rows of env 4321, oldest first
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe.lifecycle", str(tmp_path), "--env", "4321"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert len(out.splitlines()) > 100  # ~290 rows of env 4321, oldest first

@@ -1,5 +1,6 @@
 """The endurance figures: a bounded history, the long-run fit and verdict, and a real run that
 charts its resources and judges them."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ def test_thinned_stays_bounded_and_evenly_spread():
     kept = list(series)
     steps = np.diff(kept)
     assert series.offered == 100_000
-    assert len(set(steps)) == 1 and steps[0] == series.stride       # every stride-th point, no gaps
-    assert kept[0] == 0 and kept[-1] > 100_000 - 2 * series.stride    # the whole run, up to now
+    assert len(set(steps)) == 1 and steps[0] == series.stride  # every stride-th point, no gaps
+    assert kept[0] == 0 and kept[-1] > 100_000 - 2 * series.stride  # the whole run, up to now
 
 
 @pytest.mark.parametrize("capacity", [2, 3, 5, 8])
@@ -35,9 +36,9 @@ def test_thinned_survivors_are_one_stride_apart_at_every_capacity(capacity):
 
 def test_theil_sen_ignores_a_sawtooth_and_brackets_the_slope():
     rng = np.random.default_rng(0)
-    t = np.arange(360) * 10.0                              # an hour at one sample per 10 s
+    t = np.arange(360) * 10.0  # an hour at one sample per 10 s
     y = 3000 + 0.05 * t + rng.normal(0, 5, len(t))
-    y[::15] += 300                                          # a tooth every 150 s
+    y[::15] += 300  # a tooth every 150 s
     slope, lo, hi, intercept = theil_sen(t, y)
     assert lo <= 0.05 <= hi and abs(slope - 0.05) < 0.005
     assert abs(intercept - 3000) < 10
@@ -70,36 +71,67 @@ def test_long_run_fits_the_second_half_only():
     verdicts = long_run(samples, 3600.0, 518400.0, {})
     assert verdicts["driver/rss_mb"]["verdict"] == "flat"
     assert verdicts["driver/rss_mb"]["points"] == 181
-    assert long_run(samples[:5], 3600.0, 518400.0, {}) == {}       # too few points: no verdict
+    assert long_run(samples[:5], 3600.0, 518400.0, {}) == {}  # too few points: no verdict
 
 
-@pytest.mark.slow      # a 40 s run sampling its resources every 0.5 s: the soak in small
+@pytest.mark.slow  # a 40 s run sampling its resources every 0.5 s: the soak in small
 def test_a_run_charts_its_resources_and_judges_them(short_tmp):
     """A 40 s run with the verdict's minimum lowered: resources/* in TensorBoard, every role's
     figures in the verdict, the health report's long-run table."""
     from rlpipe.telemetry.tb_events import read_scalars
+
     run_dir = short_tmp / "run"
-    out = run_cli(run_dir, "env_count=32", "groups.size=16", "run.total_env_steps=null", "run.duration_s=40",
-                  "logging.long_run_min_s=10", "logging.resources_interval_s=0.5", "learner.checkpoint_interval_s=5")
+    out = run_cli(
+        run_dir,
+        "env_count=32",
+        "groups.size=16",
+        "run.total_env_steps=null",
+        "run.duration_s=40",
+        "logging.long_run_min_s=10",
+        "logging.resources_interval_s=0.5",
+        "learner.checkpoint_interval_s=5",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     lr = summary["long_run"]
-    for name in ("driver/rss_mb", "driver/fds", "driver/threads", "forkserver/rss_mb", "redis/rss_mb",
-                 "workers/rss_mb_max", "workers/rss_mb_sum", "workers/count", "tree/pss_mb", "shm/run_mb",
-                 "redis/used_memory_mb", "redis/keys", "lifecycle/rows", "run_dir/tb_mb", "run_dir/total_mb",
-                 "run_dir/lifecycle_mb", "run_dir/checkpoints_mb"):
+    for name in (
+        "driver/rss_mb",
+        "driver/fds",
+        "driver/threads",
+        "forkserver/rss_mb",
+        "redis/rss_mb",
+        "workers/rss_mb_max",
+        "workers/rss_mb_sum",
+        "workers/count",
+        "tree/pss_mb",
+        "shm/run_mb",
+        "redis/used_memory_mb",
+        "redis/keys",
+        "lifecycle/rows",
+        "run_dir/tb_mb",
+        "run_dir/total_mb",
+        "run_dir/lifecycle_mb",
+        "run_dir/checkpoints_mb",
+    ):
         assert name in lr, name
         assert lr[name]["verdict"] in ("flat", "grows", "falls", "grows past budget")
     assert lr["workers/count"]["level"] == 2 and lr["workers/count"]["verdict"] == "flat"
-    assert lr["driver/rss_mb"]["budget"] > 1000          # the machine's memory, in MiB
-    assert lr["run_dir/checkpoints_mb"]["level"] > 0     # the periodic checkpoints are counted
+    assert lr["driver/rss_mb"]["budget"] > 1000  # the machine's memory, in MiB
+    assert lr["run_dir/checkpoints_mb"]["level"] > 0  # the periodic checkpoints are counted
     # the shm figure is what the segments hold, never more than their nominal size
     assert 0 < lr["shm/run_mb"]["level"] * 2**20 <= summary["shm_bytes"]
-    json.dumps(summary, allow_nan=False)                 # plain JSON: no NaN or Infinity
+    json.dumps(summary, allow_nan=False)  # plain JSON: no NaN or Infinity
     tags = read_scalars(run_dir / "tb")
-    assert {"resources/driver/rss_mb", "resources/workers/rss_mb_max", "resources/redis/used_memory_mb",
-            "resources/run_dir/total_mb", "resources/lifecycle/rows", "resources/driver/rss_floor_mb",
-            "resources/driver/heap/in_use_mb", "resources/driver/heap/free_kept_mb"} <= set(tags)
+    assert {
+        "resources/driver/rss_mb",
+        "resources/workers/rss_mb_max",
+        "resources/redis/used_memory_mb",
+        "resources/run_dir/total_mb",
+        "resources/lifecycle/rows",
+        "resources/driver/rss_floor_mb",
+        "resources/driver/heap/in_use_mb",
+        "resources/driver/heap/free_kept_mb",
+    } <= set(tags)
     # the floor: the lowest of the driver's RSS reads between two samples, so never above them
     floor, rss = tags["resources/driver/rss_floor_mb"].values, tags["resources/driver/rss_mb"].values
     assert len(floor) == len(rss) and (0 < floor).all() and (floor <= rss * 1.02).all()
@@ -111,7 +143,7 @@ def test_a_run_charts_its_resources_and_judges_them(short_tmp):
 def test_a_run_under_the_default_minimum_has_no_verdict_and_says_why(cartpole_multirun):
     """A run shorter than logging.long_run_min_s (10 minutes): long_run null, and the health
     report says why."""
-    short = cartpole_multirun / "0"              # 16 CartPoles, 15k env steps (tests/conftest.py)
+    short = cartpole_multirun / "0"  # 16 CartPoles, 15k env steps (tests/conftest.py)
     assert read_summary(short)["long_run"] is None
     assert "No long-run verdict" in (short / "health_report.md").read_text()
 
@@ -123,6 +155,7 @@ def test_chaos_forgets_the_stopped_workers_that_are_gone():
     import sys
 
     from rlpipe.supervisor.chaos import live_pids
+
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

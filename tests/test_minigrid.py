@@ -1,5 +1,6 @@
 """MiniGrid's two views (rlpipe/envs/minigrid.py): rgb (the default) and MiniGrid's own
 symbolic 7x7x3 grid as 147 floats on a flat key, sized onto the board by buffer=auto."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,13 +55,13 @@ def test_symbolic_view_is_minigrids_own_grid_on_a_flat_key(key):
 
 
 def test_buffer_auto_sizes_the_symbolic_row_and_a_fixed_board_names_what_does_not_fit():
-    spec = _spec("env_mix.types.minigrid.view=symbolic")          # buffer=auto, the default
+    spec = _spec("env_mix.types.minigrid.view=symbolic")  # buffer=auto, the default
     plan = plan_mix(spec.env_types, 6, spec.obs_keys, spec.buffer.sizing)
     keys = {k.name: k.shape for k in plan.obs_keys}
-    assert keys["vector"] == (147,) and keys["rgb"] == (64, 64, 3)   # atari and unity_sim keep rgb
+    assert keys["vector"] == (147,) and keys["rgb"] == (64, 64, 3)  # atari and unity_sim keep rgb
     for t, s in zip(spec.env_types, plan.specs):
         check_fits(t.name, s, plan.obs_keys)
-    small = _spec("env_mix.types.minigrid.view=symbolic", "buffer=small")       # vector 16, as written
+    small = _spec("env_mix.types.minigrid.view=symbolic", "buffer=small")  # vector 16, as written
     with pytest.raises(ConfigError, match="minigrid") as err:
         plan_mix(small.env_types, 6, small.obs_keys, small.buffer.sizing)
     assert "vector" in str(err.value)

@@ -1,6 +1,7 @@
 """One policy over many env types: the type-aware network, PopArt, per-type advantages, reward
 normalization that keeps the optimal policy, and GAE targets (termination, time-limit
 truncation with the final obs's value, an env rebuild's cut) against plain reference loops."""
+
 from __future__ import annotations
 
 import collections
@@ -26,9 +27,11 @@ STATE = ObsKey("state", (6,), "float32")
 
 
 def _plan(n_per_type: int = 16) -> MixPlan:
-    specs = (EnvSpec({"state": ((4,), "float32")}, "discrete", 2),
-             EnvSpec({"state": ((6,), "float32")}, "discrete", 3),
-             EnvSpec({"state": ((3,), "float32")}, "continuous", 1))
+    specs = (
+        EnvSpec({"state": ((4,), "float32")}, "discrete", 2),
+        EnvSpec({"state": ((6,), "float32")}, "discrete", 3),
+        EnvSpec({"state": ((3,), "float32")}, "continuous", 1),
+    )
     env_type = np.tile(np.arange(3, dtype=np.int16), n_per_type)
     return MixPlan(("a", "b", "c"), specs, env_type, ActionSpace(3, 1), (STATE,))
 
@@ -45,6 +48,7 @@ def _batch(n: int = 60, seed: int = 1):
 
 
 # -- the type-aware network ------------------------------------------------------------------------
+
 
 def test_type_order_sorts_and_restores_rows():
     types = torch.tensor([2, 0, 2, 1, 0, 0, 2])
@@ -63,11 +67,11 @@ def test_each_type_reads_only_its_own_weights():
     obs, types = _batch()
     logits, mean = policy.dist_params(obs, types)
     value = policy.value(obs, types)
-    for i in range(0, len(types), 7):                   # row by row: the same numbers
-        lg, mn = policy.dist_params({"state": obs["state"][i:i + 1]}, types[i:i + 1])
+    for i in range(0, len(types), 7):  # row by row: the same numbers
+        lg, mn = policy.dist_params({"state": obs["state"][i : i + 1]}, types[i : i + 1])
         torch.testing.assert_close(lg[0], logits[i])
         torch.testing.assert_close(mn[0], mean[i])
-        torch.testing.assert_close(policy.value({"state": obs["state"][i:i + 1]}, types[i:i + 1])[0], value[i])
+        torch.testing.assert_close(policy.value({"state": obs["state"][i : i + 1]}, types[i : i + 1])[0], value[i])
     with torch.no_grad():
         for tower in (policy.critic, policy.actor_disc, policy.actor_cont):
             tower.inp.weight[1].add_(1.0)
@@ -91,17 +95,18 @@ def test_deterministic_act_is_the_mode():
 
 # -- PopArt ----------------------------------------------------------------------------------------
 
+
 def test_popart_preserves_outputs_when_statistics_move():
     policy = _policy()
     obs, types = _batch(90)
     before = policy.value(obs, types)
     rng = np.random.default_rng(0)
     scale = torch.tensor([1.0, 100.0, 1e4], dtype=torch.float64)
-    for _ in range(5):                               # returns on three very different scales
+    for _ in range(5):  # returns on three very different scales
         rets = torch.from_numpy(rng.normal(50, 20, len(types))) * scale[types]
         policy.popart.update(rets, types, 3e-4, policy.critic.out)
         torch.testing.assert_close(policy.value(obs, types), before, rtol=1e-9, atol=1e-9)
-    assert policy.popart.sigma[2] > 1e4 * policy.popart.sigma[0] / 10      # they did move apart
+    assert policy.popart.sigma[2] > 1e4 * policy.popart.sigma[0] / 10  # they did move apart
     assert not torch.equal(policy.popart.mu, torch.zeros(3, dtype=torch.float64))
 
 
@@ -111,15 +116,19 @@ def test_popart_statistics_are_per_type_and_debiased():
     b = torch.from_numpy(rng.normal(-500.0, 80.0, 300))
     mixed, alone = PopArt(3), PopArt(3)
     layer = Policy(_plan(), (STATE,), (8,)).double().critic.out
-    mixed.update(torch.cat([a, b]), torch.cat([torch.zeros(400, dtype=torch.long),
-                                              torch.ones(300, dtype=torch.long)]), 3e-4, layer)
+    mixed.update(
+        torch.cat([a, b]),
+        torch.cat([torch.zeros(400, dtype=torch.long), torch.ones(300, dtype=torch.long)]),
+        3e-4,
+        layer,
+    )
     alone.update(a, torch.zeros(400, dtype=torch.long), 3e-4, layer)
     # type 0's statistics do not depend on type 1's data; the first batch sets them directly
     assert mixed.mu[0] == alone.mu[0] and mixed.sigma[0] == alone.sigma[0]
     assert mixed.mu[0].item() == pytest.approx(a.mean().item(), rel=1e-12)
     assert mixed.sigma[0].item() == pytest.approx(a.std(unbiased=False).item(), rel=1e-9)
     assert mixed.mu[1].item() == pytest.approx(b.mean().item(), rel=1e-12)
-    assert mixed.mu[2] == 0 and mixed.sigma[2] == 1                    # unseen type untouched
+    assert mixed.mu[2] == 0 and mixed.sigma[2] == 1  # unseen type untouched
 
 
 def test_advantages_normalized_per_type_and_every_sample_trained():
@@ -136,6 +145,7 @@ def test_advantages_normalized_per_type_and_every_sample_trained():
 
 
 # -- reward normalization --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mode", ["per_env", "per_type", "global"])
 def test_return_std_normalization_keeps_sign_and_order(mode):
@@ -157,18 +167,19 @@ def test_return_std_normalization_keeps_sign_and_order(mode):
         rows = {"per_env": np.arange(n), "per_type": types, "global": np.zeros(n, int)}[mode]
         for i in range(n):
             seen.setdefault(rows[i], []).append(ret[i])
-        expect = np.array([raw[i] / (np.sqrt(np.var(seen[rows[i]]) + 1e-8) if len(seen[rows[i]]) > 1 else 1.0)
-                           for i in range(n)])
+        expect = np.array(
+            [raw[i] / (np.sqrt(np.var(seen[rows[i]]) + 1e-8) if len(seen[rows[i]]) > 1 else 1.0) for i in range(n)]
+        )
         np.testing.assert_allclose(out, expect, rtol=2e-6)
         ret[done] = 0.0
         if step < 100:
-            assert (out > 0).all()                     # +1 and +2 stay rewards, not penalties
-            if mode != "per_env":                      # envs sharing a statistic keep their order
+            assert (out > 0).all()  # +1 and +2 stay rewards, not penalties
+            if mode != "per_env":  # envs sharing a statistic keep their order
                 assert out[2] > out[0] and out[3] > out[1]
     mean_std = RewardNormalizer(2, "mean_std", clip=None, gamma=0.99)
     for _ in range(50):
         shifted = mean_std.normalize(0, 2, np.array([1.0, 1.0]))
-    assert (shifted == 0).all()          # the article's form removes a constant reward entirely
+    assert (shifted == 0).all()  # the article's form removes a constant reward entirely
 
 
 def test_reward_statistics_round_trip_in_every_mode():
@@ -182,12 +193,14 @@ def test_reward_statistics_round_trip_in_every_mode():
         b.load(a.state())
         assert b.state() == a.state()
         np.testing.assert_array_equal(b.m2, a.m2)
-    with pytest.raises(ValueError, match="statistics rows"):      # another type layout
+    with pytest.raises(ValueError, match="statistics rows"):  # another type layout
         RewardNormalizer(5, "per_type", 10.0, 0.99, type_index=np.zeros(5, int)).load(
-            RewardNormalizer(5, "per_type", 10.0, 0.99, type_index=np.array([3, 0, 3, 1, 0])).state())
+            RewardNormalizer(5, "per_type", 10.0, 0.99, type_index=np.array([3, 0, 3, 1, 0])).state()
+        )
 
 
 # -- GAE targets -----------------------------------------------------------------------------------
+
 
 def _reference_gae(rewards, values, next_value, terminated, truncated, boot, gamma, lam):
     """Textbook GAE, one env, written the slow way: a time-limit truncation adds
@@ -213,26 +226,32 @@ def test_gae_matches_the_reference_for_termination_truncation_and_cut():
     values = rng.normal(0, 1, (T, n)).astype(np.float32)
     terminated = np.zeros((T, n), bool)
     truncated = np.zeros((T, n), bool)
-    terminated[4, 0] = True                        # env 0: an episode terminates
-    truncated[6, 1] = True                         # env 1: a time limit, with its final obs's value
-    truncated[8, 2] = True                         # env 2: an env rebuild cut (no final obs)
+    terminated[4, 0] = True  # env 0: an episode terminates
+    truncated[6, 1] = True  # env 1: a time limit, with its final obs's value
+    truncated[8, 2] = True  # env 2: an env rebuild cut (no final obs)
     final_value = np.full((T, n), np.nan, np.float32)
     final_value[6, 1] = 42.0
     for t in range(T):
         if t:
             ro.add_outcome(rewards[t - 1], terminated[t - 1], truncated[t - 1], gamma, final_value[t - 1])
-        ro.add_step({"state": np.zeros((n, 2), np.float32)}, np.zeros(n), np.zeros((n, 1)), np.zeros(n),
-                    values[t])
-    ro.t = T                                        # the T-th outcome arrives with the next obs
+        ro.add_step({"state": np.zeros((n, 2), np.float32)}, np.zeros(n), np.zeros((n, 1)), np.zeros(n), values[t])
+    ro.t = T  # the T-th outcome arrives with the next obs
     ro.add_outcome(rewards[T - 1], terminated[T - 1], truncated[T - 1], gamma, final_value[T - 1])
     next_value = rng.normal(0, 1, n).astype(np.float32)
     block = ro.finish(next_value, gamma, lam)
     adv = block["adv"].reshape(T, n)
     for i in range(n):
         boot = np.where(np.isnan(final_value[:, i]), values[:, i], final_value[:, i])
-        ref_adv, ref_ret = _reference_gae(rewards[:, i].astype(np.float64), values[:, i].astype(np.float64),
-                                          float(next_value[i]), terminated[:, i], truncated[:, i], boot,
-                                          gamma, lam)
+        ref_adv, ref_ret = _reference_gae(
+            rewards[:, i].astype(np.float64),
+            values[:, i].astype(np.float64),
+            float(next_value[i]),
+            terminated[:, i],
+            truncated[:, i],
+            boot,
+            gamma,
+            lam,
+        )
         np.testing.assert_allclose(adv[:, i], ref_adv, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(block["ret"].reshape(T, n)[:, i], ref_ret, rtol=1e-5, atol=1e-5)
     # the truncation bootstrapped from 42 (the final obs), not from V(s_t)
@@ -241,12 +260,13 @@ def test_gae_matches_the_reference_for_termination_truncation_and_cut():
 
 def test_the_towers_tanh_is_tanh_to_float32_precision_forward_and_backward():
     from rlpipe.learner.policy import Tanh
+
     x = torch.linspace(-12, 12, 200_001, dtype=torch.float32, requires_grad=True)
     y = Tanh()(x)
     exact = torch.tanh(x.detach().double())
     assert (y.detach().double() - exact).abs().max() < 2e-7
     y.sum().backward()
-    assert (x.grad.double() - (1 - exact ** 2)).abs().max() < 5e-7
+    assert (x.grad.double() - (1 - exact**2)).abs().max() < 5e-7
     assert Tanh()(torch.tensor([0.0])).item() == 0.0 and Tanh()(torch.tensor([30.0, -30.0])).tolist() == [1.0, -1.0]
 
 
@@ -260,21 +280,28 @@ def test_a_short_first_block_runs_gae_over_its_own_length_then_blocks_are_T_long
         if t:
             ro.add_outcome(rewards[t - 1], np.zeros(n, bool), np.zeros(n, bool), gamma)
         assert not ro.full
-        ro.add_step({"state": np.full((n, 2), t, np.float32)}, np.zeros(n), np.zeros((n, 1)), np.zeros(n),
-                    values[t])
+        ro.add_step({"state": np.full((n, 2), t, np.float32)}, np.zeros(n), np.zeros((n, 1)), np.zeros(n), values[t])
     ro.add_outcome(rewards[first - 1], np.zeros(n, bool), np.zeros(n, bool), gamma)
     assert ro.full
     next_value = rng.normal(0, 1, n).astype(np.float32)
     block = ro.finish(next_value, gamma, lam)
     assert len(block["adv"]) == first * n and block["n_envs"] == n
-    assert block["obs"]["state"][:, 0].tolist() == [0, 0, 1, 1, 2, 2]       # time-major, first rows only
+    assert block["obs"]["state"][:, 0].tolist() == [0, 0, 1, 1, 2, 2]  # time-major, first rows only
     for i in range(n):
         no = np.zeros(first, bool)
-        ref_adv, ref_ret = _reference_gae(rewards[:, i].astype(np.float64), values[:, i].astype(np.float64),
-                                          float(next_value[i]), no, no, values[:, i], gamma, lam)
+        ref_adv, ref_ret = _reference_gae(
+            rewards[:, i].astype(np.float64),
+            values[:, i].astype(np.float64),
+            float(next_value[i]),
+            no,
+            no,
+            values[:, i],
+            gamma,
+            lam,
+        )
         np.testing.assert_allclose(block["adv"].reshape(first, n)[:, i], ref_adv, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(block["ret"].reshape(first, n)[:, i], ref_ret, rtol=1e-5, atol=1e-5)
-    assert ro.length == T and ro.t == 0                                       # the next block is T long
+    assert ro.length == T and ro.t == 0  # the next block is T long
 
 
 def test_slices_started_together_finish_their_blocks_spread_over_T_rounds():
@@ -284,15 +311,16 @@ def test_slices_started_together_finish_their_blocks_spread_over_T_rounds():
     T = 16
     learner = _learner(f"learner.rollout_len={T}")
     lengths = []
-    for worker in range(50):                          # 50 workers of 2 slices: 100 slices
+    for worker in range(50):  # 50 workers of 2 slices: 100 slices
         handle = SimpleNamespace(worker_id=worker, bounds=[(0, 35), (35, 70)])
         lengths += [learner._first_len(SliceRef(handle, s, 0, 1)) for s in range(2)]
     assert set(lengths) == set(range(1, T + 1))
-    finishing = collections.Counter(lengths)          # slices whose block ends in round r (mod T)
-    assert max(finishing.values()) - min(finishing.values()) <= 1     # 6 or 7 of 100 every round
+    finishing = collections.Counter(lengths)  # slices whose block ends in round r (mod T)
+    assert max(finishing.values()) - min(finishing.values()) <= 1  # 6 or 7 of 100 every round
 
 
 # -- the learner -----------------------------------------------------------------------------------
+
 
 def _learner(*overrides: str) -> CentralLearner:
     spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", *overrides]))
@@ -305,20 +333,25 @@ def test_learning_rate_anneals_by_env_steps_not_time():
     learner.counters.env_steps = 250
     assert learner.lr_now() == pytest.approx(0.0075)
     learner.counters.env_steps = 5000
-    assert learner.lr_now() == pytest.approx(0.0002)                   # floor: 2 % of the base
+    assert learner.lr_now() == pytest.approx(0.0002)  # floor: 2 % of the base
     timed = _learner("run.total_env_steps=null", "run.duration_s=60", "learner.learning_rate=0.01")
     timed.counters.env_steps = 10**9
-    assert timed.lr_now() == 0.01                                       # duration only: constant
+    assert timed.lr_now() == 0.01  # duration only: constant
 
 
 def _batch_of(learner: CentralLearner, n: int = 256, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     types = torch.arange(4).repeat(n // 4)
-    return {"obs": {k.name: torch.randn((n,) + k.shape, generator=g) for k in learner.plan.obs_keys},
-            "types": types, "a_disc": torch.randint(0, 2, (n,), generator=g),
-            "a_cont": torch.randn(n, max(learner.plan.actions.cont_dim, 1), generator=g),
-            "logp": torch.randn(n, generator=g) - 1, "value": torch.randn(n, generator=g) * 50,
-            "adv": torch.randn(n, generator=g) * 10, "ret": torch.randn(n, generator=g) * 100}
+    return {
+        "obs": {k.name: torch.randn((n,) + k.shape, generator=g) for k in learner.plan.obs_keys},
+        "types": types,
+        "a_disc": torch.randint(0, 2, (n,), generator=g),
+        "a_cont": torch.randn(n, max(learner.plan.actions.cont_dim, 1), generator=g),
+        "logp": torch.randn(n, generator=g) - 1,
+        "value": torch.randn(n, generator=g) * 50,
+        "adv": torch.randn(n, generator=g) * 10,
+        "ret": torch.randn(n, generator=g) * 100,
+    }
 
 
 def test_resume_through_the_learner_is_bit_exact(tmp_path):
@@ -326,11 +359,12 @@ def test_resume_through_the_learner_is_bit_exact(tmp_path):
     from a checkpoint file trains on the next batch exactly as the original does."""
     from rlpipe.learner.checkpoint import load_latest, save_checkpoint
     from rlpipe.learner.ppo import ppo_update
+
     a = _learner()
     ppo_update(a.policy, a.optimizer, _batch_of(a, seed=1), a.cfg, a.generator)
     a.rng.random(3)
     save_checkpoint(tmp_path, 100, a.checkpoint_payload(), keep=1)
-    b = _learner("run.seed=99")                     # other seeds: everything must come from the file
+    b = _learner("run.seed=99")  # other seeds: everything must come from the file
     b.restore(load_latest(tmp_path, validate=b.check_compatible)[1])
     for learner in (a, b):
         ppo_update(learner.policy, learner.optimizer, _batch_of(learner, seed=2), learner.cfg, learner.generator)
@@ -351,7 +385,7 @@ def test_resume_restores_popart_statistics_exactly():
     b.restore(payload)
     for (k, va), (_, vb) in zip(a.policy.state_dict().items(), b.policy.state_dict().items()):
         assert torch.equal(va, vb), k
-    assert torch.equal(b.actor.popart.sigma, a.policy.popart.sigma)   # the serving copy too
+    assert torch.equal(b.actor.popart.sigma, a.policy.popart.sigma)  # the serving copy too
     assert b.counters.trained_samples == 999
     assert not torch.equal(b.policy.popart.sigma, torch.ones(4, dtype=torch.float64))
 
@@ -367,17 +401,18 @@ def test_hold_backlog_never_lets_a_full_batch_wait_while_workers_step():
     assert hold._update_thread is None and hold.backlogged
     drop = _learner("learner.backlog=drop", "learner.update_envs=4")
     drop.ready_samples = 3 * drop.update_samples
-    assert not drop.backlogged                       # no update running: the loop starts one
+    assert not drop.backlogged  # no update running: the loop starts one
 
 
 def test_learned_verdict_needs_random_the_start_and_enough_episodes():
     from rlpipe.envs.random_return import verdict
+
     rng = np.random.default_rng(6)
     rand = {"mean": 20.0, "std": 10.0, "episodes": 50}
-    start = rng.normal(30, 10, 100)                  # the untrained policy: already above random
+    start = rng.normal(30, 10, 100)  # the untrained policy: already above random
     assert verdict(rng.normal(30, 10, 100), start, 5000, rand) == "did not learn"
     assert verdict(rng.normal(200, 30, 100), start, 5000, rand) == "learned"
-    assert verdict(rng.normal(200, 30, 100), start, 150, rand) == "unknown"     # windows overlap
+    assert verdict(rng.normal(200, 30, 100), start, 150, rand) == "unknown"  # windows overlap
     assert verdict(rng.normal(200, 30, 100), start, 5000, None) == "unknown"
 
 
@@ -385,25 +420,30 @@ def test_stability_weights_reach_the_ppo_loss():
     """scaling=on: a sample's weight scales its share of every loss term, so rows of weight 0
     change nothing, and one update on a batch with them equals one update without them."""
     from rlpipe.learner.ppo import ppo_update
+
     n = 256
     trained = []
     for drop_zero_rows in (False, True):
         learner = _learner("learner.epochs=1", f"learner.minibatch_size={n}")
         batch = _batch_of(learner, n=n, seed=3)
-        batch["weight"] = torch.where(batch["types"] == 0, 0.0, 0.3 + 0.7 * torch.rand(n, generator=torch.Generator().manual_seed(4)))
+        batch["weight"] = torch.where(
+            batch["types"] == 0, 0.0, 0.3 + 0.7 * torch.rand(n, generator=torch.Generator().manual_seed(4))
+        )
         if drop_zero_rows:
             keep = batch["types"] != 0
-            batch = {k: ({kk: vv[keep] for kk, vv in v.items()} if isinstance(v, dict) else v[keep])
-                     for k, v in batch.items()}
+            batch = {
+                k: ({kk: vv[keep] for kk, vv in v.items()} if isinstance(v, dict) else v[keep])
+                for k, v in batch.items()
+            }
         ppo_update(learner.policy, learner.optimizer, batch, learner.cfg, learner.generator)
         trained.append({k: v.clone() for k, v in learner.policy.state_dict().items()})
     with_zero, without = trained
     for k in with_zero:
         if k.startswith("popart"):
-            continue          # type 0's value statistics saw its returns in one batch only
+            continue  # type 0's value statistics saw its returns in one batch only
         a, b = with_zero[k], without[k]
         if k.startswith("critic.out."):
-            a, b = a[1:], b[1:]     # ... so only the other types' value rows must agree
+            a, b = a[1:], b[1:]  # ... so only the other types' value rows must agree
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=k)
 
 
@@ -412,22 +452,27 @@ def test_rollouts_store_a_key_only_for_the_envs_that_produce_it_and_the_batch_is
     batch concat_blocks makes is the one full storage made, bit for bit (the board holds zeros
     in the other envs' rgb rows)."""
     from rlpipe.learner.ppo import concat_blocks
+
     T, n = 5, 6
     keys = (ObsKey("rgb", (4, 4, 3), "uint8"), ObsKey("state", (3,), "float32"))
     rgb_envs = np.array([1, 4])
     rng = np.random.default_rng(3)
     full = SliceRollout(n, T, keys, 1)
     compact = SliceRollout(n, T, keys, 1, key_rows={"rgb": rgb_envs})
-    other = SliceRollout(2, T, keys, 1)                    # a block stored whole, in the same batch
+    other = SliceRollout(2, T, keys, 1)  # a block stored whole, in the same batch
     for t in range(T):
         rgb = np.zeros((n, 4, 4, 3), np.uint8)
         rgb[rgb_envs] = rng.integers(0, 255, (2, 4, 4, 3))
         obs = {"rgb": rgb, "state": rng.normal(size=(n, 3)).astype(np.float32)}
         for ro in (full, compact):
             ro.add_step(obs, np.zeros(n), np.zeros((n, 1)), np.zeros(n), np.full(n, 0.5, np.float32))
-        other.add_step({"rgb": rng.integers(0, 255, (2, 4, 4, 3)).astype(np.uint8),
-                        "state": np.ones((2, 3), np.float32)}, np.zeros(2), np.zeros((2, 1)), np.zeros(2),
-                       np.zeros(2, np.float32))
+        other.add_step(
+            {"rgb": rng.integers(0, 255, (2, 4, 4, 3)).astype(np.uint8), "state": np.ones((2, 3), np.float32)},
+            np.zeros(2),
+            np.zeros((2, 1)),
+            np.zeros(2),
+            np.zeros(2, np.float32),
+        )
         if t:
             for ro, m in ((full, n), (compact, n), (other, 2)):
                 ro.add_outcome(np.ones(m, np.float32), np.zeros(m, bool), np.zeros(m, bool), 0.99)

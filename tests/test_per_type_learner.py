@@ -1,6 +1,7 @@
 """Per-type learner settings: an env node's `learner:` (gamma, gae_lambda, ent_coef,
 popart_beta) trains that type's rows with its own values, a type without overrides trains as
 it did before (bit for bit), and a bad value is a one-paragraph ConfigError naming the key."""
+
 from __future__ import annotations
 
 import copy
@@ -19,7 +20,7 @@ from rlpipe.learner.ppo import ppo_update
 from rlpipe.learner.rollout import SliceRollout
 from rlpipe.learner.type_settings import TypeSettings
 
-CLASSIC = ("cartpole", "acrobot", "pendulum", "mountaincar_cont")     # env_mix=classic, type order
+CLASSIC = ("cartpole", "acrobot", "pendulum", "mountaincar_cont")  # env_mix=classic, type order
 
 
 def _learner(*overrides: str) -> CentralLearner:
@@ -29,24 +30,36 @@ def _learner(*overrides: str) -> CentralLearner:
 
 def _batch(learner: CentralLearner, n: int = 256, seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"obs": {k.name: torch.randn((n,) + k.shape, generator=g) for k in learner.plan.obs_keys},
-            "types": torch.arange(4).repeat(n // 4), "a_disc": torch.randint(0, 2, (n,), generator=g),
-            "a_cont": torch.randn(n, max(learner.plan.actions.cont_dim, 1), generator=g),
-            "logp": torch.randn(n, generator=g) - 1, "value": torch.randn(n, generator=g) * 50,
-            "adv": torch.randn(n, generator=g) * 10, "ret": torch.randn(n, generator=g) * 100}
+    return {
+        "obs": {k.name: torch.randn((n,) + k.shape, generator=g) for k in learner.plan.obs_keys},
+        "types": torch.arange(4).repeat(n // 4),
+        "a_disc": torch.randint(0, 2, (n,), generator=g),
+        "a_cont": torch.randn(n, max(learner.plan.actions.cont_dim, 1), generator=g),
+        "logp": torch.randn(n, generator=g) - 1,
+        "value": torch.randn(n, generator=g) * 50,
+        "adv": torch.randn(n, generator=g) * 10,
+        "ret": torch.randn(n, generator=g) * 100,
+    }
 
 
 def _train(learner: CentralLearner, batch: dict):
-    stats = ppo_update(learner.policy, learner.optimizer, batch, learner.cfg, learner.generator,
-                       per_type=learner.type_settings)
+    stats = ppo_update(
+        learner.policy, learner.optimizer, batch, learner.cfg, learner.generator, per_type=learner.type_settings
+    )
     return stats, learner.policy.state_dict()
 
 
 # -- a type without overrides ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("override", ["+env_mix.types.cartpole.learner={}",
-                                      "+env_mix.types.cartpole.learner.gamma=0.99",   # the learner's own
-                                      "+env_mix.types.cartpole.learner=null"])
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "+env_mix.types.cartpole.learner={}",
+        "+env_mix.types.cartpole.learner.gamma=0.99",  # the learner's own
+        "+env_mix.types.cartpole.learner=null",
+    ],
+)
 def test_an_override_that_changes_nothing_trains_bit_for_bit_as_none(override):
     """Same seed, same batch: a type whose `learner:` is empty (or repeats the learner's
     values) gives the same loss and the same weights as a run without the node key, with an
@@ -88,8 +101,13 @@ def test_a_type_without_overrides_keeps_its_advantages_in_a_slice_with_one_that_
         for t in range(T):
             if t:
                 ro.add_outcome(rewards[t - 1, cols], done[t - 1, cols], np.zeros(len(cols), bool), g)
-            ro.add_step({"state": np.zeros((len(cols), 2), np.float32)}, np.zeros(len(cols)),
-                        np.zeros((len(cols), 1)), np.zeros(len(cols)), values[t, cols])
+            ro.add_step(
+                {"state": np.zeros((len(cols), 2), np.float32)},
+                np.zeros(len(cols)),
+                np.zeros((len(cols), 1)),
+                np.zeros(len(cols)),
+                values[t, cols],
+            )
         ro.add_outcome(rewards[T - 1, cols], done[T - 1, cols], np.zeros(len(cols), bool), g)
         blocks.append(ro.finish(next_value[cols], g, lm)["adv"].reshape(T, len(cols)))
     mixed, acrobot_alone = blocks
@@ -106,12 +124,18 @@ def test_a_type_without_overrides_keeps_its_advantages_in_a_slice_with_one_that_
 
 # -- the entropy bonus and PopArt per type ---------------------------------------------------------
 
+
 def test_each_rows_entropy_bonus_is_its_types_ent_coef():
     """cartpole 0.5, acrobot 0.1, the others the learner's 0: the first minibatch's loss is
     pg - mean(ent_coef[type] * entropy) + vf_coef * v (one epoch, one minibatch: the reported
     loss is the one before the step)."""
-    learner = _learner("learner.ent_coef=0.0", "learner.epochs=1", "learner.minibatch_size=256",
-                       "+env_mix.types.cartpole.learner.ent_coef=0.5", "+env_mix.types.acrobot.learner.ent_coef=0.1")
+    learner = _learner(
+        "learner.ent_coef=0.0",
+        "learner.epochs=1",
+        "learner.minibatch_size=256",
+        "+env_mix.types.cartpole.learner.ent_coef=0.5",
+        "+env_mix.types.acrobot.learner.ent_coef=0.1",
+    )
     batch = _batch(learner)
     before = copy.deepcopy(learner.policy)
     stats, _ = _train(learner, batch)
@@ -120,7 +144,7 @@ def test_each_rows_entropy_bonus_is_its_types_ent_coef():
     coef = torch.tensor([0.5, 0.1, 0.0, 0.0])[batch["types"]]
     bonus = stats.policy_loss + learner.cfg.vf_coef * stats.value_loss - stats.total_loss
     assert bonus == pytest.approx(float((coef * entropy).mean()), rel=1e-5)
-    assert stats.entropy == pytest.approx(float(entropy.mean()), rel=1e-5)    # the plain mean, as before
+    assert stats.entropy == pytest.approx(float(entropy.mean()), rel=1e-5)  # the plain mean, as before
 
 
 def test_popart_moves_each_types_statistics_with_its_own_step_size():
@@ -131,7 +155,7 @@ def test_popart_moves_each_types_statistics_with_its_own_step_size():
     types = torch.arange(3).repeat(100)
     layers = [SimpleNamespace(weight=torch.ones(3, 1, 4), bias=torch.zeros(3, 1)) for _ in range(2)]
     mixed, single = PopArt(3), PopArt(3)
-    for _ in range(2):      # a second batch: type 0 keeps no memory of the first at beta 1
+    for _ in range(2):  # a second batch: type 0 keeps no memory of the first at beta 1
         mixed.update(returns, types, torch.tensor([1.0, 3e-4, 3e-4], dtype=torch.float64), layers[0])
         single.update(returns, types, 3e-4, layers[1])
     r0 = returns[types == 0]
@@ -141,29 +165,36 @@ def test_popart_moves_each_types_statistics_with_its_own_step_size():
 
 
 def test_type_settings_follow_the_mix_order_and_default_to_the_learner():
-    learner = _learner("learner.gamma=0.97", "+env_mix.types.pendulum.learner.gamma=0.9",
-                       "+env_mix.types.acrobot.learner.popart_beta=0.01")
+    learner = _learner(
+        "learner.gamma=0.97",
+        "+env_mix.types.pendulum.learner.gamma=0.9",
+        "+env_mix.types.acrobot.learner.popart_beta=0.01",
+    )
     s = learner.type_settings
     assert learner.plan.names == CLASSIC
     np.testing.assert_array_equal(s.gamma, [0.97, 0.97, 0.9, 0.97])
     np.testing.assert_array_equal(s.popart_beta, [3e-4, 0.01, 3e-4, 3e-4])
-    assert s.ent_coef_rows(torch.tensor([0, 2])) == learner.cfg.ent_coef          # one value: a float
+    assert s.ent_coef_rows(torch.tensor([0, 2])) == learner.cfg.ent_coef  # one value: a float
     assert torch.is_tensor(s.popart_beta_by_type())
     np.testing.assert_array_equal(TypeSettings.of(learner.cfg, learner.spec.env_types).gamma, s.gamma)
 
 
 # -- checks ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("override,key,allowed", [
-    ("+env_mix.types.cartpole.learner.gamma=1.5", "env_mix.types.cartpole.learner.gamma", "[0, 1]"),
-    ("+env_mix.types.cartpole.learner.gamma=true", "env_mix.types.cartpole.learner.gamma", "[0, 1]"),
-    ("+env_mix.types.acrobot.learner.gae_lambda=-0.1", "env_mix.types.acrobot.learner.gae_lambda", "[0, 1]"),
-    ("+env_mix.types.acrobot.learner.ent_coef=-1", "env_mix.types.acrobot.learner.ent_coef", ">= 0"),
-    ("+env_mix.types.acrobot.learner.ent_coef=lots", "env_mix.types.acrobot.learner.ent_coef", ">= 0"),
-    ("+env_mix.types.pendulum.learner.popart_beta=0", "env_mix.types.pendulum.learner.popart_beta", "(0, 1]"),
-    ("+env_mix.types.pendulum.learner.clip_coef=0.1", "env_mix.types.pendulum.learner.clip_coef", "ent_coef"),
-    ("+env_mix.types.pendulum.learner=0.99", "env_mix.types.pendulum.learner", "mapping"),
-])
+
+@pytest.mark.parametrize(
+    "override,key,allowed",
+    [
+        ("+env_mix.types.cartpole.learner.gamma=1.5", "env_mix.types.cartpole.learner.gamma", "[0, 1]"),
+        ("+env_mix.types.cartpole.learner.gamma=true", "env_mix.types.cartpole.learner.gamma", "[0, 1]"),
+        ("+env_mix.types.acrobot.learner.gae_lambda=-0.1", "env_mix.types.acrobot.learner.gae_lambda", "[0, 1]"),
+        ("+env_mix.types.acrobot.learner.ent_coef=-1", "env_mix.types.acrobot.learner.ent_coef", ">= 0"),
+        ("+env_mix.types.acrobot.learner.ent_coef=lots", "env_mix.types.acrobot.learner.ent_coef", ">= 0"),
+        ("+env_mix.types.pendulum.learner.popart_beta=0", "env_mix.types.pendulum.learner.popart_beta", "(0, 1]"),
+        ("+env_mix.types.pendulum.learner.clip_coef=0.1", "env_mix.types.pendulum.learner.clip_coef", "ent_coef"),
+        ("+env_mix.types.pendulum.learner=0.99", "env_mix.types.pendulum.learner", "mapping"),
+    ],
+)
 def test_a_bad_per_type_value_is_a_config_error_naming_the_key(override, key, allowed):
     with pytest.raises(ConfigError) as err:
         run_spec(compose_cfg(["env_mix=classic", override]))

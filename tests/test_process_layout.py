@@ -2,6 +2,7 @@
 64, 1,000 and 7,000 envs on 1, 2, 16 and 128 CPUs, explicit values kept, the CPUs a cgroup
 quota leaves, learner_core under `auto`, and the fleet moving its workers off the learner's
 CPU once start-up is over."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,9 +22,11 @@ from rlpipe.process_layout import cgroup_cpu_limit, resolve
 @pytest.fixture
 def machine(monkeypatch):
     """A machine of `n` CPUs in the affinity mask and no cgroup quota."""
+
     def cpus(n: int) -> None:
         monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(n)))
         monkeypatch.setattr("rlpipe.process_layout.cgroup_cpu_limit", lambda: None)
+
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     return cpus
@@ -32,10 +35,18 @@ def machine(monkeypatch):
 # (CPUs, envs) -> (workers, group size, slices): 70-env groups while they make at most 10
 # workers a CPU, larger groups of 70-env slices beyond; 2 slices while workers < 2x CPUs.
 RULE = {
-    (1, 64): (1, 64, 2), (1, 1000): (10, 100, 2), (1, 7000): (10, 700, 10),
-    (2, 64): (1, 64, 2), (2, 1000): (15, 67, 1), (2, 7000): (20, 350, 5),
-    (16, 64): (1, 64, 2), (16, 1000): (15, 67, 2), (16, 7000): (100, 70, 1),
-    (128, 64): (1, 64, 2), (128, 1000): (15, 67, 2), (128, 7000): (100, 70, 2),
+    (1, 64): (1, 64, 2),
+    (1, 1000): (10, 100, 2),
+    (1, 7000): (10, 700, 10),
+    (2, 64): (1, 64, 2),
+    (2, 1000): (15, 67, 1),
+    (2, 7000): (20, 350, 5),
+    (16, 64): (1, 64, 2),
+    (16, 1000): (15, 67, 2),
+    (16, 7000): (100, 70, 1),
+    (128, 64): (1, 64, 2),
+    (128, 1000): (15, 67, 2),
+    (128, 7000): (100, 70, 2),
 }
 
 
@@ -57,8 +68,7 @@ def test_the_rule_at_each_count_and_machine(machine, cpus, envs):
 
 def test_explicit_values_are_kept(machine):
     machine(2)
-    spec = run_spec(compose_cfg(["env_count=7000", "groups.size=70", "worker.slices=2",
-                                 "worker.cpu_affinity=null"]))
+    spec = run_spec(compose_cfg(["env_count=7000", "groups.size=70", "worker.slices=2", "worker.cpu_affinity=null"]))
     assert (spec.layout.workers, spec.groups.size, spec.worker.slices) == (100, 70, 2)
     assert spec.layout.auto == () and spec.learner_cpu is None and spec.worker.cpu_affinity is None
     # an explicit size with slices left to auto: slices of at most 70 envs
@@ -76,8 +86,8 @@ def test_a_torchrun_rank_resolves_again_for_its_share(machine, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     ranked = dataclasses.replace(spec, env_count=3500)
-    assert (ranked.layout.workers, ranked.groups.size) == (10, 350)     # one CPU's worth each
-    assert ranked.learner_cpu is None        # auto: ranks would all keep the same CPU
+    assert (ranked.layout.workers, ranked.groups.size) == (10, 350)  # one CPU's worth each
+    assert ranked.learner_cpu is None  # auto: ranks would all keep the same CPU
 
 
 def test_the_layout_is_described_and_reported(machine):
@@ -86,11 +96,19 @@ def test_the_layout_is_described_and_reported(machine):
     assert layout.describe() == (
         "20 workers of 350 envs, 5 slices of <= 70 envs each, workers on CPUs 1 once every env "
         "stepped, CPU 0 kept for the PPO update; auto: groups.size, worker.slices, "
-        "worker.cpu_affinity from 2 usable CPUs")
-    assert layout.as_dict() == {"workers": 20, "group_size": 350, "slices": 5, "envs_per_slice": 70,
-                                "cpu_affinity": "learner_core", "worker_cpus": [1], "learner_cpu": 0,
-                                "usable_cpus": 2.0, "auto": ["groups.size", "worker.slices",
-                                                             "worker.cpu_affinity"]}
+        "worker.cpu_affinity from 2 usable CPUs"
+    )
+    assert layout.as_dict() == {
+        "workers": 20,
+        "group_size": 350,
+        "slices": 5,
+        "envs_per_slice": 70,
+        "cpu_affinity": "learner_core",
+        "worker_cpus": [1],
+        "learner_cpu": 0,
+        "usable_cpus": 2.0,
+        "auto": ["groups.size", "worker.slices", "worker.cpu_affinity"],
+    }
 
 
 def test_a_cgroup_quota_caps_the_cpus(machine, monkeypatch):
@@ -143,18 +161,18 @@ def test_the_fleet_pins_its_workers_when_startup_is_over(short_tmp):
     fleet = Fleet(spec, "test", time.monotonic(), services=None, phase=phases.append)
     proc = subprocess.Popen([sys.executable, "-c", THREADED])
     try:
-        handle = WorkerHandle.__new__(WorkerHandle)          # only its process matters here
+        handle = WorkerHandle.__new__(WorkerHandle)  # only its process matters here
         handle.proc = SimpleNamespace(pid=proc.pid, is_alive=lambda: proc.poll() is None)
         fleet.handles = [handle]
         tasks = f"/proc/{proc.pid}/task"
-        while len(os.listdir(tasks)) < 2:                     # its second thread has started
+        while len(os.listdir(tasks)) < 2:  # its second thread has started
             time.sleep(0.01)
-        assert fleet.worker_cpus() is None                    # start-up: new workers on every CPU
+        assert fleet.worker_cpus() is None  # start-up: new workers on every CPU
         fleet.startup_over(12.5)
         assert fleet.worker_cpus() == cpus and fleet.pinned_at == 12.5
         assert {tuple(sorted(os.sched_getaffinity(int(t)))) for t in os.listdir(tasks)} == {cpus}
         assert phases == [f"workers moved to CPUs {','.join(map(str, cpus))}, CPU 0 kept for the PPO update"]
-        fleet.startup_over(20.0)                              # once
+        fleet.startup_over(20.0)  # once
         assert fleet.pinned_at == 12.5 and len(phases) == 1
     finally:
         proc.kill()

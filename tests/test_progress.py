@@ -1,6 +1,7 @@
 """The live view: the panel fits 80 columns with every type of the seed12 mix, the bar and ETA
 follow the stop condition that comes first, trends, the plain line off a terminal, and other
 libraries' INFO lines kept off the terminal."""
+
 from __future__ import annotations
 
 import io
@@ -10,13 +11,35 @@ from rich.console import Console
 
 from rlpipe.telemetry.progress import Progress, Status, quiet_console_logs
 
-SEED12 = ["cartpole", "acrobot", "pendulum", "mountaincar_cont", "lunar_lander", "bullet_reacher",
-          "atari", "minigrid", "unity_sim", "physics_sim", "web_sim", "faulty"]
+SEED12 = [
+    "cartpole",
+    "acrobot",
+    "pendulum",
+    "mountaincar_cont",
+    "lunar_lander",
+    "bullet_reacher",
+    "atari",
+    "minigrid",
+    "unity_sim",
+    "physics_sim",
+    "web_sim",
+    "faulty",
+]
 
 
 def status(elapsed=30.0, steps=100_000, sps=2_000.0, returns=None) -> Status:
-    return Status(stage="day4", elapsed_s=elapsed, env_steps=steps, sps=sps, updates=12,
-                  env_count=240, active=200, dormant=40, memory_mb=1234.0, returns=returns or {})
+    return Status(
+        stage="day4",
+        elapsed_s=elapsed,
+        env_steps=steps,
+        sps=sps,
+        updates=12,
+        env_count=240,
+        active=200,
+        dormant=40,
+        memory_mb=1234.0,
+        returns=returns or {},
+    )
 
 
 def render(progress: Progress, st: Status) -> str:
@@ -27,7 +50,7 @@ def render(progress: Progress, st: Status) -> str:
 
 def test_panel_fits_80_columns_with_every_seed12_type():
     rets = {n: (-1) ** i * 10.0 ** (i % 5) for i, n in enumerate(SEED12)}
-    rets["faulty"] = None                                  # no episode finished yet
+    rets["faulty"] = None  # no episode finished yet
     text = render(Progress(10, 500_000, 60.0), status(returns=rets))
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80 and len(lines) <= 14
@@ -39,8 +62,8 @@ def test_panel_fits_80_columns_with_every_seed12_type():
 def test_fraction_and_eta_follow_the_first_stop_condition():
     p = Progress(10, total_env_steps=200_000, duration_s=60.0)
     st = status(elapsed=30.0, steps=150_000, sps=5_000.0)
-    assert p.fraction(st) == 0.75                          # steps are ahead of time
-    assert p.eta_s(st) == 10.0                             # 50k steps at 5k sps < 30 s left
+    assert p.fraction(st) == 0.75  # steps are ahead of time
+    assert p.eta_s(st) == 10.0  # 50k steps at 5k sps < 30 s left
     p = Progress(10, total_env_steps=None, duration_s=60.0)
     assert p.fraction(st) == 0.5 and p.eta_s(st) == 30.0
 
@@ -49,7 +72,7 @@ def test_trend_arrows():
     p = Progress(10)
     assert p.trend("cartpole", 100.0, now=0.0) == "→"
     assert p.trend("cartpole", 150.0, now=10.0) == "↑"
-    assert p.trend("cartpole", 100.5, now=20.0) == "→"    # within 1 % of where it was
+    assert p.trend("cartpole", 100.5, now=20.0) == "→"  # within 1 % of where it was
     assert p.trend("cartpole", 50.0, now=60.0) == "↓"
 
 
@@ -73,7 +96,7 @@ def test_third_party_info_stays_off_the_terminal_but_reaches_the_file(tmp_path):
         root.addHandler(h)
     try:
         quiet_console_logs()
-        quiet_console_logs()                               # idempotent
+        quiet_console_logs()  # idempotent
         assert len(handlers[0].filters) == 1 and not handlers[1].filters
         logging.getLogger("tensorboard").info("Directory watcher advancing")
         logging.getLogger("tensorboard").warning("a real problem")

@@ -2,6 +2,7 @@
 two commands CI also runs, a config-group table that lists exactly the groups and options of
 rlpipe/conf/ (and marks the defaults config.yaml picks), and links from it and docs/ that
 resolve inside the repository."""
+
 from __future__ import annotations
 
 import re
@@ -19,7 +20,7 @@ def section(text: str, heading: str) -> str:
     """The body of a `## ` section, up to the next `## ` heading."""
     start = text.index(f"\n{heading}\n") + len(heading) + 2
     end = text.find("\n## ", start)
-    return text[start:end if end > 0 else None]
+    return text[start : end if end > 0 else None]
 
 
 def cells(row: str) -> list[str]:
@@ -35,8 +36,7 @@ def readme_groups() -> dict[str, tuple[list[str], list[str]]]:
         if not row.startswith("| `"):
             continue
         group, options = cells(row)[:2]
-        table[group.strip("`")] = (re.findall(r"`([^`]+)`", options),
-                                   re.findall(r"`([^`]+)` \(default\)", options))
+        table[group.strip("`")] = (re.findall(r"`([^`]+)`", options), re.findall(r"`([^`]+)` \(default\)", options))
     return table
 
 
@@ -53,8 +53,7 @@ def conf_groups() -> dict[str, list[str]]:
 def conf_defaults() -> dict[str, str]:
     """group -> the option conf/config.yaml's defaults list picks."""
     defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
-    return {group: str(option) for entry in defaults if isinstance(entry, dict)
-            for group, option in entry.items()}
+    return {group: str(option) for entry in defaults if isinstance(entry, dict) for group, option in entry.items()}
 
 
 def test_readme_is_a_page():
@@ -76,11 +75,13 @@ def test_config_table_lists_every_group_and_option_of_conf():
     table, conf = readme_groups(), conf_groups()
     assert sorted(table) == sorted(conf), (
         f"groups in conf/ missing from the README: {sorted(set(conf) - set(table))}; "
-        f"in the README but not in conf/: {sorted(set(table) - set(conf))}")
+        f"in the README but not in conf/: {sorted(set(table) - set(conf))}"
+    )
     for group, options in conf.items():
         listed = table[group][0]
         assert sorted(listed) == options and len(listed) == len(set(listed)), (
-            f"{group}: conf/ has {options}, the README lists {sorted(listed)}")
+            f"{group}: conf/ has {options}, the README lists {sorted(listed)}"
+        )
 
 
 def test_config_table_marks_the_defaults_config_yaml_picks():

@@ -1,4 +1,5 @@
 """Faults from outside the run and from inside it: the run heals and says why."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,16 +18,19 @@ import redis
 from conftest import REPO, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_cli, run_leftovers
 from rlpipe.redis_client import connect, keepalive_options
 
-FAST_BEATS = ["heartbeat.timeout_s=4", "heartbeat.scan_interval_s=0.5",
-              "heartbeat.redis_interval_s=0.5", "heartbeat.signal_interval_s=0.2",
-              "heartbeat.term_grace_s=1"]
+FAST_BEATS = [
+    "heartbeat.timeout_s=4",
+    "heartbeat.scan_interval_s=0.5",
+    "heartbeat.redis_interval_s=0.5",
+    "heartbeat.signal_interval_s=0.2",
+    "heartbeat.term_grace_s=1",
+]
 
 
 def events(run_dir, kind=None):
     with contextlib.closing(sqlite3.connect(f"file:{run_dir}/lifecycle.sqlite?mode=ro", uri=True)) as db:
         q = "SELECT kind, worker_id, generation, detail FROM events"
-        rows = db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY ts",
-                          (kind,) if kind else ()).fetchall()
+        rows = db.execute(q + (" WHERE kind = ?" if kind else "") + " ORDER BY ts", (kind,) if kind else ()).fetchall()
     return [(k, w, g, json.loads(d) if d else None) for k, w, g, d in rows]
 
 
@@ -47,8 +51,7 @@ def workers_of(driver_pid):
 
 def wait_for_workers(driver_pid, n, timeout=60):
     """{worker id: pid} once the run has exactly n workers up."""
-    return wait_for(lambda: (lambda w: w if len(w) == n else None)(workers_of(driver_pid)), timeout,
-                    f"{n} workers")
+    return wait_for(lambda: (lambda w: w if len(w) == n else None)(workers_of(driver_pid)), timeout, f"{n} workers")
 
 
 def segment_workers(driver_pid) -> dict[int, tuple[int, int]]:
@@ -57,6 +60,7 @@ def segment_workers(driver_pid) -> dict[int, tuple[int, int]]:
     import struct
 
     from rlpipe.shm.layout import H_PID
+
     found: dict[int, tuple[int, int]] = {}
     for path in Path("/dev/shm").glob(f"rlpipe_{driver_pid}-*_w*g*"):
         w, g = map(int, path.name.rsplit("_w", 1)[1].split("g"))
@@ -73,22 +77,33 @@ def segment_workers(driver_pid) -> dict[int, tuple[int, int]]:
 
 def wait_for_generation(driver_pid, n: int, gen: int, timeout=90) -> dict[int, int]:
     """{worker id: pid} once each of the n workers runs (at least) generation `gen`."""
+
     def ready():
         seg = segment_workers(driver_pid)
-        return {w: p for w, (g, p) in seg.items()} if len(seg) == n and all(
-            g >= gen for g, _p in seg.values()) else None
+        return (
+            {w: p for w, (g, p) in seg.items()} if len(seg) == n and all(g >= gen for g, _p in seg.values()) else None
+        )
+
     return wait_for(ready, timeout, f"{n} workers at generation {gen}")
 
 
 def redis_of(run_dir):
-    return [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
-            if "redis-server" in " ".join(p.info["cmdline"] or []) and str(run_dir) in
-            " ".join(p.info["cmdline"] or [])]
+    return [
+        p.info["pid"]
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if "redis-server" in " ".join(p.info["cmdline"] or []) and str(run_dir) in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 def start(run_dir, *overrides):
-    return subprocess.Popen(rlpipe_cmd(run_dir, *overrides), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=driver_dies_with_pytest)
+    return subprocess.Popen(
+        rlpipe_cmd(run_dir, *overrides),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=driver_dies_with_pytest,
+    )
 
 
 def end_by_sigterm(proc) -> None:
@@ -120,7 +135,7 @@ def ready_workers(run_dir) -> dict[int, int]:
         return {}
     try:
         rows = events(run_dir, "worker_ready")
-    except sqlite3.OperationalError:       # the writer is creating the file
+    except sqlite3.OperationalError:  # the writer is creating the file
         return {}
     out: dict[int, int] = {}
     for _k, w, g, _d in rows:
@@ -130,25 +145,35 @@ def ready_workers(run_dir) -> dict[int, int]:
 
 def wait_stepping(run_dir, generations: dict[int, int], timeout=60):
     """Until each worker id has stepped at (at least) the given generation."""
-    wait_for(lambda: all(ready_workers(run_dir).get(w, 0) >= g for w, g in generations.items()),
-             timeout, f"workers stepping at generations {generations}")
+    wait_for(
+        lambda: all(ready_workers(run_dir).get(w, 0) >= g for w, g in generations.items()),
+        timeout,
+        f"workers stepping at generations {generations}",
+    )
 
 
 def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
     run_dir = short_tmp / "run"
-    proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=150",
-                 "run.total_env_steps=null", *FAST_BEATS)
+    proc = start(
+        run_dir,
+        "env_count=210",
+        "groups.size=70",
+        "groups.hot=3",
+        "run.duration_s=150",
+        "run.total_env_steps=null",
+        *FAST_BEATS,
+    )
     try:
         pids = wait_for_generation(proc.pid, 3, 1)
         wait_for(lambda: (run_dir / "tb").exists() and redis_of(run_dir), 30, "the run to start")
         wait_stepping(run_dir, {0: 1, 1: 1, 2: 1})
-        os.kill(redis_of(run_dir)[0], signal.SIGKILL)     # Redis down: nobody may look dead for it
+        os.kill(redis_of(run_dir)[0], signal.SIGKILL)  # Redis down: nobody may look dead for it
         os.kill(pids[0], signal.SIGKILL)
         os.kill(pids[1], signal.SIGSTOP)
         # healed: both replacements stepping, Redis recovered; then end the run (SIGTERM)
         wait_stepping(run_dir, {0: 2, 1: 2, 2: 1}, timeout=90)
         wait_for(lambda: events(run_dir, "redis_recovered"), 60, "Redis recovered")
-        time.sleep(1.5)               # a beat of the active window for every slice
+        time.sleep(1.5)  # a beat of the active window for every slice
         end_by_sigterm(proc)
     finally:
         kill_if_running(proc)
@@ -156,7 +181,7 @@ def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
     assert summary["faults"]["worker_restarts"] >= 2
     assert summary["active_envs_end"] == 210
     restarts = {w: d for _k, w, _g, d in events(run_dir, "worker_restart")}
-    assert set(restarts) == {0, 1}               # worker 2 was healthy all along
+    assert set(restarts) == {0, 1}  # worker 2 was healthy all along
     assert restarts[0]["reason"] == "exited" and restarts[0]["exitcode"] == -signal.SIGKILL
     assert restarts[1]["reason"] == "heartbeat" and restarts[1]["stale"]
     # Only the stopped worker was judged, on its OS beat (Redis down is not a dead worker:
@@ -169,20 +194,23 @@ def test_kill_stop_and_redis_kill_from_outside_heal(short_tmp):
     assert events(run_dir, "redis_restart")
     # Redis counts as recovered once every live worker has beaten into the new server.
     recovered = events(run_dir, "redis_recovered")
-    assert len(recovered) == 1 and recovered[0][3]["workers"] in (2, 3)   # 3, or 2 with worker 1 being replaced
+    assert len(recovered) == 1 and recovered[0][3]["workers"] in (2, 3)  # 3, or 2 with worker 1 being replaced
     assert run_leftovers(proc.pid) == []
 
 
 def test_rss_recycle(short_tmp):
     run_dir = short_tmp / "run"
-    proc = start(run_dir, "env_count=16", "run.duration_s=120", "run.total_env_steps=null",
-                 "worker.max_rss_mb=1", *FAST_BEATS)
+    proc = start(
+        run_dir, "env_count=16", "run.duration_s=120", "run.total_env_steps=null", "worker.max_rss_mb=1", *FAST_BEATS
+    )
     try:
+
         def recycled():
             try:
                 return any(d.get("reason") == "rss" for _k, _w, _g, d in events(run_dir, "worker_restart"))
-            except sqlite3.OperationalError:          # the writer has not created the db yet
+            except sqlite3.OperationalError:  # the writer has not created the db yet
                 return False
+
         wait_for(recycled, 90, "an RSS recycle")
         end_by_sigterm(proc)
     finally:
@@ -193,16 +221,16 @@ def test_rss_recycle(short_tmp):
 
 def test_driver_kill9_leaves_nothing_and_next_run_sweeps(short_tmp):
     run_dir = short_tmp / "run"
-    proc = start(run_dir, "env_count=140", "groups.size=70", "run.duration_s=120",
-                 "run.total_env_steps=null", *FAST_BEATS)
+    proc = start(
+        run_dir, "env_count=140", "groups.size=70", "run.duration_s=120", "run.total_env_steps=null", *FAST_BEATS
+    )
     wait_for(lambda: len(workers_of(proc.pid)) == 2, 60, "two workers")
     wait_for(lambda: redis_of(run_dir), 30, "redis")
     wait_stepping(run_dir, {0: 1, 1: 1})
     proc.kill()
     proc.wait()
     # Workers exit once they see their driver gone, Redis dies with it (PR_SET_PDEATHSIG).
-    wait_for(lambda: not workers_of(proc.pid) and not redis_of(run_dir), 4 + 1 + 5,
-             "the run's processes to die")
+    wait_for(lambda: not workers_of(proc.pid) and not redis_of(run_dir), 4 + 1 + 5, "the run's processes to die")
     leftovers = run_leftovers(proc.pid)
     assert leftovers, "a kill -9 cannot clean up; the next run must"
     out = run_cli(short_tmp / "next", "env_count=8", "run.total_env_steps=2000")
@@ -245,6 +273,7 @@ def test_soak_chaos_1000_envs(short_tmp):
     out = run_cli(run_dir, "+stage=day5", "env_count=1000", "run.duration_s=600", timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     from rlpipe.lifecycle.recovery import recovery_report
+
     report = recovery_report(run_dir / "lifecycle.sqlite")
     report.pop("events", None)
     print("SOAK", json.dumps(report))
@@ -261,8 +290,15 @@ def test_soak_chaos_1000_envs(short_tmp):
 def test_every_worker_killed_at_once_twice(short_tmp):
     """Mass replacement: rings of replaced generations (held or parked) must never be served."""
     run_dir = short_tmp / "run"
-    proc = start(run_dir, "env_count=210", "groups.size=70", "groups.hot=3", "run.duration_s=150",
-                 "run.total_env_steps=null", *FAST_BEATS)
+    proc = start(
+        run_dir,
+        "env_count=210",
+        "groups.size=70",
+        "groups.hot=3",
+        "run.duration_s=150",
+        "run.total_env_steps=null",
+        *FAST_BEATS,
+    )
     try:
         killed: set[int] = set()
         for gen in (1, 2):
@@ -286,12 +322,13 @@ def test_every_worker_killed_at_once_twice(short_tmp):
 def _event_rows(run_dir, kind):
     """(ts, worker_id, generation, detail) of every row of one kind, oldest first."""
     with contextlib.closing(sqlite3.connect(f"file:{run_dir}/lifecycle.sqlite?mode=ro", uri=True)) as db:
-        rows = db.execute("SELECT ts, worker_id, generation, detail FROM events WHERE kind = ? "
-                          "ORDER BY ts, id", (kind,)).fetchall()
+        rows = db.execute(
+            "SELECT ts, worker_id, generation, detail FROM events WHERE kind = ? ORDER BY ts, id", (kind,)
+        ).fetchall()
     return [(ts, w, g, json.loads(d) if d else None) for ts, w, g, d in rows]
 
 
-LOADED_SLACK_S = 10.0     # the driver's 1 s supervise turns stretch when 2 cores run 20+ processes
+LOADED_SLACK_S = 10.0  # the driver's 1 s supervise turns stretch when 2 cores run 20+ processes
 
 
 def test_worker_frozen_while_building_is_replaced(short_tmp):
@@ -299,20 +336,32 @@ def test_worker_frozen_while_building_is_replaced(short_tmp):
     heartbeat.timeout_s, not on startup_timeout_s (300 s), and its envs all step by the end."""
     run_dir = short_tmp / "run"
     timeout_s, grace_s, scan_s = 4, 1, 0.5
-    proc = start(run_dir, "env_mix=cartpole", "+env@env_mix.types.unity_sim=unity_sim",
-                 "+env_mix.weights.unity_sim=1.0", "env_mix.types.unity_sim.warmup_ms=600",
-                 "env_count=16", "groups.size=16", "run.duration_s=150", "run.total_env_steps=null",
-                 "learner.mode=random", *FAST_BEATS)     # no PPO thread competing with the watchdog
+    proc = start(
+        run_dir,
+        "env_mix=cartpole",
+        "+env@env_mix.types.unity_sim=unity_sim",
+        "+env_mix.weights.unity_sim=1.0",
+        "env_mix.types.unity_sim.warmup_ms=600",
+        "env_count=16",
+        "groups.size=16",
+        "run.duration_s=150",
+        "run.total_env_steps=null",
+        "learner.mode=random",
+        *FAST_BEATS,
+    )  # no PPO thread competing with the watchdog
     pid = None
     try:
         pid = wait_for_generation(proc.pid, 1, 1, timeout=60)[0]
-        time.sleep(1.0)                        # the injection's timing, not a synchronization
+        time.sleep(1.0)  # the injection's timing, not a synchronization
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.time()
-        wait_stepping(run_dir, {0: 2}, timeout=90)      # the replacement steps ...
-        wait_for(lambda: len([r for r in _event_rows(run_dir, "env_create") if r[2] == 2]) == 16, 60,
-                 "the replacement to build all 16 envs")  # ... and has built all its envs
-        time.sleep(2.0)                                 # its last slice rings within the window
+        wait_stepping(run_dir, {0: 2}, timeout=90)  # the replacement steps ...
+        wait_for(
+            lambda: len([r for r in _event_rows(run_dir, "env_create") if r[2] == 2]) == 16,
+            60,
+            "the replacement to build all 16 envs",
+        )  # ... and has built all its envs
+        time.sleep(2.0)  # its last slice rings within the window
         end_by_sigterm(proc)
     finally:
         kill_if_running(proc)
@@ -328,8 +377,9 @@ def test_worker_frozen_while_building_is_replaced(short_tmp):
     # LOADED_SLACK_S); the old code waited startup_timeout_s (300 s) here
     assert term[0][0] - stopped_at <= timeout_s + scan_s + LOADED_SLACK_S
     assert restart and restart[0][0] - stopped_at <= timeout_s + grace_s + scan_s + LOADED_SLACK_S
-    print(f"FROZEN-STARTUP term after {term[0][0] - stopped_at:.2f} s, replaced after "
-          f"{restart[0][0] - stopped_at:.2f} s")
+    print(
+        f"FROZEN-STARTUP term after {term[0][0] - stopped_at:.2f} s, replaced after {restart[0][0] - stopped_at:.2f} s"
+    )
     assert any(g == 2 for _ts, _w, g, _d in _event_rows(run_dir, "worker_ready"))
     assert read_summary(run_dir)["active_envs_end"] == 16
     assert run_leftovers(proc.pid) == []
@@ -362,8 +412,14 @@ def test_watchdog_judges_a_slow_build_by_its_progress(short_tmp):
     from rlpipe.shm.segment import Segment, new_run_id, segment_name
     from rlpipe.supervisor.watchdog import Watchdog
 
-    spec = HeartbeatSpec(signal_interval_s=0.1, redis_interval_s=0.1, scan_interval_s=0.05,
-                         timeout_s=30.0, term_grace_s=0.5, startup_timeout_s=0.6)
+    spec = HeartbeatSpec(
+        signal_interval_s=0.1,
+        redis_interval_s=0.1,
+        scan_interval_s=0.05,
+        timeout_s=30.0,
+        term_grace_s=0.5,
+        startup_timeout_s=0.6,
+    )
     run_id = new_run_id()
     layout = WorkerLayout.build(20, (ObsKey("state", (4,), "float32"),), 0)
     segment = Segment.create(segment_name(run_id, "w0g1"), layout.size)
@@ -372,13 +428,21 @@ def test_watchdog_judges_a_slow_build_by_its_progress(short_tmp):
     writer = LifecycleWriter(short_tmp / "lc.sqlite", f"ipc://{short_tmp}/lc.ipc", run_id)
     writer.start()
     try:
-        h = SimpleNamespace(worker_id=0, generation=1, views=views, awake=True, n=20, proc=_Proc(child),
-                            spawned_at=time.monotonic(), spawned_wall=time.time())
+        h = SimpleNamespace(
+            worker_id=0,
+            generation=1,
+            views=views,
+            awake=True,
+            n=20,
+            proc=_Proc(child),
+            spawned_at=time.monotonic(),
+            spawned_wall=time.time(),
+        )
         h.alive = h.proc.is_alive
         dog = Watchdog(spec, run_id, connect("unix:///nonexistent/redis.sock"), writer)  # Redis down: OS beats only
         t0 = time.monotonic()
         built = 0
-        while time.monotonic() - t0 < 2.0:                 # moving: built +1 every 0.2 s
+        while time.monotonic() - t0 < 2.0:  # moving: built +1 every 0.2 s
             views.store(H_OS_BEAT_NS, time.monotonic_ns())
             if int((time.monotonic() - t0) / 0.2) > built:
                 built += 1
@@ -386,10 +450,10 @@ def test_watchdog_judges_a_slow_build_by_its_progress(short_tmp):
             dog.scan([h], time.monotonic())
             time.sleep(0.02)
         assert not dog.pending, "a build that keeps moving was judged"
-        stalled_at = time.monotonic()                    # from here the count stays at 3 of 20
+        stalled_at = time.monotonic()  # from here the count stays at 3 of 20
         views.store(H_BUILT, 3)
         while not dog.pending and time.monotonic() - stalled_at < 5:
-            views.store(H_OS_BEAT_NS, time.monotonic_ns())   # still beating: alive
+            views.store(H_OS_BEAT_NS, time.monotonic_ns())  # still beating: alive
             dog.scan([h], time.monotonic())
             time.sleep(0.02)
         waited = time.monotonic() - stalled_at

@@ -1,5 +1,6 @@
 """`python -m rlpipe.report`: a two-job multirun compared side by side, a killed run's health
 report rebuilt from its files, and the error for a directory that is neither."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,13 +16,15 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def report_cli(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlpipe.report", str(path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rlpipe.report", str(path)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def report_main(path: Path, capsys) -> tuple[int, str]:
     """The CLI's main in this process (report_cli covers the entry point once)."""
     from rlpipe.report.__main__ import main
+
     code = main([str(path)])
     return code, capsys.readouterr().err
 
@@ -38,8 +41,8 @@ def test_multirun_comparison_has_a_row_per_job_and_overlay_plots(multirun):
     rows = [line for line in md.splitlines() if line.startswith("| [")]
     assert len(rows) == 2
     assert "run.seed=1" in rows[0] and "run.seed=2" in rows[1] and "finished" in rows[0]
-    assert "`env_count=16`" in md                        # the overrides both jobs share
-    assert "| 0 | " in md and "cartpole" in md           # the per-type return table
+    assert "`env_count=16`" in md  # the overrides both jobs share
+    assert "| 0 | " in md and "cartpole" in md  # the per-type return table
     pngs = sorted(multirun.glob("comparison_*.png"))
     assert len(pngs) >= 3
     assert {"comparison_returns.png", "comparison_sps.png", "comparison_loss.png"} <= {p.name for p in pngs}
@@ -59,6 +62,7 @@ def test_a_later_job_counts_its_own_startup_cpu(multirun):
 
 def test_runs_log_watchdog_health_to_tensorboard(multirun):
     from rlpipe.report.jobs import load_job
+
     tags = set(load_job(multirun / "0").scalars)
     assert {"health/worker_restarts", "health/workers_being_replaced"} <= tags
 
@@ -74,7 +78,7 @@ def test_killed_job_and_killed_run_reports(multirun, tmp_path, capsys):
     assert code == 0, err
     md = (copy / "comparison.md").read_text()
     killed = next(line for line in md.splitlines() if line.startswith("| [1]"))
-    assert "no summary" in killed and "15,0" in killed          # env steps from TensorBoard
+    assert "no summary" in killed and "15,0" in killed  # env steps from TensorBoard
     assert "job 1: no summary.json" in md
 
     code, err = report_main(copy / "1", capsys)

@@ -1,5 +1,6 @@
 """The after-the-run reports: chaos recovery from the lifecycle log, and the health report
 (health_report.md + PNG plots) built from a run directory's files."""
+
 from __future__ import annotations
 
 import json
@@ -18,17 +19,30 @@ PLOTS = (PLOT_SPS, PLOT_RETURNS, PLOT_MEMORY, PLOT_GROUPS)
 T0 = 1_700_000_000.0
 
 SUMMARY = {
-    "stage": "day5", "env_count": 8, "env_types": {"cartpole": 4, "acrobot": 4}, "active_envs_end": 8,
-    "env_steps": 80_000, "wall_s": 100.0, "sps": 800.0, "startup_first_step_s": 1.5,
-    "all_envs_ready_s": 2.5, "updates": 12, "episodes": 345,
-    "mean_return_last100": {"cartpole": 31.5, "acrobot": -480.0}, "peak_rss_mb": 900.0,
+    "stage": "day5",
+    "env_count": 8,
+    "env_types": {"cartpole": 4, "acrobot": 4},
+    "active_envs_end": 8,
+    "env_steps": 80_000,
+    "wall_s": 100.0,
+    "sps": 800.0,
+    "startup_first_step_s": 1.5,
+    "all_envs_ready_s": 2.5,
+    "updates": 12,
+    "episodes": 345,
+    "mean_return_last100": {"cartpole": 31.5, "acrobot": -480.0},
+    "peak_rss_mb": 900.0,
     "random_return": {"cartpole": 21.0, "acrobot": -499.0},
     "learned": {"cartpole": "learned", "acrobot": "did not learn"},
     "shm_bytes": 123456,
     "faults": {"env_crashes": 3, "env_hangs": 1, "env_rebuilds": 4, "quarantined": 1, "worker_restarts": 2},
-    "board": {"torn_retries": 0}, "cgroup_driver": "none", "redis": "embedded",
-    "env_versions": {"cartpole": ["aaaa"], "acrobot": ["bbbb"]}, "loss_std": 0.25,
-    "loss_std_checkpoints": {"0.25": 0.5, "0.5": 0.4, "0.75": 0.3}, "resumed_from_step": 0,
+    "board": {"torn_retries": 0},
+    "cgroup_driver": "none",
+    "redis": "embedded",
+    "env_versions": {"cartpole": ["aaaa"], "acrobot": ["bbbb"]},
+    "loss_std": 0.25,
+    "loss_std_checkpoints": {"0.25": 0.5, "0.5": 0.4, "0.75": 0.3},
+    "resumed_from_step": 0,
     "dist": {"world_size": 1, "params_in_sync": None},
 }
 
@@ -56,8 +70,15 @@ def _write_lifecycle(db_path: Path) -> None:
         rec("worker_spawn", worker_id=wid, generation=1, detail={"pid": 100 + wid, "envs": 4}, ts=T0)
         for i in range(4):
             env_id = 4 * wid + i
-            rec("env_create", env_id=env_id, env_type="cartpole" if wid == 0 else "acrobot",
-                env_version="v", worker_id=wid, generation=1, ts=T0 + 0.1)
+            rec(
+                "env_create",
+                env_id=env_id,
+                env_type="cartpole" if wid == 0 else "acrobot",
+                env_version="v",
+                worker_id=wid,
+                generation=1,
+                ts=T0 + 0.1,
+            )
         rec("worker_ready", worker_id=wid, generation=1, detail={"since_spawn_s": 1.0}, ts=T0 + 1)
     for n in range(3):
         rec("env_crash", env_id=1, env_type="cartpole", worker_id=0, generation=1, ts=T0 + 2 + n)
@@ -68,14 +89,12 @@ def _write_lifecycle(db_path: Path) -> None:
     rec("env_quarantine", env_id=2, env_type="cartpole", worker_id=0, generation=1, ts=T0 + 7)
 
     # kill_worker on worker 0: replaced, ready 2.0 s after the injection
-    rec("chaos_inject", worker_id=0, generation=1, detail={"what": "kill_worker", "pid": 100, "t": 10.0},
-        ts=T0 + 10)
+    rec("chaos_inject", worker_id=0, generation=1, detail={"what": "kill_worker", "pid": 100, "t": 10.0}, ts=T0 + 10)
     rec("worker_restart", worker_id=0, generation=1, detail={"reason": "exited", "exitcode": -9}, ts=T0 + 11)
     rec("worker_spawn", worker_id=0, generation=2, detail={"pid": 200, "envs": 4}, ts=T0 + 11.2)
     rec("worker_ready", worker_id=0, generation=2, detail={"since_spawn_s": 0.8}, ts=T0 + 12)
     # stop_worker on worker 1: a stale ready of the stopped generation does not count
-    rec("chaos_inject", worker_id=1, generation=1, detail={"what": "stop_worker", "pid": 101, "t": 20.0},
-        ts=T0 + 20)
+    rec("chaos_inject", worker_id=1, generation=1, detail={"what": "stop_worker", "pid": 101, "t": 20.0}, ts=T0 + 20)
     rec("worker_ready", worker_id=1, generation=1, detail={"since_spawn_s": 9.0}, ts=T0 + 21)
     rec("worker_term", worker_id=1, generation=1, detail={"reason": "heartbeat"}, ts=T0 + 28)
     rec("worker_restart", worker_id=1, generation=1, detail={"reason": "heartbeat"}, ts=T0 + 30)
@@ -86,8 +105,7 @@ def _write_lifecycle(db_path: Path) -> None:
     rec("redis_restart", detail={"url_kind": "embedded"}, ts=T0 + 41)
     rec("redis_recovered", detail={"since_restart_s": 0.5, "workers": 2}, ts=T0 + 41.5)
     # a second kill of worker 0 that the run never healed
-    rec("chaos_inject", worker_id=0, generation=2, detail={"what": "kill_worker", "pid": 200, "t": 50.0},
-        ts=T0 + 50)
+    rec("chaos_inject", worker_id=0, generation=2, detail={"what": "kill_worker", "pid": 200, "t": 50.0}, ts=T0 + 50)
     w.stop()
     assert w.rows_written > 30 and w.bad_messages == 0
 
@@ -130,17 +148,18 @@ def _is_png(path: Path) -> bool:
 
 # --- recovery --------------------------------------------------------------------------------
 
+
 def test_recovery_report_matches_injections(synthetic_run: Path):
     db = synthetic_run / "lifecycle.sqlite"
     rep = recovery_report(db)
     assert (rep["injected"], rep["recovered"], rep["unrecovered"]) == (4, 3, 1)
     assert rep["by_kind"]["kill_worker"] == {"injected": 2, "recovered": 1, "p50_s": 2.0, "p99_s": 2.0}
     assert rep["by_kind"]["stop_worker"]["recovered"] == 1
-    assert rep["by_kind"]["stop_worker"]["p50_s"] == pytest.approx(14.0)   # not the stale gen-1 ready
+    assert rep["by_kind"]["stop_worker"]["p50_s"] == pytest.approx(14.0)  # not the stale gen-1 ready
     # healed when the workers beat again, not at the restart (a ping)
     assert rep["by_kind"]["kill_redis"]["p50_s"] == pytest.approx(1.5)
-    assert rep["recover_s_p50"] == pytest.approx(2.0)            # of [1.5, 2, 14]
-    assert rep["recover_s_p99"] == pytest.approx(13.76)          # linear interpolation
+    assert rep["recover_s_p50"] == pytest.approx(2.0)  # of [1.5, 2, 14]
+    assert rep["recover_s_p99"] == pytest.approx(13.76)  # linear interpolation
     # per-env rate 80,000 / 8 / 100 s = 100/s; (2 s + 14 s) x 4 envs x 100/s; Redis costs none
     assert rep["per_env_sps"] == pytest.approx(100.0)
     assert rep["lost_env_steps_est"] == 6400
@@ -171,6 +190,7 @@ def test_recovery_report_of_a_run_without_chaos(tmp_path: Path):
 
 # --- health report ---------------------------------------------------------------------------
 
+
 def test_health_report_of_synthetic_run(synthetic_run: Path):
     out = write_health_report(synthetic_run)
     assert out == synthetic_run / REPORT_NAME
@@ -188,7 +208,7 @@ def test_health_report_of_synthetic_run(synthetic_run: Path):
     assert "2 event file(s)" in md
     # faults: summary vs lifecycle rows, groups from env_create
     assert "| `env_crashes` | 3 | 3 |" in md
-    assert "| 0 | 4 | cartpole×4 | 2 | 1 | 3 | 0 | 1 |\n" in md      # crash, hang, quarantine
+    assert "| 0 | 4 | cartpole×4 | 2 | 1 | 3 | 0 | 1 |\n" in md  # crash, hang, quarantine
     assert "| `exited` | 1 |" in md and "| `heartbeat` | 1 |" in md
     # chaos recovery
     assert "injected: 4, recovered: 3, unrecovered: 1" in md
@@ -247,7 +267,7 @@ def test_health_report_with_missing_inputs(tmp_path: Path):
 
 
 def test_health_report_of_real_run(cartpole_multirun: Path):
-    run_dir = cartpole_multirun / "0"            # 16 CartPoles, 15k env steps (tests/conftest.py)
+    run_dir = cartpole_multirun / "0"  # 16 CartPoles, 15k env steps (tests/conftest.py)
     summary = read_summary(run_dir)
     md = write_health_report(run_dir).read_text()
     assert "cartpole" in md

@@ -2,6 +2,7 @@
 (run.stall_timeout_s): the stall detector's exit, and three supervisors restarting the same
 command line: a plain loop standing in for systemd (after a SIGKILL, after a stall) and
 torchrun --max-restarts on one node."""
+
 from __future__ import annotations
 
 import contextlib
@@ -32,9 +33,15 @@ ENVS = 64
 # freeze (10 s after the first step); the probe of random returns plays for the whole run, so
 # it is alive when the driver dies. The stall timeout is 8 s: on this 2-core machine under
 # load the first PPO update alone took 4 s (an update with backlog=hold serves nothing).
-RUN = [f"env_count={ENVS}", "run.duration_s=120", "learner.rollout_len=8", "learner.checkpoint_interval_s=1",
-       "logging.random_return_episodes=100000", "logging.random_return_budget_s=120"]
-FREEZE = ["chaos.freeze_driver_at_s=4", "run.stall_timeout_s=8"]   # frozen well before 120k steps on a quiet machine
+RUN = [
+    f"env_count={ENVS}",
+    "run.duration_s=120",
+    "learner.rollout_len=8",
+    "learner.checkpoint_interval_s=1",
+    "logging.random_return_episodes=100000",
+    "logging.random_return_budget_s=120",
+]
+FREEZE = ["chaos.freeze_driver_at_s=4", "run.stall_timeout_s=8"]  # frozen well before 120k steps on a quiet machine
 
 
 def long_run_dir(base: Path) -> Path:
@@ -98,8 +105,15 @@ def start(cmd: list[str], **popen_args) -> subprocess.Popen:
     """The command line with its stderr in a temp file, read back by `finish` (a pipe nobody
     reads while the test watches would fill up and block the driver: a stall of the test's own)."""
     err = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True,
-                            preexec_fn=driver_dies_with_pytest, **popen_args)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        text=True,
+        preexec_fn=driver_dies_with_pytest,
+        **popen_args,
+    )
     proc.err_file = err
     return proc
 
@@ -131,8 +145,9 @@ class Generation:
         self.saved = max((step_of(p) for p in checkpoints(run_dir)), default=0)
 
 
-def watch(proc: subprocess.Popen, run_dir: Path,
-          act: Callable[[subprocess.Popen], None] | None) -> list[tuple[int, float]]:
+def watch(
+    proc: subprocess.Popen, run_dir: Path, act: Callable[[subprocess.Popen], None] | None
+) -> list[tuple[int, float]]:
     """Every process the run had while it ran (the union: workers and the probe start late);
     `act(proc)` once a checkpoint exists (e.g. a SIGKILL)."""
     tree: set[tuple[int, float]] = set()
@@ -145,9 +160,14 @@ def watch(proc: subprocess.Popen, run_dir: Path,
     return sorted(tree)
 
 
-def restart_loop(cmd: list[str], run_dir: Path, act: Callable[[subprocess.Popen], None] | None,
-                 restart_codes: set[int], most: int = 4,
-                 ended: Callable[[Generation], None] | None = None) -> list[Generation]:
+def restart_loop(
+    cmd: list[str],
+    run_dir: Path,
+    act: Callable[[subprocess.Popen], None] | None,
+    restart_codes: set[int],
+    most: int = 4,
+    ended: Callable[[Generation], None] | None = None,
+) -> list[Generation]:
     """Start `cmd`, `act` on its first start once a checkpoint exists, and start `cmd` again,
     unchanged, while it ends with one of `restart_codes` (systemd's Restart=on-failure), at
     most `most` times in all; `ended(generation)` as each one ends, before the next starts."""
@@ -155,7 +175,7 @@ def restart_loop(cmd: list[str], run_dir: Path, act: Callable[[subprocess.Popen]
     while len(gens) < most:
         proc = start(cmd)
         try:
-            deadline = threading.Timer(120, proc.kill)      # a hung start fails the test, not the suite
+            deadline = threading.Timer(120, proc.kill)  # a hung start fails the test, not the suite
             deadline.start()
             tree = watch(proc, run_dir, None if gens else act)
             err = finish(proc)
@@ -189,12 +209,13 @@ def assert_resumed_to_the_end(run_dir: Path, gens: list[Generation], total: int)
     last = gens[-1]
     assert last.code == 0, last.err[-3000:]
     summary = read_summary(run_dir)
-    assert summary["resumed_from_step"] == gens[-2].saved > 0       # the dead run's newest checkpoint
+    assert summary["resumed_from_step"] == gens[-2].saved > 0  # the dead run's newest checkpoint
     assert summary["env_steps"] >= total > summary["resumed_from_step"]
     assert summary["active_envs_end"] == summary["env_count"] == ENVS
 
 
 # -- run.resume values ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("value, expected", [("true", True), ("false", False), ("auto", "auto")])
 def test_resume_takes_true_false_and_auto(value, expected):
@@ -212,21 +233,36 @@ def test_other_resume_values_are_one_paragraph_naming_the_key(value):
 def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts_fresh(short_tmp):
     """true means "continue this run": an empty run dir (a wrong hydra.run.dir) is exit 2;
     auto, for a supervisor's first start, starts fresh."""
-    base = [f"hydra.run.dir={short_tmp / 'strict'}", "env_count=8", "run.total_env_steps=3000",
-            "logging.random_return_episodes=0"]
-    out = subprocess.run([sys.executable, "-m", "rlpipe", *base, "run.resume=true"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    base = [
+        f"hydra.run.dir={short_tmp / 'strict'}",
+        "env_count=8",
+        "run.total_env_steps=3000",
+        "logging.random_return_episodes=0",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", *base, "run.resume=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     assert "run.resume=true" in out.stderr and "holds no checkpoint" in out.stderr
     assert "Traceback" not in out.stderr
     base[0] = f"hydra.run.dir={short_tmp / 'auto'}"
-    out = subprocess.run([sys.executable, "-m", "rlpipe", *base, "run.resume=auto"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", *base, "run.resume=auto"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert read_summary(short_tmp / "auto")["resumed_from_step"] == 0
 
 
 # -- the stall detector, and a loop restarting on its exit code ------------------------------
+
 
 @pytest.fixture(scope="module")
 def stall_restarts():
@@ -234,6 +270,7 @@ def stall_restarts():
     target of 120k; what the first start left when it ended, before the restart, is kept for
     the stall detector's own checks."""
     import shutil
+
     base = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
     run_dir, total = long_run_dir(base), 120000
     cmd = rlpipe_cmd(run_dir, *RUN, f"run.total_env_steps={total}", "run.resume=auto", *FREEZE)
@@ -246,10 +283,15 @@ def stall_restarts():
         if "gen" in first:
             return
         stacks = run_dir / STACKS_FILE
-        first.update(gen=gen, stacks=stacks.read_text() if stacks.exists() else "",
-                     checkpoints=checkpoints(run_dir), summary_written=(run_dir / "summary.json").exists(),
-                     stalls=lifecycle_rows(run_dir, "driver_stall"),
-                     freeze=recovery_report(run_dir / "lifecycle.sqlite")["by_kind"].get("freeze_driver"))
+        first.update(
+            gen=gen,
+            stacks=stacks.read_text() if stacks.exists() else "",
+            checkpoints=checkpoints(run_dir),
+            summary_written=(run_dir / "summary.json").exists(),
+            stalls=lifecycle_rows(run_dir, "driver_stall"),
+            freeze=recovery_report(run_dir / "lifecycle.sqlite")["by_kind"].get("freeze_driver"),
+        )
+
     try:
         gens = restart_loop(cmd, run_dir, at_checkpoint, {EXIT_STALL}, ended=ended)
         yield SimpleNamespace(run_dir=run_dir, total=total, gens=gens, first=first)
@@ -277,8 +319,8 @@ def test_frozen_driver_loop_is_found_dumped_cleaned_up_and_exits_with_its_code(s
     assert stall["exit_code"] == EXIT_STALL and stall["since_step_served_s"] >= 8
     assert stall["phase"] == "chaos.freeze_driver_at_s"
     freeze = first["freeze"]
-    assert freeze["injected"] == freeze["recovered"] == 1       # found by the detector
-    assert len(gen.tree) >= 4      # redis, the forkserver, a worker, the probe (and the resource tracker)
+    assert freeze["injected"] == freeze["recovered"] == 1  # found by the detector
+    assert len(gen.tree) >= 4  # redis, the forkserver, a worker, the probe (and the resource tracker)
     assert_nothing_left(gen)
 
 
@@ -304,26 +346,34 @@ def test_a_stopped_and_continued_process_is_not_a_stall_but_a_silent_loop_is(sho
     """The watch alone, in a process of its own: a loop that keeps serving through a SIGSTOP
     longer than the timeout (Ctrl-Z, then fg) goes on and ends with 0; one that stops
     marking exits with EXIT_STALL after the timeout, its stacks written."""
+
     def watched(seconds: float, mode: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", WATCHED, str(short_tmp), str(seconds), mode], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WATCHED, str(short_tmp), str(seconds), mode],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout.readline().strip() == "ready"
         return proc
-    paused = watched(6, "serving")                  # 1 s, stopped for 8 s, then 5 s (2.5 timeouts) more
+
+    paused = watched(6, "serving")  # 1 s, stopped for 8 s, then 5 s (2.5 timeouts) more
     time.sleep(1)
     os.kill(paused.pid, signal.SIGSTOP)
     stopped = time.monotonic()
-    silent = watched(30, "silent")                  # meanwhile, in the 8 s the other one is stopped
+    silent = watched(30, "silent")  # meanwhile, in the 8 s the other one is stopped
     started = time.monotonic()
     assert silent.wait(20) == EXIT_STALL
     assert 2 <= time.monotonic() - started < 10
     assert "driver stalled (run.stall_timeout_s=2)" in (short_tmp / STACKS_FILE).read_text()
-    time.sleep(max(0.0, stopped + 8 - time.monotonic()))   # past period + PAUSED_S, and past the 2 s timeout
+    time.sleep(max(0.0, stopped + 8 - time.monotonic()))  # past period + PAUSED_S, and past the 2 s timeout
     os.kill(paused.pid, signal.SIGCONT)
     assert paused.wait(30) == 0, paused.stderr.read()
 
 
 # -- supervisors restarting the same command line --------------------------------------------
+
 
 def test_restart_loop_after_sigkill_resumes_and_leaves_nothing_of_the_dead_run(short_tmp):
     """A plain loop standing in for systemd's Restart=on-failure: the driver is SIGKILLed once
@@ -366,11 +416,22 @@ def test_torchrun_max_restarts_resumes_a_killed_rank_on_one_node(short_tmp):
     the rank's driver is SIGKILLed once a checkpoint exists; torchrun's restart resumes from
     it and finishes; torchrun's files stay under the test dir."""
     run_dir, total = short_tmp / "run", 30000
-    cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node=1", "--max-restarts=1",
-           f"--log-dir={short_tmp / 'torchrun'}", "-m", "rlpipe", f"hydra.run.dir={run_dir}",
-           "logging.progress_interval_s=2", *RUN, f"run.total_env_steps={total}", "run.resume=auto"]
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node=1",
+        "--max-restarts=1",
+        f"--log-dir={short_tmp / 'torchrun'}",
+        "-m",
+        "rlpipe",
+        f"hydra.run.dir={run_dir}",
+        "logging.progress_interval_s=2",
+        *RUN,
+        f"run.total_env_steps={total}",
+        "run.resume=auto",
+    ]
     elastic_before = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
-    proc = start(cmd, start_new_session=True)      # torchrun's own lines go to stderr too
+    proc = start(cmd, start_new_session=True)  # torchrun's own lines go to stderr too
     try:
         wait_for_checkpoint(proc, run_dir)
         rank = _rank_pid(proc.pid)
@@ -381,7 +442,7 @@ def test_torchrun_max_restarts_resumes_a_killed_rank_on_one_node(short_tmp):
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(120)
     finally:
-        if proc.poll() is None:        # only a job that did not end: the survivors' check is below
+        if proc.poll() is None:  # only a job that did not end: the survivors' check is below
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     out = _read(proc)

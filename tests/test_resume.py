@@ -1,4 +1,5 @@
 """Checkpoints across a kill -9: a run resumed in its directory reaches its step target."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,14 +10,21 @@ import time
 
 from conftest import REPO, read_summary, rlpipe_cmd, run_cli
 
-OVERRIDES = ["env_count=32", "run.total_env_steps=120000", "run.duration_s=300",
-             "learner.checkpoint_interval_s=2", "reward_norm=per_env", "reward_norm.sync_every=50"]
+OVERRIDES = [
+    "env_count=32",
+    "run.total_env_steps=120000",
+    "run.duration_s=300",
+    "learner.checkpoint_interval_s=2",
+    "reward_norm=per_env",
+    "reward_norm.sync_every=50",
+]
 
 
 def test_kill9_after_first_checkpoint_then_resume(short_tmp):
     run_dir = short_tmp / "run"
-    proc = subprocess.Popen(rlpipe_cmd(run_dir, *OVERRIDES), cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        rlpipe_cmd(run_dir, *OVERRIDES), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 120
     while not list((run_dir / "checkpoints").glob("ckpt_*.pt")):
         assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
@@ -35,11 +43,17 @@ def test_kill9_after_first_checkpoint_then_resume(short_tmp):
     # The killed run's embedded Redis died with it: the resumed workers' reward statistics can
     # only have come from the checkpoint.
     with contextlib.closing(sqlite3.connect(run_dir / "lifecycle.sqlite")) as db:
-        runs = [r for (r,) in db.execute("SELECT run_id FROM events WHERE kind = 'worker_spawn' "
-                                         "GROUP BY run_id ORDER BY MIN(ts)")]
+        runs = [
+            r
+            for (r,) in db.execute(
+                "SELECT run_id FROM events WHERE kind = 'worker_spawn' GROUP BY run_id ORDER BY MIN(ts)"
+            )
+        ]
         assert len(runs) == 2
-        spawned = [json.loads(d) for (d,) in db.execute(
-            "SELECT detail FROM events WHERE kind = 'worker_spawn' AND run_id = ?", (runs[1],))]
+        spawned = [
+            json.loads(d)
+            for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'worker_spawn' AND run_id = ?", (runs[1],))
+        ]
     restored = [d["reward_count_restored"] for d in spawned if "reward_count_restored" in d]
     assert restored and all(n > 0 for n in restored)
 
@@ -53,4 +67,4 @@ def test_corrupt_checkpoints_are_a_clear_error(short_tmp):
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     assert "ckpt_000000000200.pt" in out.stderr and "ckpt_000000000100.pt" in out.stderr
-    json.dumps(out.stderr)   # one paragraph of text, printable as is
+    json.dumps(out.stderr)  # one paragraph of text, printable as is

@@ -1,5 +1,6 @@
 """Building blocks of issue #7: reward normalization, stability score, gradient weights,
 epsilon-greedy behaviour log-prob, checkpoints. Fast: pure numpy/torch on CPU."""
+
 from __future__ import annotations
 
 import math
@@ -47,6 +48,7 @@ def _stream(rng, loc, scale, shape):
 
 # -- reference code: the formulas the C kernels of rlpipe/native/slicestats.pyx compute, in numpy
 # and torch, written plainly so the kernels can be checked against them ---------------------------
+
 
 def stability_score(reward_spread: np.ndarray, len_cv: np.ndarray, cut_frac: np.ndarray) -> np.ndarray:
     """score = (1 - c) / (1 + s_r + cv_L), inputs clipped to their domains; float32 in [0, 1]
@@ -103,22 +105,23 @@ def mixture_logp_torch(policy_logp: torch.Tensor, epsilon, log_u) -> torch.Tenso
 
 # -- reward normalization --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("loc,scale", SCALES)
 def test_welford_per_env_matches_float64_reference(loc, scale):
     rng = np.random.default_rng(1)
     n, steps = 12, 400
-    x = _stream(rng, loc, scale, (steps, n)) * rng.uniform(0.5, 2.0, n)   # per-env scale
+    x = _stream(rng, loc, scale, (steps, n)) * rng.uniform(0.5, 2.0, n)  # per-env scale
     norm = RewardNormalizer(n, "mean_std", None, GAMMA)
     half = n // 2
-    for t in range(steps):                          # two slices, one step at a time
+    for t in range(steps):  # two slices, one step at a time
         norm.normalize(0, half, x[t, :half])
         out = norm.normalize(half, n, x[t, half:])
     ref_mean, ref_var = x.mean(axis=0), x.var(axis=0)
     assert (norm.count == steps).all()
     np.testing.assert_allclose(norm.mean, ref_mean, rtol=1e-12, atol=1e-12 * scale)
-    np.testing.assert_allclose(norm.std ** 2, ref_var, rtol=_var_rtol(loc, scale))
-    if abs(loc) / scale >= 1e7:          # the reference is discriminating: naive sums fail here
-        naive = (x ** 2).mean(axis=0) - x.mean(axis=0) ** 2
+    np.testing.assert_allclose(norm.std**2, ref_var, rtol=_var_rtol(loc, scale))
+    if abs(loc) / scale >= 1e7:  # the reference is discriminating: naive sums fail here
+        naive = (x**2).mean(axis=0) - x.mean(axis=0) ** 2
         assert np.abs(naive / ref_var - 1).max() > 1e-3
     expected = (x[-1, half:] - ref_mean[half:]) / (np.sqrt(ref_var[half:]) + 1e-8)
     np.testing.assert_allclose(out, expected.astype(np.float32), rtol=1e-5, atol=1e-6)
@@ -132,13 +135,13 @@ def test_welford_blocks_and_global_match_reference(loc, scale):
     x = np.concatenate(blocks)
     per_env = RewardNormalizer(n, "mean_std", CLIP, GAMMA)
     glob = RewardNormalizer(n, "global", CLIP, GAMMA)
-    for b in blocks:                                  # [T, m] blocks (Chan combine)
+    for b in blocks:  # [T, m] blocks (Chan combine)
         per_env.normalize(0, n, b)
-        for row in b:                                 # global statistics: two slices a step
+        for row in b:  # global statistics: two slices a step
             glob.update(0, 3, row[:3])
             glob.update(3, n, row[3:])
     np.testing.assert_allclose(per_env.mean, x.mean(axis=0), rtol=1e-12, atol=1e-12 * scale)
-    np.testing.assert_allclose(per_env.std ** 2, x.var(axis=0), rtol=_var_rtol(loc, scale))
+    np.testing.assert_allclose(per_env.std**2, x.var(axis=0), rtol=_var_rtol(loc, scale))
     assert glob.count[0] == x.size
     np.testing.assert_allclose(glob.mean[0], x.mean(), rtol=1e-12, atol=1e-12 * scale)
     np.testing.assert_allclose(glob.std[0] ** 2, x.var(), rtol=_var_rtol(loc, scale))
@@ -149,9 +152,9 @@ def test_float32_input_and_clip_and_off():
     r = np.zeros(3, dtype=np.float32)
     for _ in range(500):
         out = norm.normalize(0, 3, r + np.float32(1.0))
-    assert out.dtype == np.float32 and np.all(out == 0.0)      # constant reward -> 0
+    assert out.dtype == np.float32 and np.all(out == 0.0)  # constant reward -> 0
     out = norm.normalize(0, 3, np.array([1e6, -1e6, 1.0], dtype=np.float32))
-    assert out[0] == 10.0 and out[1] == -10.0                  # documented clip (raw: ~22 sigma)
+    assert out[0] == 10.0 and out[1] == -10.0  # documented clip (raw: ~22 sigma)
     off = RewardNormalizer(3, "off", CLIP, GAMMA)
     raw = np.array([5.0, -3.0, 1e9], dtype=np.float32)
     np.testing.assert_array_equal(off.normalize(0, 3, raw), raw)
@@ -162,8 +165,11 @@ def test_float32_input_and_clip_and_off():
 
 def test_state_round_trip_merge_and_errors():
     rng = np.random.default_rng(3)
-    workers = [RewardNormalizer(5, "mean_std", CLIP, GAMMA), RewardNormalizer(4, "mean_std", CLIP, GAMMA),
-               RewardNormalizer(6, "global", CLIP, GAMMA)]
+    workers = [
+        RewardNormalizer(5, "mean_std", CLIP, GAMMA),
+        RewardNormalizer(4, "mean_std", CLIP, GAMMA),
+        RewardNormalizer(6, "global", CLIP, GAMMA),
+    ]
     seen = []
     for w in workers:
         x = rng.normal(rng.uniform(-50, 50), rng.uniform(0.1, 30), (80, w.n))
@@ -198,10 +204,11 @@ def test_state_round_trip_merge_and_errors():
         fresh.load(states[2])
     with pytest.raises(ValueError, match="holds 4 envs"):
         fresh.load(states[1])
-    np.testing.assert_array_equal(fresh.mean, workers[0].mean)   # unchanged after failures
+    np.testing.assert_array_equal(fresh.mean, workers[0].mean)  # unchanged after failures
 
 
 # -- stability score and weights -------------------------------------------------------------------
+
 
 def test_stability_score_formula_bounds():
     assert stability_score(np.array([0.0]), np.array([0.0]), np.array([0.0]))[0] == 1.0
@@ -221,13 +228,17 @@ def test_stability_tracker_envs():
     rng = np.random.default_rng(5)
     n, window = 4, 100
     tr = StabilityTracker(n, window=window)
-    assert (tr.scores(0, n) == 1.0).all()                       # no data: neutral
+    assert (tr.scores(0, n) == 1.0).all()  # no data: neutral
     last_end = -1
     for t in range(300):
-        rewards = np.array([1.0,                                 # steady
-                            rng.normal(0, 100),                  # wild rewards, +-100
-                            1.0,                                 # crashes now and then
-                            1.0])                                # erratic episode lengths
+        rewards = np.array(
+            [
+                1.0,  # steady
+                rng.normal(0, 100),  # wild rewards, +-100
+                1.0,  # crashes now and then
+                1.0,
+            ]
+        )  # erratic episode lengths
         ep_len = np.zeros(n, dtype=np.int64)
         cut = np.zeros(n, dtype=bool)
         if t % 20 == 19:
@@ -236,13 +247,13 @@ def test_stability_tracker_envs():
             cut[2] = True
         if t in (3, 5, 60, 62, 200, 201, 299):
             ep_len[3], last_end = t - last_end, t
-        tr.update(0, 2, rewards[:2], ep_len[:2], cut[:2])       # two slices
+        tr.update(0, 2, rewards[:2], ep_len[:2], cut[:2])  # two slices
         tr.update(2, n, rewards[2:], ep_len[2:], None if t % 2 else cut[2:])
     s = tr.scores(0, n)
     assert s.dtype == np.float32 and ((s >= 0) & (s <= 1)).all()
     assert s[0] == pytest.approx(1.0)
     assert s[1] < 0.05
-    assert s[2] < 0.6          # every other cut is reported (cut=None on odd steps)
+    assert s[2] < 0.6  # every other cut is reported (cut=None on odd steps)
     assert s[3] < 0.7
     spread, len_cv, cut_frac, enough = tr.terms(0, n)
     assert enough.all() and cut_frac[2] > 0 and len_cv[3] > 0
@@ -261,8 +272,9 @@ def test_stability_tracker_envs():
     assert tr3.scores(0, 1)[0] < 0.01
 
 
-def _two_pass_terms(reward_hist: list[list[float]], ends: list[list[tuple[float, bool]]], window: int,
-                    episodes: int, scale: float) -> np.ndarray:
+def _two_pass_terms(
+    reward_hist: list[list[float]], ends: list[list[tuple[float, bool]]], window: int, episodes: int, scale: float
+) -> np.ndarray:
     """The module doc's terms from each env's full history, in plain numpy: population std of
     its last `window` rewards over the reference scale, cv of its last `episodes` episode
     lengths (0 below two), share of those that were cut."""
@@ -287,7 +299,7 @@ def test_stability_tracker_matches_a_two_pass_reference():
     ends: list[list[tuple[float, bool]]] = [[] for _ in range(n)]
     since = np.zeros(n, dtype=np.int64)
     for t in range(70):
-        rewards = (rng.normal(0, 1 + np.arange(n)) * 10).astype(np.float32)   # float32, as the board
+        rewards = (rng.normal(0, 1 + np.arange(n)) * 10).astype(np.float32)  # float32, as the board
         ep_len = np.where(rng.random(n) < 0.15, rng.integers(1, 40, n), 0).astype(np.int32)
         cut = (rng.random(n) < 0.08) & (ep_len == 0)
         for i in range(n):
@@ -331,7 +343,7 @@ def test_score_to_weight_and_epsilon_bounds():
     assert (np.diff(score_to_weight(np.linspace(0, 1, 101), 0.3)) >= 0).all()
     tw = score_to_weight(torch.tensor([0.0, 1.0]), 0.3)
     assert isinstance(tw, torch.Tensor) and torch.allclose(tw, torch.tensor([0.3, 1.0]))
-    np.testing.assert_array_equal(score_to_weight(s, 1.0), np.ones_like(s))   # min_weight 1: off
+    np.testing.assert_array_equal(score_to_weight(s, 1.0), np.ones_like(s))  # min_weight 1: off
     e = score_to_epsilon(s, eps_max=0.2, eps_min=0.01)
     np.testing.assert_allclose(e[[1, 4]], [0.2, 0.01], rtol=1e-6)
     assert (np.diff(score_to_epsilon(np.linspace(0, 1, 101), 0.2, 0.0)) <= 0).all()
@@ -341,14 +353,16 @@ def test_score_to_weight_and_epsilon_bounds():
 
 # -- epsilon-greedy behaviour log-prob -------------------------------------------------------------
 
+
 def _plan():
-    specs = (EnvSpec({"state": ((6,), "float32")}, "discrete", 3),
-             EnvSpec({"state": ((6,), "float32")}, "discrete", 5),
-             EnvSpec({"state": ((6,), "float32")}, "continuous", 2),
-             EnvSpec({"state": ((6,), "float32")}, "continuous", 3))
+    specs = (
+        EnvSpec({"state": ((6,), "float32")}, "discrete", 3),
+        EnvSpec({"state": ((6,), "float32")}, "discrete", 5),
+        EnvSpec({"state": ((6,), "float32")}, "continuous", 2),
+        EnvSpec({"state": ((6,), "float32")}, "continuous", 3),
+    )
     env_type = np.tile(np.arange(4, dtype=np.int16), 64)
-    return MixPlan(("d3", "d5", "c2", "c3"), specs, env_type, ActionSpace(5, 3),
-                   (ObsKey("state", (6,), "float32"),))
+    return MixPlan(("d3", "d5", "c2", "c3"), specs, env_type, ActionSpace(5, 3), (ObsKey("state", (6,), "float32"),))
 
 
 def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
@@ -356,7 +370,7 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
     plan = _plan()
     policy = Policy(plan, (ObsKey("state", (6,), "float32"),), (16,)).double()
     with torch.no_grad():
-        policy.log_std.fill_(0.4)                  # wide Gaussians: some samples leave [-1, 1]
+        policy.log_std.fill_(0.4)  # wide Gaussians: some samples leave [-1, 1]
     b = len(plan.env_type)
     types = torch.from_numpy(plan.env_type.astype(np.int64))
     obs = {"state": torch.randn(b, 6, dtype=torch.float64) * 3}
@@ -364,7 +378,7 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
     ref = policy.act(obs, types)
     torch.manual_seed(5)
     out = policy.act_explore(obs, types, torch.Generator().manual_seed(1))
-    for a, b_ in zip(ref, (out.a_disc, out.a_cont, out.logp, out.value)):   # same draws as act()
+    for a, b_ in zip(ref, (out.a_disc, out.a_cont, out.logp, out.value)):  # same draws as act()
         assert torch.equal(a, b_)
     # alternative's log-prob is the policy's own evaluation of it
     lp_alt, _, _ = policy.evaluate(obs, types, out.alt_disc, out.alt_cont)
@@ -379,9 +393,19 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
     eps = np.random.default_rng(3).uniform(0.05, 0.9, b)
     eg.set_epsilon(eps)
     half = b // 2
-    res = [eg.apply(lo, hi, out.a_disc.numpy()[lo:hi], out.a_cont.numpy()[lo:hi], out.logp.numpy()[lo:hi],
-                    out.alt_disc.numpy()[lo:hi], out.alt_cont.numpy()[lo:hi], out.alt_logp.numpy()[lo:hi])
-           for lo, hi in ((0, half), (half, b))]
+    res = [
+        eg.apply(
+            lo,
+            hi,
+            out.a_disc.numpy()[lo:hi],
+            out.a_cont.numpy()[lo:hi],
+            out.logp.numpy()[lo:hi],
+            out.alt_disc.numpy()[lo:hi],
+            out.alt_cont.numpy()[lo:hi],
+            out.alt_logp.numpy()[lo:hi],
+        )
+        for lo, hi in ((0, half), (half, b))
+    ]
     ex_disc, ex_cont, blp, explored = (np.concatenate(p) for p in zip(*res))
     assert explored.any() and (~explored).any()
 
@@ -399,7 +423,7 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
             dens = np.prod(np.exp(-0.5 * ((a - mean[i, :n]) / std) ** 2) / (std * math.sqrt(2 * math.pi)))
             inside = bool((np.abs(a) <= 1).all())
             outside_seen |= not inside
-            direct = math.log((1 - e) * dens + e * (0.5 ** n if inside else 0.0))
+            direct = math.log((1 - e) * dens + e * (0.5**n if inside else 0.0))
         else:
             direct = math.log((1 - e) * probs[i, ex_disc[i]] + e / n)
         assert blp[i] == pytest.approx(direct, rel=1e-5, abs=1e-5), i
@@ -407,8 +431,7 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
     # the discrete mixture is a distribution: it sums to one over the valid actions
     for i in np.flatnonzero(~is_cont)[:8]:
         log_u = uniform_logp_np(np.array([False]), np.array([n_valid[i]]))
-        lps = [mixture_logp_np(np.array([math.log(probs[i, a])]), eps[i], log_u)[0]
-               for a in range(n_valid[i])]
+        lps = [mixture_logp_np(np.array([math.log(probs[i, a])]), eps[i], log_u)[0] for a in range(n_valid[i])]
         assert sum(math.exp(v) for v in lps) == pytest.approx(1.0, rel=1e-9)
     # the worker's C kernel agrees with the reference formula, in numpy and in torch
     lp_exec = np.where(explored, out.alt_logp.numpy(), out.logp.numpy())
@@ -417,7 +440,6 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
     lu = uniform_logp_torch(torch.from_numpy(is_cont), torch.from_numpy(n_valid), torch.from_numpy(ex_cont))
     tb = mixture_logp_torch(torch.from_numpy(lp_exec), torch.from_numpy(eps), lu)
     np.testing.assert_allclose(tb.numpy(), blp, rtol=1e-5, atol=1e-5)
-
 
 
 def test_epsilon_zero_is_exactly_on_policy_and_rate_is_respected():
@@ -455,10 +477,10 @@ def test_weighted_ppo_terms():
     torch.testing.assert_close(ones.entropy, plain.entropy)
     w = torch.rand(B, generator=g) * 0.7 + 0.3
     a = weighted_ppo_terms(**t, clip_coef=0.2, weights=w)
-    b = weighted_ppo_terms(**t, clip_coef=0.2, weights=w * 3.0)   # normalized by the weight sum
+    b = weighted_ppo_terms(**t, clip_coef=0.2, weights=w * 3.0)  # normalized by the weight sum
     torch.testing.assert_close(a.pg_loss, b.pg_loss)
     mask = torch.zeros(B)
-    mask[:10] = 1.0                                                # zero weight drops a sample
+    mask[:10] = 1.0  # zero weight drops a sample
     sub = weighted_ppo_terms(**{k: v[:10] for k, v in t.items()}, clip_coef=0.2, clip_vloss=False)
     part = weighted_ppo_terms(**t, clip_coef=0.2, clip_vloss=False, weights=mask)
     torch.testing.assert_close(part.v_loss, sub.v_loss)
@@ -470,6 +492,7 @@ def test_weighted_ppo_terms():
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
+
 
 def _model_and_opt():
     torch.manual_seed(0)
@@ -495,18 +518,19 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
     norm.normalize(0, 4, np.array([1.0, 2.0, -3.0, 1e8]))
     random.random()
     np.random.seed(5)
-    np.random.normal()                       # leaves a cached gaussian in numpy's legacy state
-    payload = {"policy": {k: v.clone() for k, v in model.state_dict().items()},
-               "optimizer": opt.state_dict(),
-               "counters": {"env_steps": 123456789012, "updates": 42, "episodes": 7},
-               "reward_norm": {"w0": norm.state()},
-               "rng": rng_state({"learner": np_rng}, {"ppo": gen})}
+    np.random.normal()  # leaves a cached gaussian in numpy's legacy state
+    payload = {
+        "policy": {k: v.clone() for k, v in model.state_dict().items()},
+        "optimizer": opt.state_dict(),
+        "counters": {"env_steps": 123456789012, "updates": 42, "episodes": 7},
+        "reward_norm": {"w0": norm.state()},
+        "rng": rng_state({"learner": np_rng}, {"ppo": gen}),
+    }
     path = save_checkpoint(tmp_path / "checkpoints", 1000, payload, keep=3)
     assert path.name == "ckpt_000000001000.pt"
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [path.name]   # no temp left
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [path.name]  # no temp left
     # what the run draws next, after the save
-    expect = (random.random(), np.random.normal(), torch.rand(3), np_rng.random(3),
-              torch.rand(3, generator=gen))
+    expect = (random.random(), np.random.normal(), torch.rand(3), np_rng.random(3), torch.rand(3, generator=gen))
     _train_step(model, opt, torch.Generator().manual_seed(9))
     params_after = [p.detach().clone() for p in model.parameters()]
 
@@ -527,8 +551,7 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
     norm2.load(p["reward_norm"]["w0"])
     assert norm2.state() == norm.state()
     set_rng_state(p["rng"], {"learner": np_rng2}, {"ppo": gen2})
-    got = (random.random(), np.random.normal(), torch.rand(3), np_rng2.random(3),
-           torch.rand(3, generator=gen2))
+    got = (random.random(), np.random.normal(), torch.rand(3), np_rng2.random(3), torch.rand(3, generator=gen2))
     assert got[0] == expect[0] and got[1] == expect[1]
     assert torch.equal(got[2], expect[2]) and np.array_equal(got[3], expect[3])
     assert torch.equal(got[4], expect[4])
@@ -539,12 +562,15 @@ def test_checkpoint_round_trip_bit_exact(tmp_path):
 
 
 def test_checkpoint_keep_last_k(tmp_path):
-    stale = tmp_path / ".ckpt_000000000005.pt.999999999.1.tmp"   # left by a writer killed mid-save
+    stale = tmp_path / ".ckpt_000000000005.pt.999999999.1.tmp"  # left by a writer killed mid-save
     stale.write_bytes(b"partial")
     for step in (10, 20, 30, 40, 50):
         save_checkpoint(tmp_path, step, {"step": torch.tensor(step)}, keep=3)
     assert [p.name for p in checkpoint_files(tmp_path)] == [
-        "ckpt_000000000030.pt", "ckpt_000000000040.pt", "ckpt_000000000050.pt"]
+        "ckpt_000000000030.pt",
+        "ckpt_000000000040.pt",
+        "ckpt_000000000050.pt",
+    ]
     path, payload = load_latest(tmp_path)
     assert path.name.endswith("50.pt") and int(payload["step"]) == 50
     assert not stale.exists()
@@ -555,18 +581,17 @@ def test_corrupt_checkpoint_falls_back_then_clear_error(tmp_path, caplog):
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, step, {"w": torch.full((4,), float(step))}, keep=5)
     files = checkpoint_files(tmp_path)
-    files[2].write_bytes(b"not a checkpoint at all")                  # newest: garbage
+    files[2].write_bytes(b"not a checkpoint at all")  # newest: garbage
     data = files[1].read_bytes()
-    files[1].write_bytes(data[: len(data) // 2])                       # middle: truncated
+    files[1].write_bytes(data[: len(data) // 2])  # middle: truncated
     path, payload = load_latest(tmp_path)
     assert path == files[0] and torch.equal(payload["w"], torch.full((4,), 1.0))
     assert "ckpt_000000000003.pt" in caplog.text and "ckpt_000000000002.pt" in caplog.text
-    assert sorted(p.name for p in tmp_path.glob("*.bad")) == [
-        "ckpt_000000000002.pt.bad", "ckpt_000000000003.pt.bad"]
+    assert sorted(p.name for p in tmp_path.glob("*.bad")) == ["ckpt_000000000002.pt.bad", "ckpt_000000000003.pt.bad"]
     assert checkpoint_files(tmp_path) == [files[0]]
 
     # every file bad: one clear error naming each file and why
-    torch.save({"something": "else"}, tmp_path / "ckpt_000000000009.pt")   # not an rlpipe file
+    torch.save({"something": "else"}, tmp_path / "ckpt_000000000009.pt")  # not an rlpipe file
 
     def reject(payload):
         raise ValueError("policy shape [4] does not match this run's [8]")

@@ -1,5 +1,6 @@
 """benchmarks/startup.py's serial process: the fleet's own build work (one forked child per
 worker group) is really measured, and left out of the serial figures."""
+
 from __future__ import annotations
 
 import os

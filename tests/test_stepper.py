@@ -1,6 +1,7 @@
 """Step deadlines: a step past worker.step_timeout_s is cut and its env rebuilt by id, in both
 ways the worker steps (inline with the SIGALRM deadline, and the helper-thread pool), while its
 neighbours step on. Real web_sim envs that block on a socket that never answers."""
+
 from __future__ import annotations
 
 import threading
@@ -38,17 +39,20 @@ def _table(run, hanging: tuple[int, ...], n: int = 6):
         return (forever if hangs else calm)(env_id=env_id, seed=seed)
 
     staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in run.obs_keys]
-    table = EnvTable(0, np.zeros(n, dtype=np.int16), ("web_sim",), (spec,), [factory],
-                     run.obs_keys, staging, 3)
+    table = EnvTable(0, np.zeros(n, dtype=np.int16), ("web_sim",), (spec,), [factory], run.obs_keys, staging, 3)
     for i in range(n):
         table.start(i)
     return table, builds
 
 
 def _results(n: int) -> dict:
-    return {"reward": np.full(n, np.nan, np.float32), "terminated": np.zeros(n, np.uint8),
-            "truncated": np.zeros(n, np.uint8), "ep_return": np.zeros(n, np.float32),
-            "ep_len": np.zeros(n, np.int32)}
+    return {
+        "reward": np.full(n, np.nan, np.float32),
+        "terminated": np.zeros(n, np.uint8),
+        "truncated": np.zeros(n, np.uint8),
+        "ep_return": np.zeros(n, np.float32),
+        "ep_len": np.zeros(n, np.int32),
+    }
 
 
 @pytest.mark.parametrize("threads", [1, 2], ids=["inline", "pool"])
@@ -69,7 +73,7 @@ def test_hung_steps_are_cut_rebuilt_and_neighbours_go_on(run, threads):
         assert np.allclose(out["reward"][[1, 2, 4, 5]], -0.01)
         assert stepper.hung_total == 2
         if threads > 1:
-            assert ticks              # the pool's main thread beat while it waited
+            assert ticks  # the pool's main thread beat while it waited
         # each hang is cut within the deadline plus one watcher poll
         assert took < 2 * (TIMEOUT_S + TIMEOUT_S / 4) + 1.0
         assert [f.kind for f in table.faults] == ["env_hang", "env_hang"]
@@ -96,14 +100,14 @@ def test_hung_steps_are_cut_rebuilt_and_neighbours_go_on(run, threads):
 def test_slow_steps_under_the_deadline_are_left_alone(run):
     table, _builds = _table(run, hanging=())
     base = next(t for t in run.env_types if t.name == "web_sim").node
-    slow = make_factory({**base, "hang_rate": 1.0, "hang_s": TIMEOUT_S / 2})     # blocks, then goes on
+    slow = make_factory({**base, "hang_rate": 1.0, "hang_s": TIMEOUT_S / 2})  # blocks, then goes on
     table.envs[1].close(1)
     table.envs[1] = slow(env_id=1, seed=1)
     table.envs[1].reset(1)
     out = _results(6)
     stepper = Stepper(table, 1, TIMEOUT_S, out)
     try:
-        for _ in range(3):             # 3 slow steps in a row: each under the deadline, the sum over it
+        for _ in range(3):  # 3 slow steps in a row: each under the deadline, the sum over it
             out["reward"][:] = np.nan
             stepper.step(0, 6, [0] * 6)
             assert np.isfinite(out["reward"]).all() and not out["truncated"].any()

@@ -1,6 +1,7 @@
 """rlpipe.vector: a gymnasium VectorEnv over rlpipe's real workers (no mocks): its spaces and
 API, step-for-step agreement with SyncVectorEnv, faults as data, the async form, wrong calls,
 and that close (or SIGTERM) leaves nothing behind."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ BREAKING = "vector_envs:Breaking-v0"
 
 
 def leftovers(run_id: str) -> list[str]:
-    return [str(p) for p in Path("/dev/shm").glob(f"rlpipe_{run_id}_*")] + \
-        [str(p) for p in Path("/tmp").glob(f"rlpipe_{run_id}")]
+    return [str(p) for p in Path("/dev/shm").glob(f"rlpipe_{run_id}_*")] + [
+        str(p) for p in Path("/tmp").glob(f"rlpipe_{run_id}")
+    ]
 
 
 def engine_pids(envs) -> list[int]:
@@ -54,7 +56,7 @@ def test_is_a_gymnasium_vector_env_with_the_ids_spaces():
         assert obs in envs.observation_space and info == {}
         for _ in range(20):
             obs, rew, term, trunc, info = envs.step(envs.action_space.sample())
-            assert obs in envs.observation_space          # check_env-style, every step
+            assert obs in envs.observation_space  # check_env-style, every step
             assert rew.dtype == np.float64 and term.dtype == trunc.dtype == np.bool_
             assert rew.shape == term.shape == trunc.shape == (5,)
         ref.close()
@@ -68,10 +70,16 @@ def test_autoreset_matches_sync_vector_env_same_step_step_for_step(threads):
     rewards, flags, final obs and their masks equal SyncVectorEnv(SAME_STEP)'s at every step,
     through the worker's C step loop (1 thread) and its thread pool (2)."""
     n, seed = 6, 42
-    envs = rv.make("CartPole-v1", n, seed=seed, overrides=["+env_mix.types.gym.make_kwargs.max_episode_steps=30",
-                                                           f"worker.threads={threads}"])
-    sync = SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=30) for _ in range(n)],
-                         autoreset_mode=AutoresetMode.SAME_STEP)
+    envs = rv.make(
+        "CartPole-v1",
+        n,
+        seed=seed,
+        overrides=["+env_mix.types.gym.make_kwargs.max_episode_steps=30", f"worker.threads={threads}"],
+    )
+    sync = SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=30) for _ in range(n)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
     try:
         o1, _ = envs.reset(seed=seed)
         o2, _ = sync.reset(seed=seed)
@@ -111,7 +119,7 @@ def test_wrong_calls_raise_clear_errors():
             envs.step(np.array([0, 1, 2]))
         with pytest.raises(TypeError, match="seed must be an int"):
             envs.reset(seed="x")
-        envs.step(np.array([0, 1, 1]))          # the vector is fine after refused calls
+        envs.step(np.array([0, 1, 1]))  # the vector is fine after refused calls
     finally:
         envs.close()
     with pytest.raises(rv.ClosedError):
@@ -126,9 +134,9 @@ def test_close_frees_processes_segments_sockets_redis_and_run_dir():
     envs.step(envs.action_space.sample())
     run_id, run_dir = envs.engine.run_id, envs.run_dir
     pids = engine_pids(envs)
-    assert len(pids) >= 3 and leftovers(run_id)           # two workers and Redis; their segments
+    assert len(pids) >= 3 and leftovers(run_id)  # two workers and Redis; their segments
     envs.close()
-    envs.close()                                          # a second close does nothing
+    envs.close()  # a second close does nothing
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
     assert leftovers(run_id) == [] and not run_dir.exists()
@@ -151,8 +159,9 @@ def test_sigterm_closes_the_vector(tmp_path):
     Redis, segments, sockets and temp dirs go with it."""
     script = tmp_path / "learner.py"
     script.write_text(SIGTERM_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline().split()
         assert line, proc.stderr.read()[-3000:]
@@ -178,8 +187,9 @@ def _fault_rows(info) -> dict[int, str]:
     return {int(j): f["kind"][j] for j in np.flatnonzero(info["_rlpipe_fault"])}
 
 
-@pytest.mark.parametrize("param,kind,error_type", [("crash_at", "crash", "RuntimeError"),
-                                                     ("nan_at", "contract", "ContractViolation")])
+@pytest.mark.parametrize(
+    "param,kind,error_type", [("crash_at", "crash", "RuntimeError"), ("nan_at", "contract", "ContractViolation")]
+)
 def test_crash_and_contract_break_are_truncations_with_a_fault_info(param, kind, error_type, short_tmp):
     """Envs 0..3 crash (or return NaN) at the 4th step of every episode: the vector never
     raises, that step reports them truncated with the fault's kind and fingerprint and no end
@@ -195,13 +205,13 @@ def test_crash_and_contract_break_are_truncations_with_a_fault_info(param, kind,
             if faults:
                 assert set(faults) == {0, 1, 2, 3}
                 assert trunc.all() and not term.any() and not rew.any()
-                assert "final_obs" not in info or not info["_final_obs"].any()   # a cut has no end obs
+                assert "final_obs" not in info or not info["_final_obs"].any()  # a cut has no end obs
                 f = info["rlpipe_fault"]
                 assert all(f["fingerprint"][j] for j in faults)
-                assert len(set(f["fingerprint"][j] for j in faults)) == 1       # one cause, one hash
+                assert len(set(f["fingerprint"][j] for j in faults)) == 1  # one cause, one hash
                 seen.append((t, faults[0], f["error_type"][0]))
             else:
-                assert obs[0, 0] == (t % 4)        # the rebuilt env counts from its reset
+                assert obs[0, 0] == (t % 4)  # the rebuilt env counts from its reset
         assert seen == [(4, kind, error_type), (8, kind, error_type), (12, kind, error_type)], seen
         assert envs.fault_count == 4 * len(seen)
     finally:
@@ -213,8 +223,11 @@ def test_crash_and_contract_break_are_truncations_with_a_fault_info(param, kind,
 
 
 def test_a_hung_env_is_cut_at_the_deadline_and_its_neighbours_go_on():
-    envs = rv.make(BREAKING, 2, overrides=["+env_mix.types.gym.make_kwargs.hang_at=3",
-                                           "worker.step_timeout_s=0.5", "groups.size=1"])
+    envs = rv.make(
+        BREAKING,
+        2,
+        overrides=["+env_mix.types.gym.make_kwargs.hang_at=3", "worker.step_timeout_s=0.5", "groups.size=1"],
+    )
     try:
         envs.reset(seed=0)
         t0 = time.monotonic()
@@ -292,8 +305,7 @@ def test_a_continuous_box_action_id_matches_sync_vector_env():
     back) and come out as SyncVectorEnv's, to float32 rounding."""
     n = 3
     envs = rv.make("Pendulum-v1", n, seed=5)
-    sync = SyncVectorEnv([lambda: gym.make("Pendulum-v1") for _ in range(n)],
-                         autoreset_mode=AutoresetMode.SAME_STEP)
+    sync = SyncVectorEnv([lambda: gym.make("Pendulum-v1") for _ in range(n)], autoreset_mode=AutoresetMode.SAME_STEP)
     try:
         assert envs.single_action_space == sync.single_action_space
         np.testing.assert_array_equal(envs.reset(seed=5)[0], sync.reset(seed=5)[0])
@@ -312,9 +324,15 @@ def test_a_continuous_box_action_id_matches_sync_vector_env():
 
 
 def test_a_type_with_rgb_obs_renders_its_frames():
-    envs = rv.make("faulty", 2, seed=0, overrides=[f"env_mix.types.faulty.{k}=0" for k in
-                                                   ("reset_error_rate", "step_error_rate", "render_error_rate",
-                                                    "violation_rate")])
+    envs = rv.make(
+        "faulty",
+        2,
+        seed=0,
+        overrides=[
+            f"env_mix.types.faulty.{k}=0"
+            for k in ("reset_error_rate", "step_error_rate", "render_error_rate", "violation_rate")
+        ],
+    )
     try:
         assert envs.render_mode == "rgb_array"
         assert set(envs.single_observation_space.spaces) == {"state", "rgb"}
@@ -334,11 +352,15 @@ def test_a_type_with_rgb_obs_renders_its_frames():
 
 
 def test_a_type_that_cannot_be_built_is_a_clear_error_not_a_hang():
-    envs = rv.make("faulty", 2, overrides=["env_mix.types.faulty.reset_error_rate=1.0",
-                                           "env_mix.types.faulty.rgb_shape=null"])
+    envs = rv.make(
+        "faulty", 2, overrides=["env_mix.types.faulty.reset_error_rate=1.0", "env_mix.types.faulty.rgb_shape=null"]
+    )
     try:
-        with pytest.raises(RuntimeError, match=r"replaced 6 times without building its envs; last error: "
-                                               r"\w+: .*reset"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"replaced 6 times without building its envs; last error: "
+            r"\w+: .*reset",
+        ):
             envs.reset()
     finally:
         envs.close()

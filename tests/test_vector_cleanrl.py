@@ -3,6 +3,7 @@ rlpipe.vector: a smoke run in the default suite, the CartPole-v1 bar (475) behin
 The script runs in this process (runpy, as `python examples/cleanrl_ppo.py` would) so the
 test can read what its vector counted: CleanRL logs episode returns only from Gymnasium
 0.29's list-of-dicts `final_info`, which a Gymnasium 1.x vector does not produce."""
+
 from __future__ import annotations
 
 import runpy
@@ -18,7 +19,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cleanrl_ppo.py"
 
 
 def run_ppo(tmp_path, monkeypatch, *args: str) -> dict:
-    monkeypatch.chdir(tmp_path)           # CleanRL writes runs/<run name>/ where it starts
+    monkeypatch.chdir(tmp_path)  # CleanRL writes runs/<run name>/ where it starts
     monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--no-cuda", *args])
     return runpy.run_path(str(EXAMPLE), run_name="__main__")
 
@@ -31,17 +32,17 @@ def best_mean_100(returns: list[float]) -> float:
     return float(((c[100:] - c[:-100]) / 100).max())
 
 
-@pytest.mark.slow      # ~20 s, mostly torch and TensorBoard imports: kept out of the default suite
+@pytest.mark.slow  # ~20 s, mostly torch and TensorBoard imports: kept out of the default suite
 def test_cleanrl_ppo_runs_on_rlpipe_vector(tmp_path, monkeypatch):
     g = run_ppo(tmp_path, monkeypatch, "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "256")
     envs = g["envs"]
     assert envs.closed and g["global_step"] == 256
     assert len(envs.episode_returns) > 0
-    assert list((tmp_path / "runs").iterdir())       # its TensorBoard run
+    assert list((tmp_path / "runs").iterdir())  # its TensorBoard run
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)     # 500k steps: ~8 min alone on this 2-core machine, more beside other runs
+@pytest.mark.timeout(3600)  # 500k steps: ~8 min alone on this 2-core machine, more beside other runs
 def test_cleanrl_ppo_reaches_475_on_cartpole(tmp_path, monkeypatch):
     """CleanRL's defaults (4 envs, 500k steps, seed 1): the mean return over 100 consecutive
     training episodes reaches 475."""
@@ -49,6 +50,8 @@ def test_cleanrl_ppo_reaches_475_on_cartpole(tmp_path, monkeypatch):
     g = run_ppo(tmp_path, monkeypatch)
     returns = g["envs"].episode_returns
     best = best_mean_100(returns)
-    print(f"cleanrl ppo on rlpipe.vector: {len(returns)} episodes, best mean of 100 = {best:.1f}, "
-          f"{time.monotonic() - t0:.0f} s")
+    print(
+        f"cleanrl ppo on rlpipe.vector: {len(returns)} episodes, best mean of 100 = {best:.1f}, "
+        f"{time.monotonic() - t0:.0f} s"
+    )
     assert best >= 475, best

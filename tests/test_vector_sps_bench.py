@@ -2,6 +2,7 @@
 script's figures are printed, never asserted on timing); the issue's 10-minute fault run
 (1,000 CartPoles, each raising once every 10,000 of its steps, one blocking forever once)
 keeps every env stepping through both of rlpipe.vector's forms."""
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ def test_the_benchmark_measures_and_runs_a_survival_trial():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)     # the run's 600 s, its start and close
+@pytest.mark.timeout(1200)  # the run's 600 s, its start and close
 @pytest.mark.parametrize("backend", ["rlpipe_sync", "rlpipe_async"])
 def test_ten_minutes_of_faults_over_1000_envs_keep_every_env_stepping(backend):
     seconds = float(os.environ.get("RLPIPE_FAULT_RUN_S", "600"))

@@ -1,5 +1,6 @@
 """The watchdog's TensorBoard health/ figures: oldest beats of the last scan, workers being
 replaced, worker restarts from the lifecycle log."""
+
 from __future__ import annotations
 
 import time
@@ -44,18 +45,24 @@ class _Redis:
         self.keys.append(key)
 
     def execute(self):
-        return [str(time.time() - age) for age in (3.0, 7.0)][:len(self.keys)]
+        return [str(time.time() - age) for age in (3.0, 7.0)][: len(self.keys)]
 
 
 def test_health_scalars_after_a_scan(short_tmp):
-    spec = HeartbeatSpec(signal_interval_s=1, redis_interval_s=1, scan_interval_s=0.01, timeout_s=30,
-                         term_grace_s=2, startup_timeout_s=60)
+    spec = HeartbeatSpec(
+        signal_interval_s=1,
+        redis_interval_s=1,
+        scan_interval_s=0.01,
+        timeout_s=30,
+        term_grace_s=2,
+        startup_timeout_s=60,
+    )
     with LifecycleWriter(short_tmp / "lifecycle.sqlite", f"ipc://{short_tmp}/lc.sock", "test") as lifecycle:
         lifecycle.record("worker_restart", worker_id=0, generation=1, detail={"reason": "exited"})
         lifecycle.flush()
         dog = Watchdog(spec, "test", _Redis(), lifecycle)
         dog.next_scan = 0.0
-        dog.redis_epoch = time.time() - 100.0      # Redis has been up longer than the beats' ages
+        dog.redis_epoch = time.time() - 100.0  # Redis has been up longer than the beats' ages
         dog.scan([_Handle(0, 0.5), _Handle(1, 2.5)], time.monotonic())
         out = dog.health_scalars()
     assert 2.4 < out["health/os_beat_age_max_s"] < 5

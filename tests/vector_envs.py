@@ -2,6 +2,7 @@
 as `vector_envs:Breaking-v0` (Gymnasium's `module:Id` imports this module in the caller and in
 every worker). Each episode counts its steps; at the configured step it raises, returns NaN,
 or blocks for good (0: never)."""
+
 from __future__ import annotations
 
 import time
@@ -29,7 +30,7 @@ class Breaking(gym.Env):
         if self.t == self.crash_at:
             raise RuntimeError("Breaking env: crash on purpose")
         if self.t == self.hang_at:
-            time.sleep(10_000)          # a hang: only the step deadline gets it back
+            time.sleep(10_000)  # a hang: only the step deadline gets it back
         obs = np.full(3, float(self.t), np.float32)
         if self.t == self.nan_at:
             obs[0] = np.nan

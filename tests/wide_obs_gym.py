@@ -6,19 +6,21 @@ A run reaches it as `env_mix=gym env_mix.id=wide_obs_gym:WideObs-v0` with this d
 PYTHONPATH: Gymnasium's `module:Id` syntax imports this module in the driver and in every
 worker, which registers the id there.
 """
+
 from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
 
-OBS_DIM = 48           # wider than the default board's 32, so the board must grow
-CUE = OBS_DIM - 1      # the entry that says which action pays: past the first 32 on purpose
+OBS_DIM = 48  # wider than the default board's 32, so the board must grow
+CUE = OBS_DIM - 1  # the entry that says which action pays: past the first 32 on purpose
 EPISODE_STEPS = 20
 
 
 class WideObs(gym.Env):
     """Each step shows OBS_DIM random floats; action 1 pays 1 when obs[CUE] > 0, action 0 when
     it is not. A policy that reads the whole obs scores EPISODE_STEPS, random actions half."""
+
     observation_space = gym.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
     action_space = gym.spaces.Discrete(2)
 

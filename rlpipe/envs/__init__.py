@@ -10,19 +10,34 @@ emulators  UnitySim, PhysicsSim, WebSim, Faulty (one module each, a shared base)
 image      nearest resize of frames onto the board's rgb shape
 validate   day0: build, cycle and time every type of a mix (env_validation.json/.md)
 """
+
 from rlpipe.envs.classic import GymnasiumEnv
 from rlpipe.envs.contract import (
-                                  CONTINUOUS,
-                                  DISCRETE,
-                                  ContractViolation,
-                                  EnvInterface,
-                                  EnvSpec,
-                                  check_fits,
-                                  check_obs,
-                                  check_step,
+    CONTINUOUS,
+    DISCRETE,
+    ContractViolation,
+    EnvInterface,
+    EnvSpec,
+    check_fits,
+    check_obs,
+    check_step,
 )
 from rlpipe.envs.registry import ActionSpace, MixPlan, assign_types, describe, make_factory, plan_mix
 
-__all__ = ["CONTINUOUS", "DISCRETE", "ActionSpace", "ContractViolation", "EnvInterface", "EnvSpec",
-           "GymnasiumEnv", "MixPlan", "assign_types", "check_fits", "check_obs", "check_step",
-           "describe", "make_factory", "plan_mix"]
+__all__ = [
+    "CONTINUOUS",
+    "DISCRETE",
+    "ActionSpace",
+    "ContractViolation",
+    "EnvInterface",
+    "EnvSpec",
+    "GymnasiumEnv",
+    "MixPlan",
+    "assign_types",
+    "check_fits",
+    "check_obs",
+    "check_step",
+    "describe",
+    "make_factory",
+    "plan_mix",
+]

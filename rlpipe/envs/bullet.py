@@ -25,6 +25,7 @@ obs: state (23) = q (7), dq / max_velocity (7), ee (3), target (3), target - ee 
 relative to the arm's base; + rgb (TinyRenderer camera at rgb_shape) when render_rgb.
 Continuous action (7): joint torques in [-1, 1] (scaled as above).
 """
+
 from __future__ import annotations
 
 import os
@@ -58,6 +59,7 @@ def _pybullet():
             os.close(devnull)
     import pybullet
     import pybullet_data
+
     return pybullet, pybullet_data
 
 
@@ -87,13 +89,14 @@ class _Client:
 class ClientPool:
     """Process-wide: clients are shared by the arms of one process (a worker), never across a
     fork (a child starts its own pool)."""
+
     _lock = threading.Lock()
     _pid = None
     _clients: list[_Client] = []
 
     @classmethod
     def _own(cls) -> None:
-        if cls._pid != os.getpid():          # inherited through fork: not ours to use
+        if cls._pid != os.getpid():  # inherited through fork: not ours to use
             cls._pid = os.getpid()
             cls._clients = []
 
@@ -144,19 +147,20 @@ class ClientPool:
 class ReacherParams:
     """The parameters of conf/env/bullet_reacher.yaml, checked. No defaults: the YAML node is
     their one home (what each means is said there)."""
+
     arms_per_client: int
     spacing: float
     max_steps: int
     dt: float
     substeps: int
-    torque_scale: float              # times the joint's inertia M_jj
+    torque_scale: float  # times the joint's inertia M_jj
     damping: float
     max_velocity: float
     success_radius: float
     success_bonus: float
     ctrl_cost: float
     render_rgb: bool
-    rgb_shape: tuple | list | None   # null: 64x64x3
+    rgb_shape: tuple | list | None  # null: 64x64x3
 
     def __post_init__(self):
         object.__setattr__(self, "rgb_shape", as_rgb_shape(self.rgb_shape) or (64, 64, 3))
@@ -203,8 +207,7 @@ class BulletReacher(EnvInterface):
         flags = pb.URDF_USE_INERTIA_FROM_FILE | pb.URDF_IGNORE_COLLISION_SHAPES
         flags |= pb.URDF_ENABLE_CACHED_GRAPHICS_SHAPES if self.cfg.render_rgb else pb.URDF_IGNORE_VISUAL_SHAPES
         with c.lock:
-            self.body = pb.loadURDF(URDF, self.base.tolist(), useFixedBase=True, flags=flags,
-                                    physicsClientId=cid)
+            self.body = pb.loadURDF(URDF, self.base.tolist(), useFixedBase=True, flags=flags, physicsClientId=cid)
             info = [pb.getJointInfo(self.body, j, physicsClientId=cid) for j in range(N_JOINTS)]
             self.low = np.array([i[8] for i in info])
             self.high = np.array([i[9] for i in info])
@@ -212,15 +215,18 @@ class BulletReacher(EnvInterface):
             m = np.array(pb.calculateMassMatrix(self.body, self.home.tolist(), physicsClientId=cid))
             if self.cfg.render_rgb:
                 if c.target_visual is None:
-                    c.target_visual = pb.createVisualShape(pb.GEOM_SPHERE, radius=0.05,
-                                                           rgbaColor=[0.9, 0.1, 0.1, 1],
-                                                           physicsClientId=cid)
-                self.marker = pb.createMultiBody(baseMass=0, baseVisualShapeIndex=c.target_visual,
-                                                 basePosition=self.base.tolist(), physicsClientId=cid)
+                    c.target_visual = pb.createVisualShape(
+                        pb.GEOM_SPHERE, radius=0.05, rgbaColor=[0.9, 0.1, 0.1, 1], physicsClientId=cid
+                    )
+                self.marker = pb.createMultiBody(
+                    baseMass=0,
+                    baseVisualShapeIndex=c.target_visual,
+                    basePosition=self.base.tolist(),
+                    physicsClientId=cid,
+                )
                 h, w, _ = self.cfg.rgb_shape
                 eye = self.base + [0.0, -1.9, 1.1]
-                self.view = pb.computeViewMatrix(eye.tolist(), (self.base + [0, 0, 0.5]).tolist(),
-                                                 [0, 0, 1])
+                self.view = pb.computeViewMatrix(eye.tolist(), (self.base + [0, 0, 0.5]).tolist(), [0, 0, 1])
                 # far plane short of the neighbouring arms (spacing apart)
                 far = min(3.2, float(np.hypot(self.cfg.spacing, 1.9)) - 0.5)
                 self.proj = pb.computeProjectionMatrixFOV(50, w / h, 0.1, far)
@@ -230,25 +236,29 @@ class BulletReacher(EnvInterface):
         self.joints = list(range(N_JOINTS))
 
     def _set(self, q: np.ndarray, dq: np.ndarray) -> None:
-        self.client.p.resetJointStatesMultiDof(self.body, self.joints, [[x] for x in q],
-                                               [[x] for x in dq], physicsClientId=self.client.cid)
+        self.client.p.resetJointStatesMultiDof(
+            self.body, self.joints, [[x] for x in q], [[x] for x in dq], physicsClientId=self.client.cid
+        )
 
     def _ee(self) -> np.ndarray:
-        state = self.client.p.getLinkState(self.body, EE_LINK, computeForwardKinematics=True,
-                                           physicsClientId=self.client.cid)
+        state = self.client.p.getLinkState(
+            self.body, EE_LINK, computeForwardKinematics=True, physicsClientId=self.client.cid
+        )
         return np.asarray(state[4]) - self.base
 
     def _obs(self) -> dict[str, np.ndarray]:
         ee = self._ee()
         self.ee = ee
-        state = np.concatenate([self.q, self.dq / self.cfg.max_velocity, ee, self.target,
-                                self.target - ee]).astype(np.float32)
+        state = np.concatenate([self.q, self.dq / self.cfg.max_velocity, ee, self.target, self.target - ee]).astype(
+            np.float32
+        )
         obs = {"state": state}
         if self.cfg.render_rgb:
             pb = self.client.p
             h, w, ch = self.cfg.rgb_shape
-            img = pb.getCameraImage(w, h, self.view, self.proj, renderer=pb.ER_TINY_RENDERER,
-                                    physicsClientId=self.client.cid)[2]
+            img = pb.getCameraImage(
+                w, h, self.view, self.proj, renderer=pb.ER_TINY_RENDERER, physicsClientId=self.client.cid
+            )[2]
             rgba = np.asarray(img, dtype=np.uint8).reshape(h, w, 4)
             obs["rgb"] = np.ascontiguousarray(rgba[..., :ch] if ch != 1 else rgba[..., :1])
         return obs
@@ -260,8 +270,8 @@ class BulletReacher(EnvInterface):
             self.target = self._ee()
             if self.marker is not None:
                 self.client.p.resetBasePositionAndOrientation(
-                    self.marker, (self.base + self.target).tolist(), [0, 0, 0, 1],
-                    physicsClientId=self.client.cid)
+                    self.marker, (self.base + self.target).tolist(), [0, 0, 0, 1], physicsClientId=self.client.cid
+                )
             self.q = np.clip(self.home + self.rng.uniform(-0.1, 0.1, N_JOINTS), self.low, self.high)
             self.dq = np.zeros(N_JOINTS)
             self._set(self.q, self.dq)

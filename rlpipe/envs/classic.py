@@ -17,6 +17,7 @@ Anything else (MultiDiscrete, MultiBinary, Dict actions) is refused with a clear
 Ids of plugin packages register on demand: `ALE/...` imports ale_py, `MiniGrid-...`/`BabyAI-...`
 import minigrid, and `module:Id` imports `module` (Gymnasium's own syntax).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -39,13 +40,12 @@ def ensure_registered(gym_id: str) -> None:
         raise ValueError("no Gymnasium id given: set one, e.g. `env_mix=gym env_mix.id=CartPole-v1`")
     if not isinstance(gym_id, str) or not gym_id:
         raise ValueError(f"Gymnasium id {gym_id!r} is not a non-empty string")
-    if ":" in gym_id:            # "module:Id": Gymnasium imports the module itself
+    if ":" in gym_id:  # "module:Id": Gymnasium imports the module itself
         module, _, rest = gym_id.partition(":")
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ValueError(f"Gymnasium id {gym_id!r}: module {module!r} cannot be imported "
-                             f"({exc})") from None
+            raise ValueError(f"Gymnasium id {gym_id!r}: module {module!r} cannot be imported ({exc})") from None
         gym_id = rest
     else:
         for prefix, module in PLUGINS:
@@ -53,10 +53,11 @@ def ensure_registered(gym_id: str) -> None:
                 try:
                     mod = importlib.import_module(module)
                 except ImportError:
-                    raise ValueError(f"Gymnasium id {gym_id!r} needs the package {module!r}, "
-                                     "which is not installed") from None
+                    raise ValueError(
+                        f"Gymnasium id {gym_id!r} needs the package {module!r}, which is not installed"
+                    ) from None
                 if module == "ale_py" and hasattr(mod, "LoggerMode"):
-                    mod.ALEInterface.setLoggerMode(mod.LoggerMode.Error)   # no banner per env
+                    mod.ALEInterface.setLoggerMode(mod.LoggerMode.Error)  # no banner per env
                 if hasattr(gym, "register_envs"):
                     gym.register_envs(mod)
     try:
@@ -64,9 +65,11 @@ def ensure_registered(gym_id: str) -> None:
     except gym.error.Error as exc:
         close = difflib.get_close_matches(gym_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"Gymnasium id {gym_id!r} does not exist ({exc}){hint} "
-                         "(python -c 'import gymnasium; gymnasium.pprint_registry()' lists the "
-                         "registered ids)") from None
+        raise ValueError(
+            f"Gymnasium id {gym_id!r} does not exist ({exc}){hint} "
+            "(python -c 'import gymnasium; gymnasium.pprint_registry()' lists the "
+            "registered ids)"
+        ) from None
 
 
 def _import(path: str):
@@ -90,6 +93,7 @@ def make_gym(gym_id: str, make_kwargs: dict | None = None, wrappers: list | None
 
 
 # --- observation mapping --------------------------------------------------------------------
+
 
 def _leaves(space, path=()):
     if isinstance(space, gym.spaces.Dict):
@@ -133,8 +137,10 @@ class ObsMap:
             elif isinstance(sub, _FLAT):
                 self.flat.append((path, sub))
         if self.image_path is None and not self.flat:
-            raise ValueError(f"observation space {space} has no Box, Discrete, MultiBinary or "
-                             "MultiDiscrete part to map onto rgb/state/vector")
+            raise ValueError(
+                f"observation space {space} has no Box, Discrete, MultiBinary or "
+                "MultiDiscrete part to map onto rgb/state/vector"
+            )
         self.spec: dict = {}
         self.resize = None
         if self.image_path is not None:
@@ -144,8 +150,7 @@ class ObsMap:
             self.resize = Resizer(src, out)
             self.spec["rgb"] = (out, "uint8")
         self.flat_dim = sum(int(gym.spaces.flatdim(sub)) for _, sub in self.flat)
-        self._single_box = (len(self.flat) == 1 and self.flat[0][0] == ()
-                            and isinstance(self.flat[0][1], gym.spaces.Box))
+        self._single_box = len(self.flat) == 1 and self.flat[0][0] == () and isinstance(self.flat[0][1], gym.spaces.Box)
         if self.flat:
             self.spec[self.flat_key] = ((self.flat_dim,), "float32")
 
@@ -156,13 +161,16 @@ class ObsMap:
         if self.flat:
             if self._single_box:
                 if type(raw) is np.ndarray and raw.dtype == np.float32 and raw.ndim == 1:
-                    out[self.flat_key] = raw          # already the contract's form (CartPole & co.)
+                    out[self.flat_key] = raw  # already the contract's form (CartPole & co.)
                 else:
                     out[self.flat_key] = np.asarray(raw, dtype=np.float32).reshape(-1)
             else:
                 out[self.flat_key] = np.concatenate(
-                    [np.asarray(gym.spaces.flatten(sub, _get(raw, path)), dtype=np.float32).reshape(-1)
-                     for path, sub in self.flat])
+                    [
+                        np.asarray(gym.spaces.flatten(sub, _get(raw, path)), dtype=np.float32).reshape(-1)
+                        for path, sub in self.flat
+                    ]
+                )
         return out
 
 
@@ -171,8 +179,7 @@ def action_head(space) -> tuple[str, int]:
         return DISCRETE, int(space.n)
     if isinstance(space, gym.spaces.Box) and space.shape and np.issubdtype(space.dtype, np.floating):
         return CONTINUOUS, int(np.prod(space.shape))
-    raise ValueError(f"action space {space} is not supported: rlpipe's heads take one Discrete "
-                     "or one float Box action")
+    raise ValueError(f"action space {space} is not supported: rlpipe's heads take one Discrete or one float Box action")
 
 
 class GymnasiumEnv(EnvInterface):
@@ -180,8 +187,16 @@ class GymnasiumEnv(EnvInterface):
     the flat part), rgb_shape (the board's rgb shape; null keeps the native frame size),
     make_kwargs (passed to gym.make), wrappers (dotted paths or {path, kwargs})."""
 
-    def __init__(self, id: str, env_id: int, seed: int, obs_key: str | None = None,
-                 rgb_shape=None, make_kwargs: dict | None = None, wrappers: list | None = None):
+    def __init__(
+        self,
+        id: str,
+        env_id: int,
+        seed: int,
+        obs_key: str | None = None,
+        rgb_shape=None,
+        make_kwargs: dict | None = None,
+        wrappers: list | None = None,
+    ):
         self.gym_id = id
         self.env = make_gym(id, make_kwargs, wrappers)
         try:
@@ -214,8 +229,14 @@ class GymnasiumEnv(EnvInterface):
         return [entry.partition(":")[0]] if isinstance(entry, str) else []
 
     @classmethod
-    def describe(cls, id: str, obs_key: str | None = None, rgb_shape=None,
-                 make_kwargs: dict | None = None, wrappers: list | None = None) -> EnvSpec:
+    def describe(
+        cls,
+        id: str,
+        obs_key: str | None = None,
+        rgb_shape=None,
+        make_kwargs: dict | None = None,
+        wrappers: list | None = None,
+    ) -> EnvSpec:
         env = make_gym(id, make_kwargs, wrappers)
         try:
             obs_map = ObsMap(env.observation_space, obs_key, rgb_shape)

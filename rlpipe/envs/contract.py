@@ -4,6 +4,7 @@ An env type is a class implementing EnvInterface plus a classmethod `describe(**
 that returns its EnvSpec without building an env (the learner sizes the policy from it).
 The worker calls the type's factory once per env id and holds `env_id -> env` itself.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -19,9 +20,10 @@ DISCRETE, CONTINUOUS = "discrete", "continuous"
 @dataclass(frozen=True)
 class EnvSpec:
     """What one env type produces and accepts."""
-    obs: dict            # key -> (shape tuple, dtype str); keys among rgb/state/vector
-    action_kind: str     # "discrete" | "continuous"
-    action_n: int        # discrete: number of actions; continuous: number of dims
+
+    obs: dict  # key -> (shape tuple, dtype str); keys among rgb/state/vector
+    action_kind: str  # "discrete" | "continuous"
+    action_n: int  # discrete: number of actions; continuous: number of dims
 
 
 class ContractViolation(Exception):
@@ -58,16 +60,21 @@ def check_fits(type_name: str, spec: EnvSpec, board_keys: tuple[ObsKey, ...]) ->
     by_name = {k.name: k for k in board_keys}
     for key, (shape, _dtype) in spec.obs.items():
         if key not in by_name:
-            raise ConfigError(f"env type '{type_name}' produces obs key '{key}' but buffer.keys has "
-                             f"only {', '.join(by_name)}; pick a buffer with '{key}' (e.g. buffer=small)")
+            raise ConfigError(
+                f"env type '{type_name}' produces obs key '{key}' but buffer.keys has "
+                f"only {', '.join(by_name)}; pick a buffer with '{key}' (e.g. buffer=small)"
+            )
         board = by_name[key]
         if key == "rgb":
             if tuple(shape) != board.shape:
-                raise ConfigError(f"env type '{type_name}' renders rgb {list(shape)} but "
-                                 f"buffer.keys.rgb.shape is {list(board.shape)}")
+                raise ConfigError(
+                    f"env type '{type_name}' renders rgb {list(shape)} but buffer.keys.rgb.shape is {list(board.shape)}"
+                )
         elif int(np.prod(shape)) > int(np.prod(board.shape)):
-            raise ConfigError(f"env type '{type_name}' produces {key} of {int(np.prod(shape))} values "
-                             f"but buffer.keys.{key}.shape holds {int(np.prod(board.shape))}")
+            raise ConfigError(
+                f"env type '{type_name}' produces {key} of {int(np.prod(shape))} values "
+                f"but buffer.keys.{key}.shape holds {int(np.prod(board.shape))}"
+            )
 
 
 def check_obs(spec: EnvSpec, obs: object) -> None:
@@ -94,5 +101,3 @@ def check_step(spec: EnvSpec, result: object) -> tuple[dict, float, bool, bool]:
     if not isinstance(terminated, (bool, np.bool_)) or not isinstance(truncated, (bool, np.bool_)):
         raise ContractViolation("terminated and truncated must be bools")
     return obs, float(reward), bool(terminated), bool(truncated)
-
-

@@ -20,6 +20,7 @@ call it watches hang fails the type.)
 SIGALRM has one owner, this module: the worker's inline deadline and the alarm deadline both
 raise StepTimeout from its handler, so a process uses one of them at a time.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,12 +74,13 @@ class AlarmDeadline:
         self.limit_s = limit_s if limit_s is not None else math.inf
         self.until = until if until is not None else math.inf
         self.armed = (limit_s is not None or until is not None) and hasattr(signal, "setitimer")
-        self.stage = ""                      # the call in progress, for the StepTimeout's message
+        self.stage = ""  # the call in progress, for the StepTimeout's message
         self._previous = signal.signal(signal.SIGALRM, self._on_alarm) if self.armed else None
 
     def _on_alarm(self, _signum, _frame) -> None:
-        raise StepTimeout(f"a {self.stage} call ran past its deadline "
-                          f"({self.limit_s} s per call, or the end of the calls' budget)")
+        raise StepTimeout(
+            f"a {self.stage} call ran past its deadline ({self.limit_s} s per call, or the end of the calls' budget)"
+        )
 
     @contextmanager
     def call(self, stage: str) -> Iterator[None]:
@@ -104,8 +106,8 @@ class WatchedCalls:
     decides what a hang means (day0 abandons the type's thread). Calls are never cut here."""
 
     def __init__(self, stages: tuple[str, ...]):
-        self.in_progress: tuple[str, float] | None = None     # (stage, perf_counter start)
-        self.timings: dict[str, list[float]] = {stage: [] for stage in stages}   # ms per call
+        self.in_progress: tuple[str, float] | None = None  # (stage, perf_counter start)
+        self.timings: dict[str, list[float]] = {stage: [] for stage in stages}  # ms per call
 
     @contextmanager
     def call(self, stage: str) -> Iterator[None]:
@@ -186,8 +188,7 @@ def step(spec: EnvSpec, env, env_id: int, action, deadline=NO_DEADLINE) -> tuple
     return check_step(spec, result)
 
 
-def close(env, env_id: int, deadline=NO_DEADLINE,
-          on_error: Callable[[Exception], None] | None = None) -> None:
+def close(env, env_id: int, deadline=NO_DEADLINE, on_error: Callable[[Exception], None] | None = None) -> None:
     """Close the env (None: nothing to close). A failing close is the env's last fault, never
     the caller's: it goes to `on_error` when given, else it is dropped."""
     if env is None:

@@ -5,6 +5,7 @@ image env type takes an `rgb_shape` parameter (its config node interpolates it f
 and renders or resizes to it. Nearest-neighbour with precomputed index arrays: one fancy-index
 copy per frame, no interpolation arithmetic, the same cost up or down.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,7 @@ def as_rgb_shape(rgb_shape) -> tuple[int, int, int] | None:
         return None
     shape = tuple(int(d) for d in rgb_shape)
     if len(shape) != 3 or min(shape) <= 0 or shape[2] not in (1, 3, 4):
-        raise ValueError(f"rgb_shape {list(rgb_shape)} is not [height, width, channels] "
-                         "with 1, 3 or 4 channels")
+        raise ValueError(f"rgb_shape {list(rgb_shape)} is not [height, width, channels] with 1, 3 or 4 channels")
     return shape
 
 

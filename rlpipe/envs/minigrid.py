@@ -20,22 +20,28 @@ Both are GymnasiumEnv (rlpipe/envs/classic.py) with MiniGrid's wrappers. The age
 and the mission text are left out of both (the view is already egocentric; a DoorKey mission
 is always the same sentence).
 """
+
 from __future__ import annotations
 
 from rlpipe.envs.classic import OBS_KEYS_FLAT, GymnasiumEnv
 from rlpipe.envs.contract import EnvSpec
 
 VIEWS = ("rgb", "symbolic")
-IMAGE_ONLY = "minigrid.wrappers.ImgObsWrapper"          # the view's grid alone, no mission/direction
-FLATTEN = "gymnasium.wrappers.FlattenObservation"       # 7x7x3 -> 147 (a 7x7 grid is no image to ObsMap)
+IMAGE_ONLY = "minigrid.wrappers.ImgObsWrapper"  # the view's grid alone, no mission/direction
+FLATTEN = "gymnasium.wrappers.FlattenObservation"  # 7x7x3 -> 147 (a 7x7 grid is no image to ObsMap)
 
 
 def gym_params(view: str, tile_size: int, rgb_shape, symbolic_key: str) -> dict:
     """GymnasiumEnv's obs parameters (wrappers, rgb_shape, obs_key) for a view."""
     if view == "rgb":
-        return {"wrappers": [{"path": "minigrid.wrappers.RGBImgPartialObsWrapper", "kwargs": {"tile_size": tile_size}},
-                             IMAGE_ONLY],
-                "rgb_shape": rgb_shape, "obs_key": None}
+        return {
+            "wrappers": [
+                {"path": "minigrid.wrappers.RGBImgPartialObsWrapper", "kwargs": {"tile_size": tile_size}},
+                IMAGE_ONLY,
+            ],
+            "rgb_shape": rgb_shape,
+            "obs_key": None,
+        }
     if view == "symbolic":
         if symbolic_key not in OBS_KEYS_FLAT:
             raise ValueError(f"symbolic_key {symbolic_key!r} is not one of {', '.join(OBS_KEYS_FLAT)}")
@@ -44,8 +50,7 @@ def gym_params(view: str, tile_size: int, rgb_shape, symbolic_key: str) -> dict:
 
 
 class MiniGridEnv(GymnasiumEnv):
-    def __init__(self, id: str, env_id: int, seed: int, view: str, tile_size: int, rgb_shape,
-                 symbolic_key: str):
+    def __init__(self, id: str, env_id: int, seed: int, view: str, tile_size: int, rgb_shape, symbolic_key: str):
         super().__init__(id, env_id, seed, **gym_params(view, tile_size, rgb_shape, symbolic_key))
 
     @classmethod

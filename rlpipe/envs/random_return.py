@@ -12,6 +12,7 @@ Runs in a child process of the driver at nice 19 (`start_random_returns`), so it
 spare CPU; it writes `random_returns.json` in the run directory after each type, and the
 driver reads whatever is there when the run ends.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,7 @@ from rlpipe.procs import exit_when_gone
 RESULT_FILE = "random_returns.json"
 
 
-def play_random(node: dict, episodes: int, budget_s: float, seed: int,
-                step_timeout_s: float = 5.0) -> dict:
+def play_random(node: dict, episodes: int, budget_s: float, seed: int, step_timeout_s: float = 5.0) -> dict:
     """{"mean", "std", "episodes"} of `episodes` random-action episodes of one type (fewer if
     the budget runs out; mean None when not one episode finished)."""
     spec = describe(node)
@@ -40,7 +40,7 @@ def play_random(node: dict, episodes: int, budget_s: float, seed: int,
     returns: list[float] = []
     deadline = time.monotonic() + budget_s
     env, rebuilds = None, 0
-    alarm = harness.AlarmDeadline(step_timeout_s)     # steps only: a build or reset is not cut
+    alarm = harness.AlarmDeadline(step_timeout_s)  # steps only: a build or reset is not cut
     try:
         while len(returns) < episodes and time.monotonic() < deadline:
             try:
@@ -50,24 +50,29 @@ def play_random(node: dict, episodes: int, budget_s: float, seed: int,
                 total, done = 0.0, False
                 while not done and time.monotonic() < deadline:
                     _obs, reward, terminated, truncated = harness.step(
-                        spec, env, 0, harness.random_action(spec, rng), alarm)
+                        spec, env, 0, harness.random_action(spec, rng), alarm
+                    )
                     total += reward
                     done = terminated or truncated
                 if done and math.isfinite(total):
                     returns.append(total)
-            except harness.CUTS:     # a crash, a contract break or a hang cuts the episode; a fresh env goes on
+            except harness.CUTS:  # a crash, a contract break or a hang cuts the episode; a fresh env goes on
                 harness.close(env, 0)
                 env, rebuilds = None, rebuilds + 1
     finally:
         alarm.close()
         harness.close(env, 0)
     arr = np.asarray(returns, dtype=np.float64)
-    return {"mean": float(arr.mean()) if len(arr) else None,
-            "std": float(arr.std()) if len(arr) > 1 else None, "episodes": int(len(arr))}
+    return {
+        "mean": float(arr.mean()) if len(arr) else None,
+        "std": float(arr.std()) if len(arr) > 1 else None,
+        "episodes": int(len(arr)),
+    }
 
 
-def measure_all(nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int,
-                driver_pid: int) -> None:
+def measure_all(
+    nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int, driver_pid: int
+) -> None:
     """Child-process entry: every type in turn, the file rewritten (atomically) after each.
     A driver killed with -9 cannot stop it, so it exits once its driver is gone: else it would
     play on for minutes, write into the run dir beside the run a supervisor restarted there,
@@ -100,7 +105,7 @@ def _clearly_above(x: np.ndarray, mean: float, std: float | None, n: int) -> boo
 
 
 def verdict(last_returns, first_returns, episodes: int, random: dict | None, window: int = 100) -> str:
-    """"learned" when the last `window` returns of a type are clearly above both its
+    """ "learned" when the last `window` returns of a type are clearly above both its
     random-action return and its own first `window` returns of the run (the untrained
     policy is not uniform random: beating only random could be the initial policy's luck);
     "did not learn" otherwise; "unknown" without a random figure, or before the type has
@@ -119,8 +124,12 @@ def start(ctx, nodes: dict[str, dict], run_dir: Path, episodes: int, budget_s: f
     with it, see `measure_all`), or None when `episodes` is 0."""
     if episodes <= 0:
         return None
-    proc = ctx.Process(target=measure_all, args=(nodes, str(run_dir), episodes, budget_s, seed, os.getpid()),
-                       name="rlpipe-random-returns", daemon=True)
+    proc = ctx.Process(
+        target=measure_all,
+        args=(nodes, str(run_dir), episodes, budget_s, seed, os.getpid()),
+        name="rlpipe-random-returns",
+        daemon=True,
+    )
     proc.start()
     return proc
 

@@ -1,4 +1,5 @@
 """Env types of a run: factories (one per type), specs, and the env-id -> type assignment."""
+
 from __future__ import annotations
 
 import functools
@@ -45,18 +46,19 @@ def preload_modules(env_types: tuple[EnvTypeSpec, ...]) -> list[str]:
 @dataclass(frozen=True)
 class ActionSpace:
     """The run's unified action spec: one discrete head, one continuous head."""
-    discrete_n: int          # largest discrete action count in the mix (0: no discrete type)
-    cont_dim: int            # largest continuous dim in the mix (0: no continuous type)
+
+    discrete_n: int  # largest discrete action count in the mix (0: no discrete type)
+    cont_dim: int  # largest continuous dim in the mix (0: no continuous type)
 
 
 @dataclass(frozen=True)
 class MixPlan:
-    names: tuple[str, ...]                # type index -> name
+    names: tuple[str, ...]  # type index -> name
     specs: tuple[EnvSpec, ...]
-    env_type: np.ndarray                  # env id -> type index (int16)
+    env_type: np.ndarray  # env id -> type index (int16)
     actions: ActionSpace
-    obs_keys: tuple[ObsKey, ...]          # the board: the buffer's keys that some type of the mix
-                                          # produces, sized from the mix under buffer.sizing=auto
+    obs_keys: tuple[ObsKey, ...]  # the board: the buffer's keys that some type of the mix
+    # produces, sized from the mix under buffer.sizing=auto
 
     def counts(self) -> dict[str, int]:
         return {name: int((self.env_type == i).sum()) for i, name in enumerate(self.names)}
@@ -81,8 +83,9 @@ def assign_types(weights: list[float], env_count: int) -> np.ndarray:
     return types[np.argsort(keys, kind="stable")]
 
 
-def plan_mix(env_types: tuple[EnvTypeSpec, ...], env_count: int,
-             board_keys: tuple[ObsKey, ...], sizing: str) -> MixPlan:
+def plan_mix(
+    env_types: tuple[EnvTypeSpec, ...], env_count: int, board_keys: tuple[ObsKey, ...], sizing: str
+) -> MixPlan:
     """Describe each type once, size the board from the descriptions (`sizing`, buffer.sizing:
     auto grows it to the mix, rlpipe/envs/sizing.py; fixed keeps it) and check every type fits."""
     if sizing not in BOARD_SIZINGS:
@@ -93,9 +96,10 @@ def plan_mix(env_types: tuple[EnvTypeSpec, ...], env_count: int,
             specs.append(describe(t.node))
         except ConfigError:
             raise
-        except Exception as exc:   # unknown ids, unsupported spaces, bad parameters
-            raise ConfigError(f"env type '{t.name}' ({t.conf_path}, _target_ "
-                              f"{t.node.get('_target_')}) cannot be built: {exc}") from exc
+        except Exception as exc:  # unknown ids, unsupported spaces, bad parameters
+            raise ConfigError(
+                f"env type '{t.name}' ({t.conf_path}, _target_ {t.node.get('_target_')}) cannot be built: {exc}"
+            ) from exc
     if sizing == "auto":
         board_keys = fit_board(board_keys, specs)
     for t, spec in zip(env_types, specs):
@@ -108,5 +112,10 @@ def plan_mix(env_types: tuple[EnvTypeSpec, ...], env_count: int,
         log.info("buffer keys no env type of the mix produces, left out: %s", ", ".join(unused))
     disc = max((s.action_n for s in specs if s.action_kind == DISCRETE), default=0)
     cont = max((s.action_n for s in specs if s.action_kind == CONTINUOUS), default=0)
-    return MixPlan(tuple(t.name for t in env_types), tuple(specs),
-                   assign_types([t.weight for t in env_types], env_count), ActionSpace(disc, cont), used)
+    return MixPlan(
+        tuple(t.name for t in env_types),
+        tuple(specs),
+        assign_types([t.weight for t in env_types], env_count),
+        ActionSpace(disc, cont),
+        used,
+    )

@@ -15,6 +15,7 @@ EnvSpecs (`describe()`, before anything is allocated), to what the mix produces:
 Under `buffer.sizing=fixed` (every named buffer: small, seed, lowdim, state_only) the board is
 what the config says, and a type too big for it is an error.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -22,6 +22,7 @@ Writes env_validation.json ({"types": {name: {"ok", "reset_ms_p50", "step_ms_p50
 "step_ms_p99", "error", ...}}}) and env_validation.md in the run dir; returns 0 when every
 type passed, 1 otherwise (naming the failed types on stderr).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,17 +42,17 @@ from rlpipe.envs.registry import describe, make_factory
 from rlpipe.shm.errorlog import stacktrace_hash
 from rlpipe.spec import ObsKey
 
-if TYPE_CHECKING:           # the day0 entry takes the app's RunSpec; nothing here imports Hydra
+if TYPE_CHECKING:  # the day0 entry takes the app's RunSpec; nothing here imports Hydra
     from rlpipe.config import RunSpec
 
-CYCLES = 3                 # build -> reset -> step -> close cycles per type
-ENVS_PER_CYCLE = 2         # envs of one type alive together in a cycle
-STEPS_PER_ENV = 150        # random-action steps per env per cycle
-MAX_BUILD_ATTEMPTS = 10    # consecutive failed build+reset of one env that fail the type
-CALL_TIMEOUT_S = 30.0      # one build/reset/step/close call longer than this: the type hangs
-TYPE_BUDGET_S = 60.0       # a slower type stops stepping early (reported, not failed)
-FAULT_SIGMAS = 5.0         # tolerance above a declared fault rate's expectation ...
-FAULT_SLACK = 3            # ... plus this many faults
+CYCLES = 3  # build -> reset -> step -> close cycles per type
+ENVS_PER_CYCLE = 2  # envs of one type alive together in a cycle
+STEPS_PER_ENV = 150  # random-action steps per env per cycle
+MAX_BUILD_ATTEMPTS = 10  # consecutive failed build+reset of one env that fail the type
+CALL_TIMEOUT_S = 30.0  # one build/reset/step/close call longer than this: the type hangs
+TYPE_BUDGET_S = 60.0  # a slower type stops stepping early (reported, not failed)
+FAULT_SIGMAS = 5.0  # tolerance above a declared fault rate's expectation ...
+FAULT_SLACK = 3  # ... plus this many faults
 
 
 class _TypeFailed(Exception):
@@ -67,7 +68,7 @@ class _TypeRun:
 
     def __init__(self, name: str, node: dict, board_keys: tuple[ObsKey, ...], seed: int):
         self.name, self.node, self.board_keys, self.seed = name, node, board_keys, seed
-        self.calls = harness.WatchedCalls(("build", "reset", "step", "close"))   # timed, watched
+        self.calls = harness.WatchedCalls(("build", "reset", "step", "close"))  # timed, watched
         self.faults: list[dict] = []
         self.steps = self.resets = self.episodes = 0
         self.rebuilds = 0
@@ -81,10 +82,15 @@ class _TypeRun:
 
     # -- faults and env calls -----------------------------------------------------------------
     def _fault(self, stage: str, env_id: int, exc: BaseException) -> None:
-        self.faults.append({
-            "stage": stage, "env_id": env_id,
-            "kind": "env_quarantine" if isinstance(exc, ContractViolation) else "env_crash",
-            "error": f"{type(exc).__name__}: {exc}"[:300], "fingerprint": stacktrace_hash(exc)})
+        self.faults.append(
+            {
+                "stage": stage,
+                "env_id": env_id,
+                "kind": "env_quarantine" if isinstance(exc, ContractViolation) else "env_crash",
+                "error": f"{type(exc).__name__}: {exc}"[:300],
+                "fingerprint": stacktrace_hash(exc),
+            }
+        )
 
     def _close(self, env, env_id: int) -> None:
         harness.close(env, env_id, self.calls, on_error=lambda exc: self._fault("close", env_id, exc))
@@ -114,7 +120,7 @@ class _TypeRun:
             self._run()
         except _TypeFailed as exc:
             self.error = str(exc)
-        except Exception as exc:   # describe/fit/factory errors and anything unforeseen
+        except Exception as exc:  # describe/fit/factory errors and anything unforeseen
             self.error = f"{type(exc).__name__}: {exc}"[:500]
         finally:
             self.done.set()
@@ -151,8 +157,9 @@ class _TypeRun:
         stage = "step"
         try:
             self.steps += 1
-            _obs, _r, terminated, truncated = harness.step(self.spec, env, env_id,
-                                                           harness.random_action(self.spec, rng), self.calls)
+            _obs, _r, terminated, truncated = harness.step(
+                self.spec, env, env_id, harness.random_action(self.spec, rng), self.calls
+            )
             if terminated or truncated:
                 self.episodes += 1
                 stage = "reset"
@@ -171,15 +178,17 @@ class _TypeRun:
         timings = self.calls.timings
         self.expected = r_reset * self.resets + r_step * self.steps
         declared = r_reset > 0 or r_step > 0
-        self.allowed = (math.ceil(self.expected + FAULT_SIGMAS * math.sqrt(self.expected)) + FAULT_SLACK
-                        if declared else 0)
+        self.allowed = (
+            math.ceil(self.expected + FAULT_SIGMAS * math.sqrt(self.expected)) + FAULT_SLACK if declared else 0
+        )
         error = self.error
         if error is None and len(self.faults) > self.allowed:
             first = self.faults[0]
-            how = (f"{self.allowed} allowed by its declared rates" if declared
-                   else "it declares no fault rates")
-            error = (f"{len(self.faults)} faults in {self.steps} steps and {self.resets} resets, "
-                     f"{how}; first: {first['stage']}: {first['error']}")
+            how = f"{self.allowed} allowed by its declared rates" if declared else "it declares no fault rates"
+            error = (
+                f"{len(self.faults)} faults in {self.steps} steps and {self.resets} resets, "
+                f"{how}; first: {first['stage']}: {first['error']}"
+            )
         if error is None and self.steps == 0:
             error = "no step completed"
         by_fp = Counter(f["fingerprint"] for f in self.faults)
@@ -194,13 +203,22 @@ class _TypeRun:
             "build_ms_p50": _pct(timings["build"], 50),
             "close_ms_p50": _pct(timings["close"], 50),
             "step_ms_max": round(max(timings["step"]), 3) if timings["step"] else None,
-            "steps": self.steps, "resets": self.resets, "episodes": self.episodes,
-            "faults": len(self.faults), "faults_allowed": self.allowed,
+            "steps": self.steps,
+            "resets": self.resets,
+            "episodes": self.episodes,
+            "faults": len(self.faults),
+            "faults_allowed": self.allowed,
             "declared_fault_rates": {"reset": r_reset, "step": r_step},
             "fault_fingerprints": [
-                {"fingerprint": fp, "count": n, "stage": examples[fp]["stage"],
-                 "kind": examples[fp]["kind"], "error": examples[fp]["error"]}
-                for fp, n in by_fp.most_common(10)],
+                {
+                    "fingerprint": fp,
+                    "count": n,
+                    "stage": examples[fp]["stage"],
+                    "kind": examples[fp]["kind"],
+                    "error": examples[fp]["error"],
+                }
+                for fp, n in by_fp.most_common(10)
+            ],
             "obs": {k: [list(s), d] for k, (s, d) in spec.obs.items()} if spec else None,
             "action": f"{spec.action_kind}({spec.action_n})" if spec else None,
             "note": self.note,
@@ -214,8 +232,7 @@ def _run_type(name: str, node: dict, board_keys, seed: int) -> dict:
     while not tr.done.wait(0.2):
         stage = tr.calls.overdue(CALL_TIMEOUT_S)
         if stage is not None:
-            tr.error = (f"hung: a {stage} call did not return within {CALL_TIMEOUT_S:.0f} s "
-                        "(abandoned)")
+            tr.error = f"hung: a {stage} call did not return within {CALL_TIMEOUT_S:.0f} s (abandoned)"
             return tr.result()
     return tr.result()
 
@@ -229,27 +246,34 @@ def _fmt(v) -> str:
 
 
 def render_markdown(report: dict) -> str:
-    lines = [f"# Env validation ({report['stage'] or 'validate'})", "",
-             "Buffer: " + ", ".join(f"{k} {v['shape']} {v['dtype']}" for k, v in report["buffer"].items()),
-             f"Per type: {CYCLES} cycles x {ENVS_PER_CYCLE} envs x {STEPS_PER_ENV} random-action "
-             "steps, every reset and step through the contract checker.", "",
-             "| type | ok | obs | action | build ms p50 | reset ms p50 | step ms p50 | step ms p99 "
-             "| steps | faults (allowed) | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Env validation ({report['stage'] or 'validate'})",
+        "",
+        "Buffer: " + ", ".join(f"{k} {v['shape']} {v['dtype']}" for k, v in report["buffer"].items()),
+        f"Per type: {CYCLES} cycles x {ENVS_PER_CYCLE} envs x {STEPS_PER_ENV} random-action "
+        "steps, every reset and step through the contract checker.",
+        "",
+        "| type | ok | obs | action | build ms p50 | reset ms p50 | step ms p50 | step ms p99 "
+        "| steps | faults (allowed) | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in report["types"].items():
         obs = " ".join(f"{k}{'x'.join(map(str, s))}" for k, (s, _d) in (r["obs"] or {}).items())
         err = (r["error"] or r.get("note") or "").replace("|", "/").replace("\n", " ")
-        lines.append(f"| {name} | {'yes' if r['ok'] else '**NO**'} | {obs or '-'} | {r['action'] or '-'} "
-                     f"| {_fmt(r['build_ms_p50'])} | {_fmt(r['reset_ms_p50'])} | {_fmt(r['step_ms_p50'])} "
-                     f"| {_fmt(r['step_ms_p99'])} | {r['steps']} | {r['faults']} ({r['faults_allowed']}) "
-                     f"| {err} |")
+        lines.append(
+            f"| {name} | {'yes' if r['ok'] else '**NO**'} | {obs or '-'} | {r['action'] or '-'} "
+            f"| {_fmt(r['build_ms_p50'])} | {_fmt(r['reset_ms_p50'])} | {_fmt(r['step_ms_p50'])} "
+            f"| {_fmt(r['step_ms_p99'])} | {r['steps']} | {r['faults']} ({r['faults_allowed']}) "
+            f"| {err} |"
+        )
     faulted = {n: r for n, r in report["types"].items() if r["fault_fingerprints"]}
     if faulted:
         lines += ["", "## Faults by fingerprint", ""]
         for name, r in faulted.items():
             for f in r["fault_fingerprints"]:
-                lines.append(f"- {name}: {f['count']} x `{f['fingerprint'][:12]}` {f['kind']} at "
-                             f"{f['stage']}: {f['error']}")
+                lines.append(
+                    f"- {name}: {f['count']} x `{f['fingerprint'][:12]}` {f['kind']} at {f['stage']}: {f['error']}"
+                )
     failed = [n for n, r in report["types"].items() if not r["ok"]]
     lines += ["", f"**{'FAILED: ' + ', '.join(failed) if failed else 'All types passed.'}**", ""]
     return "\n".join(lines)
@@ -265,16 +289,23 @@ def validate_types(spec: RunSpec, run_dir: Path) -> int:
         types[t.name] = _run_type(t.name, t.node, spec.obs_keys, spec.run.seed + 7919 * i)
     try:
         from rlpipe.envs.bullet import ClientPool
+
         ClientPool.shutdown()
     except Exception:
         pass
     failed = [n for n, r in types.items() if not r["ok"]]
     report = {
-        "stage": spec.stage, "ok": not failed, "failed": failed,
+        "stage": spec.stage,
+        "ok": not failed,
+        "failed": failed,
         "wall_s": round(time.perf_counter() - t0, 1),
         "buffer": {k.name: {"shape": list(k.shape), "dtype": k.dtype} for k in spec.obs_keys},
-        "constants": {"cycles": CYCLES, "envs_per_cycle": ENVS_PER_CYCLE,
-                      "steps_per_env": STEPS_PER_ENV, "call_timeout_s": CALL_TIMEOUT_S},
+        "constants": {
+            "cycles": CYCLES,
+            "envs_per_cycle": ENVS_PER_CYCLE,
+            "steps_per_env": STEPS_PER_ENV,
+            "call_timeout_s": CALL_TIMEOUT_S,
+        },
         "types": types,
     }
     (run_dir / "env_validation.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -282,10 +313,10 @@ def validate_types(spec: RunSpec, run_dir: Path) -> int:
     (run_dir / "env_validation.md").write_text(md)
     print(md)
     if failed:
-        print("rlpipe day0: FAILED types: " + "; ".join(f"{n} ({types[n]['error']})" for n in failed),
-              file=sys.stderr)
+        print("rlpipe day0: FAILED types: " + "; ".join(f"{n} ({types[n]['error']})" for n in failed), file=sys.stderr)
         print(f"rlpipe day0: report in {run_dir / 'env_validation.md'}", file=sys.stderr)
         return 1
-    print(f"rlpipe day0: all {len(types)} types passed ({report['wall_s']} s); "
-          f"report in {run_dir / 'env_validation.md'}")
+    print(
+        f"rlpipe day0: all {len(types)} types passed ({report['wall_s']} s); report in {run_dir / 'env_validation.md'}"
+    )
     return 0

@@ -10,6 +10,7 @@ each type's random-action return (the run's `random_returns.json`, else measured
 
 Exit codes: 0 done, 2 when the run cannot be evaluated (one paragraph says why).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,11 +32,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--episodes", type=int, default=10, help="episodes per type and mode (default 10)")
     p.add_argument("--types", default=None, help="comma-separated env types (default: every type of the run)")
     p.add_argument("--video", action="store_true", help="film one deterministic episode per type")
-    p.add_argument("--max-steps", type=int, default=5_000,
-                   help="an episode still running after this many steps is cut (default 5000; an "
-                        "untrained Atari policy that never serves would play 27,000)")
-    p.add_argument("--seed", type=int, default=10_000,
-                   help="env seeds are seed, seed+1, ...: apart from the training seeds by default")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=5_000,
+        help="an episode still running after this many steps is cut (default 5000; an "
+        "untrained Atari policy that never serves would play 27,000)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=10_000,
+        help="env seeds are seed, seed+1, ...: apart from the training seeds by default",
+    )
     args = p.parse_args(argv)
     if args.episodes < 1:
         raise EvalError(f"--episodes {args.episodes}: allowed is a positive number of episodes")
@@ -50,13 +59,16 @@ def pick_types(names: tuple[str, ...], wanted: str | None) -> list[int]:
     chosen = [w.strip() for w in wanted.split(",") if w.strip()]
     unknown = [w for w in chosen if w not in names]
     if unknown or not chosen:
-        raise EvalError(f"--types {wanted!r}: {', '.join(unknown) or 'no type'} is not a type of this "
-                        f"run; its types are {', '.join(names)}")
+        raise EvalError(
+            f"--types {wanted!r}: {', '.join(unknown) or 'no type'} is not a type of this "
+            f"run; its types are {', '.join(names)}"
+        )
     return [names.index(w) for w in dict.fromkeys(chosen)]
 
 
 def random_baseline(run_dir: Path, name: str, node: dict, episodes: int, seed: int, budget_s: float) -> dict:
     from rlpipe.envs.random_return import play_random, read_results
+
     saved = read_results(run_dir).get(name)
     if saved and saved.get("mean") is not None:
         return {**saved, "source": "run"}
@@ -67,6 +79,7 @@ def evaluate(args: argparse.Namespace, console: Console) -> dict:
     import torch
 
     from rlpipe.eval import loader
+
     t_start = time.monotonic()
     run = loader.load_run(args.run_dir)
     # Batches of a few rows: more intra-op threads only spin against each other (and against
@@ -82,15 +95,21 @@ def evaluate(args: argparse.Namespace, console: Console) -> dict:
 def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -> dict:
     from rlpipe.envs.registry import make_factory
     from rlpipe.eval import play, video
+
     plan, spec = run.plan, run.spec
     chosen = pick_types(plan.names, args.types)
     out_dir = run.run_dir / "eval"
     nodes = {t.name: t.node for t in spec.env_types}
-    result = {"run_dir": str(run.run_dir), "weights": str(run.source.relative_to(run.run_dir)),
-              "env_steps": run.env_steps, "episodes": args.episodes, "seed": args.seed, "types": {}}
+    result = {
+        "run_dir": str(run.run_dir),
+        "weights": str(run.source.relative_to(run.run_dir)),
+        "env_steps": run.env_steps,
+        "episodes": args.episodes,
+        "seed": args.seed,
+        "types": {},
+    }
     films: dict[str, video.Recorder] = {}
-    columns = (TextColumn("{task.description:<28}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-               TimeElapsedColumn())
+    columns = (TextColumn("{task.description:<28}"), BarColumn(bar_width=24), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as bar:
         for t in chosen:
             name = plan.names[t]
@@ -98,13 +117,23 @@ def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -
             entry: dict = {}
             for mode, deterministic in (("deterministic", True), ("stochastic", False)):
                 task = bar.add_task(f"{name} {mode}", total=args.episodes)
-                eps = play.play(run.policy, plan, t, factory, args.episodes, deterministic, args.seed,
-                                args.max_steps, spec.worker.step_timeout_s,
-                                on_episode=lambda task=task: bar.advance(task))
+                eps = play.play(
+                    run.policy,
+                    plan,
+                    t,
+                    factory,
+                    args.episodes,
+                    deterministic,
+                    args.seed,
+                    args.max_steps,
+                    spec.worker.step_timeout_s,
+                    on_episode=lambda task=task: bar.advance(task),
+                )
                 entry[mode] = eps.stats()
             task = bar.add_task(f"{name} random", total=1)
-            entry["random"] = random_baseline(run.run_dir, name, nodes[name], args.episodes,
-                                              args.seed, spec.logging.random_return_budget_s)
+            entry["random"] = random_baseline(
+                run.run_dir, name, nodes[name], args.episodes, args.seed, spec.logging.random_return_budget_s
+            )
             bar.advance(task)
             if args.video:
                 task = bar.add_task(f"{name} video", total=1)
@@ -113,8 +142,11 @@ def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -
             result["types"][name] = entry
             if not console.is_terminal:
                 d = entry["deterministic"]
-                print(f"rlpipe.eval: {name}: deterministic {d['mean']}, stochastic "
-                      f"{entry['stochastic']['mean']}, random {entry['random'].get('mean')}", flush=True)
+                print(
+                    f"rlpipe.eval: {name}: deterministic {d['mean']}, stochastic "
+                    f"{entry['stochastic']['mean']}, random {entry['random'].get('mean')}",
+                    flush=True,
+                )
     result["wall_s"] = round(time.monotonic() - t_start, 2)
     _tensorboard(run, result, films)
     return result
@@ -122,14 +154,25 @@ def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -
 
 def _film(run, t: int, node: dict, args, out_dir: Path, films: dict) -> dict:
     from rlpipe.eval import play, video
+
     name = run.plan.names[t]
     factory, grab = video.render_source(node, run.plan.specs[t])
     if factory is None:
         return {"video": None, "video_note": grab}
     rec = video.Recorder(grab, out_dir / f"{name}.mp4")
     try:
-        eps = play.play(run.policy, run.plan, t, factory, 1, True, args.seed, args.max_steps,
-                        run.spec.worker.step_timeout_s, observe=rec.observe)
+        eps = play.play(
+            run.policy,
+            run.plan,
+            t,
+            factory,
+            1,
+            True,
+            args.seed,
+            args.max_steps,
+            run.spec.worker.step_timeout_s,
+            observe=rec.observe,
+        )
     finally:
         path = rec.close()
     if path is None:
@@ -146,6 +189,7 @@ def _tensorboard(run, result: dict, films: dict) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     from rlpipe.eval.video import log_gif
+
     writer = SummaryWriter(str(run.run_dir / "tb"))
     try:
         for name, entry in result["types"].items():
@@ -168,10 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlpipe.eval: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from rlpipe.eval import results
+
     _json, md = results.write(Path(result["run_dir"]) / "eval", result)
     out = Console()
-    if out.is_terminal:                    # a table a person can read at any width
+    if out.is_terminal:  # a table a person can read at any width
         from rich.markdown import Markdown
+
         out.print(Markdown(md.read_text()))
     else:
         print(md.read_text(), end="")

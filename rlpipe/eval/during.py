@@ -20,6 +20,7 @@ a thread watches the parent and ends the process, which holds nothing that outli
 Exit codes: 0 the line was appended, 2 the run or the weights cannot be loaded (one line on
 stderr), anything else a crash (the driver logs it and tries again at the next round).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def watch_parent(pid: int) -> None:
     """End this process when its parent (the driver) is gone: reparented, getppid changes."""
+
     def watch():
         while os.getppid() == pid:
             time.sleep(PARENT_CHECK_S)
@@ -63,11 +65,22 @@ def play_round(run, episodes: int, budget_s: float, max_steps: int) -> dict:
     """{type: {"mean", "std", "episodes", "cut"}} of one round."""
     from rlpipe.envs.registry import make_factory
     from rlpipe.eval import play
+
     nodes = {t.name: t.node for t in run.spec.env_types}
     types = {}
     for t, name in enumerate(run.plan.names):
-        eps = play.play(run.policy, run.plan, t, make_factory(nodes[name]), episodes, True, EVAL_SEED,
-                        max_steps, run.spec.worker.step_timeout_s, budget_s=budget_s)
+        eps = play.play(
+            run.policy,
+            run.plan,
+            t,
+            make_factory(nodes[name]),
+            episodes,
+            True,
+            EVAL_SEED,
+            max_steps,
+            run.spec.worker.step_timeout_s,
+            budget_s=budget_s,
+        )
         stats = eps.stats()
         types[name] = {k: stats[k] for k in ("mean", "std", "episodes", "cut")}
     return types
@@ -86,7 +99,7 @@ def append_line(path: Path, record: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     try:
-        os.nice(19)            # only spare CPU: the driver and the workers come first
+        os.nice(19)  # only spare CPU: the driver and the workers come first
     except OSError:
         pass
     args = parse_args(argv)
@@ -95,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlpipe.eval.loader import EvalError, load_run
-    torch.set_num_threads(1)   # batches of a few rows; more threads would only take CPU from training
+
+    torch.set_num_threads(1)  # batches of a few rows; more threads would only take CPU from training
     try:
         run = load_run(args.run_dir, weights=args.weights)
     except EvalError as exc:
@@ -103,8 +117,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with torch.no_grad():
         types = play_round(run, args.episodes, args.budget_s, args.max_steps)
-    append_line(args.history, {"env_steps": run.env_steps, "wall_s": round(args.wall_s, 3),
-                               "eval_s": round(time.monotonic() - t_start, 3), "types": types})
+    append_line(
+        args.history,
+        {
+            "env_steps": run.env_steps,
+            "wall_s": round(args.wall_s, 3),
+            "eval_s": round(time.monotonic() - t_start, 3),
+            "types": types,
+        },
+    )
     return 0
 
 

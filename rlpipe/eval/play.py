@@ -14,6 +14,7 @@ each call under its `AlarmDeadline`. An env that raises, breaks the contract, or
 episode still running when `budget_s` (the whole call's time, evaluation during training) runs
 out.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,15 +34,20 @@ from rlpipe.envs.registry import MixPlan
 class Episodes:
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
-    cut: int = 0                  # episodes cut by an exception, a contract break or a limit
+    cut: int = 0  # episodes cut by an exception, a contract break or a limit
 
     def stats(self) -> dict:
         r = np.asarray(self.returns, dtype=np.float64)
         some = len(r) > 0
-        return {"mean": float(r.mean()) if some else None, "std": float(r.std()) if some else None,
-                "min": float(r.min()) if some else None, "max": float(r.max()) if some else None,
-                "episodes": int(len(r)), "cut": int(self.cut),
-                "mean_length": float(np.mean(self.lengths)) if some else None}
+        return {
+            "mean": float(r.mean()) if some else None,
+            "std": float(r.std()) if some else None,
+            "min": float(r.min()) if some else None,
+            "max": float(r.max()) if some else None,
+            "episodes": int(len(r)),
+            "cut": int(self.cut),
+            "mean_length": float(np.mean(self.lengths)) if some else None,
+        }
 
 
 class BoardLayout:
@@ -70,11 +76,20 @@ def env_action(kind: str, n: int, a_disc: int, a_cont: np.ndarray):
     return int(a_disc)
 
 
-def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic: bool, seed: int,
-         max_steps: int, step_timeout_s: float | None = None,
-         on_episode: Callable[[], None] | None = None,
-         observe: Callable[[object, dict], None] | None = None,
-         budget_s: float | None = None) -> Episodes:
+def play(
+    policy,
+    plan: MixPlan,
+    type_index: int,
+    factory,
+    n: int,
+    deterministic: bool,
+    seed: int,
+    max_steps: int,
+    step_timeout_s: float | None = None,
+    on_episode: Callable[[], None] | None = None,
+    observe: Callable[[object, dict], None] | None = None,
+    budget_s: float | None = None,
+) -> Episodes:
     """`n` episodes of type `type_index`, env i built as `factory(env_id=i, seed=seed + i)`.
     `observe(env, obs)` is called for env 0 after its reset and after each of its steps (the
     video recorder); `on_episode()` after each episode, finished or cut. Past `budget_s`
@@ -114,7 +129,7 @@ def play(policy, plan: MixPlan, type_index: int, factory, n: int, deterministic:
                 obs[i] = first
                 if i == 0 and observe is not None:
                     observe(envs[i], first)
-            except harness.CUTS:     # a broken build or reset cuts that episode
+            except harness.CUTS:  # a broken build or reset cuts that episode
                 end(i, None)
         while True:
             live = [i for i in range(n) if obs[i] is not None]

@@ -1,5 +1,6 @@
 """`eval/returns.json` and `eval/returns.md`: each type's returns under the trained policy
 (deterministic and stochastic) beside its random-action return."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 def _num(v, digits: int = 1) -> str:
     if v is None:
         return "-"
-    return f"{v:,.{digits}f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"   # -0.0418, not -0.0
+    return f"{v:,.{digits}f}" if abs(v) >= 1 or v == 0 else f"{v:.3g}"  # -0.0418, not -0.0
 
 
 def _cell(s: dict) -> str:
@@ -21,19 +22,27 @@ def _cell(s: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Evaluation of {result['run_dir']}", "",
-             f"Weights: `{result['weights']}` ({result['env_steps']:,} env steps). "
-             f"{result['episodes']} episodes per type and mode; returns are the env's own "
-             "(no reward normalization). Cells: mean ± std [min, max]; a cut episode (the env "
-             "raised, broke the contract, or ran past --max-steps) is counted, not averaged.", "",
-             "| type | deterministic | stochastic | random | det. over random | video |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Evaluation of {result['run_dir']}",
+        "",
+        f"Weights: `{result['weights']}` ({result['env_steps']:,} env steps). "
+        f"{result['episodes']} episodes per type and mode; returns are the env's own "
+        "(no reward normalization). Cells: mean ± std [min, max]; a cut episode (the env "
+        "raised, broke the contract, or ran past --max-steps) is counted, not averaged.",
+        "",
+        "| type | deterministic | stochastic | random | det. over random | video |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, t in result["types"].items():
         det, rnd = t["deterministic"], t.get("random") or {}
         over = (det["mean"] - rnd["mean"]) if det.get("mean") is not None and rnd.get("mean") is not None else None
-        video = f"[{Path(t['video']).name}]({Path(t['video']).name})" if t.get("video") else (t.get("video_note") or "-")
-        lines.append(f"| {name} | {_cell(det)} | {_cell(t['stochastic'])} | "
-                     f"{_num(rnd.get('mean'))} ({rnd.get('source', 'none')}) | {_num(over)} | {video} |")
+        video = (
+            f"[{Path(t['video']).name}]({Path(t['video']).name})" if t.get("video") else (t.get("video_note") or "-")
+        )
+        lines.append(
+            f"| {name} | {_cell(det)} | {_cell(t['stochastic'])} | "
+            f"{_num(rnd.get('mean'))} ({rnd.get('source', 'none')}) | {_num(over)} | {video} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,7 @@ The MP4 (H.264 through imageio's ffmpeg) is what a person opens. Small frames (t
 sizes (yuv420p needs them). TensorBoard gets an animated GIF as an image summary (what
 SummaryWriter.add_video writes, without its moviepy dependency), shrunk to stay light.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,7 +27,7 @@ from rlpipe.envs.classic import GymnasiumEnv
 from rlpipe.envs.contract import EnvSpec
 from rlpipe.envs.registry import make_factory
 
-MIN_SIDE = 256            # smaller frames are enlarged to at least this (integer factor)
+MIN_SIDE = 256  # smaller frames are enlarged to at least this (integer factor)
 DEFAULT_FPS = 30
 TB_MAX_FRAMES = 150
 TB_MAX_WIDTH = 320
@@ -52,7 +53,7 @@ class Recorder:
             return
         try:
             frame = self.grab(env, obs)
-        except Exception as exc:       # a render that fails ends the film, not the evaluation
+        except Exception as exc:  # a render that fails ends the film, not the evaluation
             self.error = f"render failed: {type(exc).__name__}: {exc}"
             return
         if frame is None:
@@ -121,19 +122,23 @@ def for_player(frame: np.ndarray) -> np.ndarray:
 def mp4_writer(path: Path, fps: int):
     """An H.264 MP4 writer (imageio's ffmpeg); append frames that went through for_player."""
     import imageio.v2 as imageio
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    return imageio.get_writer(path, format="FFMPEG", mode="I", fps=fps, codec="libx264",
-                              macro_block_size=2, ffmpeg_log_level="error")
+    return imageio.get_writer(
+        path, format="FFMPEG", mode="I", fps=fps, codec="libx264", macro_block_size=2, ffmpeg_log_level="error"
+    )
 
 
 def gif_bytes(frames: list[np.ndarray], fps: float) -> tuple[bytes, int, int]:
     """(GIF, height, width) of the frames, at most TB_MAX_WIDTH wide, played at `fps`."""
     from PIL import Image
+
     shrink = max(1, -(-frames[0].shape[1] // TB_MAX_WIDTH))
     images = [Image.fromarray(np.ascontiguousarray(f[::shrink, ::shrink])) for f in frames]
     buf = io.BytesIO()
-    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:],
-                   duration=max(20, int(1000 / fps)), loop=0)
+    images[0].save(
+        buf, format="GIF", save_all=True, append_images=images[1:], duration=max(20, int(1000 / fps)), loop=0
+    )
     h, w = images[0].height, images[0].width
     return buf.getvalue(), h, w
 
@@ -141,6 +146,7 @@ def gif_bytes(frames: list[np.ndarray], fps: float) -> tuple[bytes, int, int]:
 def log_gif(writer, tag: str, frames: list[np.ndarray], fps: float, step: int) -> None:
     """An animated GIF image summary (TensorBoard's images tab plays it)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
+
     data, h, w = gif_bytes(frames, fps)
     image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=data)
     writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)

@@ -1,6 +1,7 @@
 """Memory the learner and the board will take, computed from the run's board (the plan's obs
 keys: under buffer=auto already grown to the mix) and env count before anything is allocated,
 so a config that cannot fit is refused with the arithmetic."""
+
 from __future__ import annotations
 
 import psutil
@@ -9,7 +10,7 @@ from rlpipe.config import ConfigError, RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.shm.layout import WorkerLayout
 
-USABLE_FRACTION = 0.8     # of physical memory: the OS, page cache and env engines need the rest
+USABLE_FRACTION = 0.8  # of physical memory: the OS, page cache and env engines need the rest
 GIB = 2**30
 
 
@@ -29,9 +30,8 @@ def memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, int]]) -
     n = spec.env_count
     update_envs = min(spec.learner.update_envs, n)
     return {
-        "board": sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size
-                     for lo, hi in groups),
-        "rollouts": n * T * step,                    # one [T, n] block per slice, all envs
+        "board": sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size for lo, hi in groups),
+        "rollouts": n * T * step,  # one [T, n] block per slice, all envs
         "ready_blocks": 2 * update_envs * T * step,  # finished blocks: the next update's and a backlog
         "update_batch": update_envs * T * (step + 8),  # + advantages and returns
         "inference_batch": n * obs,
@@ -39,15 +39,16 @@ def memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, int]]) -
     }
 
 
-def check_memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, int]],
-                        total_bytes: int | None = None) -> dict:
+def check_memory_budget(
+    spec: RunSpec, plan: MixPlan, groups: list[tuple[int, int]], total_bytes: int | None = None
+) -> dict:
     budget = memory_budget(spec, plan, groups)
     need = sum(v for k, v in budget.items() if k != "obs_bytes_per_step")
     total = total_bytes if total_bytes is not None else psutil.virtual_memory().total
     usable = int(total * USABLE_FRACTION)
     if need > usable:
         keys = ", ".join(f"{k.name} {list(k.shape)} {k.dtype}" for k in plan.obs_keys)
-        if spec.buffer.sizing == "auto":     # say where shapes nobody wrote down come from
+        if spec.buffer.sizing == "auto":  # say where shapes nobody wrote down come from
             keys += "; buffer=auto sized these to the mix"
         T, n = spec.learner.rollout_len, spec.env_count
         raise ConfigError(
@@ -59,5 +60,6 @@ def check_memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, in
             f"(learner.update_envs {min(spec.learner.update_envs, n)}), the board "
             f"{_fmt(budget['board'])} and the inference batch {_fmt(budget['inference_batch'])}. "
             f"Lower env_count, learner.rollout_len or learner.update_envs, or pick smaller obs "
-            f"(buffer=small, buffer.keys.rgb.dtype=uint8).")
+            f"(buffer=small, buffer.keys.rgb.dtype=uint8)."
+        )
     return budget

@@ -9,6 +9,7 @@ Serving, the rollout queue, the update thread and the checkpointed state share t
 fields (the ready queue, the actor/policy pair, the counters and RNG streams); the pieces that
 need none of them live beside it (policy, ppo, rollout, popart, checkpoint, counters, latency).
 """
+
 from __future__ import annotations
 
 import collections
@@ -26,6 +27,7 @@ from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
 from rlpipe.learner.counters import FIRST_EPISODES, Counters
 from rlpipe.learner.latency import StepLatencies
+from rlpipe.learner.outcomes import OUTCOME_FIELDS, SCALING_FIELDS, slice_outcome, truncation_values
 from rlpipe.learner.policy import Policy
 from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
 from rlpipe.learner.rollout import SliceRollout, key_rows
@@ -35,10 +37,6 @@ from rlpipe.learner.type_settings import TypeSettings
 
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
 POLICY_LAYOUT = "typed-towers-popart-1"
-
-# What the learner reads of a slice's last step (copied before the slice is rung again).
-OUTCOME_FIELDS = ("reward", "terminated", "truncated", "ep_return", "ep_len", "step_ms")
-SCALING_FIELDS = ("score", "exec_discrete", "exec_continuous", "behaviour_logp")
 
 
 def pick_device(name: str) -> torch.device:
@@ -55,8 +53,9 @@ class CentralLearner:
         self.device = pick_device(self.cfg.device)
         torch.manual_seed(spec.run.seed)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
-        self.policy = Policy(plan, plan.obs_keys, self.cfg.hidden, self.cfg.cnn_channels,
-                             self.cfg.cnn_out).to(self.device)
+        self.policy = Policy(plan, plan.obs_keys, self.cfg.hidden, self.cfg.cnn_channels, self.cfg.cnn_out).to(
+            self.device
+        )
         self._optimizer: torch.optim.Optimizer | None = None
         # PPO updates run in a thread on `policy` while `actor`, a copy refreshed after every
         # update, keeps serving the workers: inference never waits for training.
@@ -64,10 +63,11 @@ class CentralLearner:
         self._update_thread: threading.Thread | None = None
         self._update_result = None
         # One batch buffer per obs key, sized for every env at once; each round uses a prefix.
-        self.obs_buf = {k.name: torch.zeros((spec.env_count,) + k.shape,
-                                            dtype=getattr(torch, k.dtype)) for k in plan.obs_keys}
+        self.obs_buf = {
+            k.name: torch.zeros((spec.env_count,) + k.shape, dtype=getattr(torch, k.dtype)) for k in plan.obs_keys
+        }
         self.row_bytes = [k.nbytes for k in plan.obs_keys]
-        self.obs_base = [buf.data_ptr() for buf in self.obs_buf.values()]    # they never move
+        self.obs_base = [buf.data_ptr() for buf in self.obs_buf.values()]  # they never move
         self.rollouts: dict[tuple[int, int], SliceRollout] = {}
         # gamma, lambda, entropy bonus and PopArt step per type (env nodes' `learner:`)
         self.type_settings = TypeSettings.of(self.cfg, spec.env_types)
@@ -75,23 +75,26 @@ class CentralLearner:
         self.slice_gae: dict[tuple[int, int], tuple] = {}
         self.ready_blocks: list[dict] = []
         self.ready_types: list[np.ndarray] = []
-        self.ready_samples = 0         # transitions in ready_blocks
+        self.ready_samples = 0  # transitions in ready_blocks
         self.update_samples = min(self.cfg.update_envs, spec.env_count) * self.cfg.rollout_len
-        self.counters = Counters(returns={n: collections.deque(maxlen=100) for n in plan.names},
-                                 first_returns={n: [] for n in plan.names},
-                                 episodes_by_type={n: 0 for n in plan.names},
-                                 recent_losses=collections.deque(maxlen=self.cfg.loss_std_window))
+        self.counters = Counters(
+            returns={n: collections.deque(maxlen=100) for n in plan.names},
+            first_returns={n: [] for n in plan.names},
+            episodes_by_type={n: 0 for n in plan.names},
+            recent_losses=collections.deque(maxlen=self.cfg.loss_std_window),
+        )
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
-        self.step_ms = StepLatencies(plan.names)   # env step() latencies since the last chart
+        self.step_ms = StepLatencies(plan.names)  # env step() latencies since the last chart
         self.random = self.cfg.mode == "random"
         self.scaling = spec.scaling
         # Exploration alternatives get their own stream: the policy's samples stay reproducible.
         self.explore_gen = torch.Generator(device=self.device).manual_seed(spec.run.seed + 1)
-        self.scores = np.ones(spec.env_count, dtype=np.float32)   # latest stability score per env
+        self.scores = np.ones(spec.env_count, dtype=np.float32)  # latest stability score per env
         self.rng = np.random.default_rng(spec.run.seed)
-        self.disc_counts = np.array([s.action_n if s.action_kind != "continuous" else 1
-                                     for s in plan.specs], dtype=np.int64)
+        self.disc_counts = np.array(
+            [s.action_n if s.action_kind != "continuous" else 1 for s in plan.specs], dtype=np.int64
+        )
 
     # -- inference ---------------------------------------------------------------------------
     def serve(self, ready: list[SliceRef]) -> None:
@@ -101,16 +104,15 @@ class CentralLearner:
         of its worker's segment *before* the slice is rung: once rung, the worker steps
         again and overwrites them."""
         cfg = self.cfg
-        rows = []                      # (ref, lo, hi, row offset)
+        rows = []  # (ref, lo, hi, row offset)
         off = 0
         for ref in ready:
             lo, hi = ref.handle.bounds[ref.slice_index]
             rows.append((ref, lo, hi, off))
             off += hi - lo
         b = off
-        if b > self.spec.env_count:     # a slice served twice would write past the batch buffers
-            raise RuntimeError(f"inference round of {b} rows for {self.spec.env_count} envs: "
-                               "a slice was served twice")
+        if b > self.spec.env_count:  # a slice served twice would write past the batch buffers
+            raise RuntimeError(f"inference round of {b} rows for {self.spec.env_count} envs: a slice was served twice")
         torn = 0
         for ref, lo, hi, row in rows:
             ptrs = [base + row * nb for base, nb in zip(self.obs_base, self.row_bytes)]
@@ -133,7 +135,11 @@ class CentralLearner:
             a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
             logp, value = logp.cpu().numpy(), value.cpu().numpy()
 
-        outcomes = [self._outcome(ref, lo, hi) if ref.seq > 0 else None for ref, lo, hi, _ in rows]
+        fields = OUTCOME_FIELDS + (SCALING_FIELDS if self.scaling.enabled and not self.random else ())
+        outcomes = [
+            slice_outcome(ref, lo, hi, fields, self.plan.obs_keys, not self.random) if ref.seq > 0 else None
+            for ref, lo, hi, _ in rows
+        ]
         # Actions out: the workers step while we book-keep.
         for ref, lo, hi, row in rows:
             acts = ref.handle.views.actions
@@ -159,7 +165,7 @@ class CentralLearner:
                     self.counters.first_step_at = now
         if self.random:
             return
-        final_values = self._final_values(rows, outcomes)
+        final_values = truncation_values(self.actor, self.plan.obs_keys, self.device, rows, outcomes)
         for (ref, lo, hi, row), res, fv in zip(rows, outcomes, final_values):
             key = (ref.handle.worker_id, ref.slice_index)
             ro = self.rollouts.get(key)
@@ -170,24 +176,32 @@ class CentralLearner:
             gamma, lam = gae
             if ro is None or ref.seq == 0:
                 # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
-                ro = self.rollouts[key] = SliceRollout(hi - lo, cfg.rollout_len, self.plan.obs_keys,
-                                                       self.plan.actions.cont_dim, self.scaling.enabled,
-                                                       first_len=self._first_len(ref),
-                                                       key_rows=key_rows(self.plan, types_np[sl]))
+                ro = self.rollouts[key] = SliceRollout(
+                    hi - lo,
+                    cfg.rollout_len,
+                    self.plan.obs_keys,
+                    self.plan.actions.cont_dim,
+                    self.scaling.enabled,
+                    first_len=self._first_len(ref),
+                    key_rows=key_rows(self.plan, types_np[sl]),
+                )
             else:
                 ro.add_outcome(res["reward"], res["terminated"], res["truncated"], gamma, fv)
                 if self.scaling.enabled:
                     score = res["score"]
-                    self.scores[ref.handle.env_lo + lo:ref.handle.env_lo + hi] = score
-                    ro.add_behaviour(res["exec_discrete"], res["exec_continuous"], res["behaviour_logp"],
-                                     score_to_weight(score, self.scaling.min_weight))
+                    self.scores[ref.handle.env_lo + lo : ref.handle.env_lo + hi] = score
+                    ro.add_behaviour(
+                        res["exec_discrete"],
+                        res["exec_continuous"],
+                        res["behaviour_logp"],
+                        score_to_weight(score, self.scaling.min_weight),
+                    )
             if ro.full:
                 length = ro.length
                 self.ready_blocks.append(ro.finish(value[sl], gamma, lam))
                 self.ready_types.append(np.repeat(types_np[sl][None], length, 0).reshape(-1))
                 self.ready_samples += length * (hi - lo)
-            ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl],
-                        logp[sl], value[sl])
+            ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl], logp[sl], value[sl])
 
     def _first_len(self, ref: SliceRef) -> int:
         """Length of a new slice rollout's first block: T - (slice ordinal mod T), so the
@@ -197,43 +211,11 @@ class CentralLearner:
         ordinal = ref.handle.worker_id * len(ref.handle.bounds) + ref.slice_index
         return T - ordinal % T
 
-    def _outcome(self, ref: SliceRef, lo: int, hi: int) -> dict:
-        """A copy of what the slice's last step reported (see `serve`)."""
-        res = ref.handle.views.results
-        fields = OUTCOME_FIELDS + (SCALING_FIELDS if self.scaling.enabled and not self.random else ())
-        out = {k: res[k][lo:hi].copy() for k in fields}
-        if not self.random:
-            out["final_rows"] = np.flatnonzero(res["final"][lo:hi])
-            out["final_obs"] = {k.name: res[f"final_{k.name}"][lo:hi][out["final_rows"]]
-                                for k in self.plan.obs_keys}
-        return out
-
-    def _final_values(self, rows, outcomes) -> list[np.ndarray | None]:
-        """V(final obs) of every time-limit truncation of the round, in one critic pass."""
-        parts = [(res, ref.handle.slice_types[ref.slice_index]) for (ref, *_), res in zip(rows, outcomes)
-                 if res is not None and len(res["final_rows"])]
-        values: list[np.ndarray | None] = [None] * len(rows)
-        if not parts:
-            return values
-        obs = {k.name: torch.from_numpy(np.concatenate([res["final_obs"][k.name] for res, _ in parts]))
-               .to(self.device) for k in self.plan.obs_keys}
-        types = torch.from_numpy(np.concatenate([st[res["final_rows"]] for res, st in parts]).astype(np.int64))
-        v = self.actor.value(obs, types.to(self.device)).cpu().numpy()
-        at = 0
-        for i, res in enumerate(outcomes):
-            if res is not None and len(res["final_rows"]):
-                m = len(res["final_rows"])
-                full = np.full(len(res["reward"]), np.nan, dtype=np.float32)
-                full[res["final_rows"]] = v[at:at + m]
-                values[i] = full
-                at += m
-        return values
-
     def _random_actions(self, types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Uniform actions over each env's valid entries (learner.mode=random: benchmarks)."""
         a_disc = (self.rng.random(len(types)) * self.disc_counts[types]).astype(np.int64)
         cont_dim = self.plan.actions.cont_dim
-        if not cont_dim:                # no continuous type: the head is never written
+        if not cont_dim:  # no continuous type: the head is never written
             return a_disc, np.zeros((len(types), 1), dtype=np.float32)
         return a_disc, self.rng.uniform(-1.0, 1.0, (len(types), cont_dim)).astype(np.float32)
 
@@ -269,8 +251,9 @@ class CentralLearner:
         Adam's fused kernel: the same update rule in one pass over all parameters instead of
         a dozen small ops per parameter tensor (the update's second cost after the layers)."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.learning_rate,
-                                               eps=1e-5, fused=True)
+            self._optimizer = torch.optim.Adam(
+                self.policy.parameters(), lr=self.cfg.learning_rate, eps=1e-5, fused=True
+            )
         return self._optimizer
 
     @property
@@ -316,8 +299,7 @@ class CentralLearner:
         meanwhile make up the next update's batch."""
         lr = self.lr_now()
         batch = self._take_batch()
-        self._update_thread = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update",
-                                               daemon=True)
+        self._update_thread = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update", daemon=True)
         self._update_thread.start()
 
     def _take_batch(self) -> dict | None:
@@ -336,15 +318,16 @@ class CentralLearner:
 
     def _train(self, batch: dict, lr: float) -> None:
         try:
-            if self.spec.learner_cpu is not None:     # worker.cpu_affinity=learner_core
+            if self.spec.learner_cpu is not None:  # worker.cpu_affinity=learner_core
                 os.sched_setaffinity(threading.get_native_id(), {self.spec.learner_cpu})
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            self._update_result = ppo_update(self.policy, self.optimizer, batch, self.cfg, self.generator,
-                                             per_type=self.type_settings)
+            self._update_result = ppo_update(
+                self.policy, self.optimizer, batch, self.cfg, self.generator, per_type=self.type_settings
+            )
             if self.spec.run.trim_after_update:
-                heap.trim()                # the update's activations freed: their pages go back
-        except BaseException as exc:       # re-raised in the main thread by poll_update
+                heap.trim()  # the update's activations freed: their pages go back
+        except BaseException as exc:  # re-raised in the main thread by poll_update
             self._update_result = exc
 
     @property
@@ -394,31 +377,47 @@ class CentralLearner:
     # -- checkpoints -------------------------------------------------------------------------
     def compat(self) -> dict:
         """What a checkpoint must match to be resumed by this run."""
-        return {"obs_keys": [[k.name, list(k.shape), k.dtype] for k in self.plan.obs_keys],
-                "types": list(self.plan.names), "discrete_n": self.plan.actions.discrete_n,
-                "cont_dim": self.plan.actions.cont_dim, "hidden": list(self.cfg.hidden),
-                "policy": POLICY_LAYOUT, "value_norm": self.cfg.value_norm,
-                "cnn": [*self.cfg.cnn_channels, self.cfg.cnn_out],
-                "env_count": self.spec.env_count}
+        return {
+            "obs_keys": [[k.name, list(k.shape), k.dtype] for k in self.plan.obs_keys],
+            "types": list(self.plan.names),
+            "discrete_n": self.plan.actions.discrete_n,
+            "cont_dim": self.plan.actions.cont_dim,
+            "hidden": list(self.cfg.hidden),
+            "policy": POLICY_LAYOUT,
+            "value_norm": self.cfg.value_norm,
+            "cnn": [*self.cfg.cnn_channels, self.cfg.cnn_out],
+            "env_count": self.spec.env_count,
+        }
 
     def check_compatible(self, payload: dict) -> None:
         theirs, ours = payload.get("compat"), self.compat()
         if theirs != ours:
             diff = sorted(k for k in ours if (theirs or {}).get(k) != ours[k])
-            raise ValueError(f"written by a run with other {', '.join(diff)} "
-                             f"(checkpoint: {[(theirs or {}).get(k) for k in diff]}, this run: "
-                             f"{[ours[k] for k in diff]})")
+            raise ValueError(
+                f"written by a run with other {', '.join(diff)} "
+                f"(checkpoint: {[(theirs or {}).get(k) for k in diff]}, this run: "
+                f"{[ours[k] for k in diff]})"
+            )
 
     def checkpoint_payload(self) -> dict:
         """Call with no update running (poll_update(wait=True) first)."""
         c = self.counters
-        return {"compat": self.compat(), "policy": self.policy.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "counters": {"env_steps": c.env_steps, "updates": c.updates, "episodes": c.episodes,
-                             "trained_samples": c.trained_samples},
-                "scores": torch.from_numpy(self.scores.copy()),
-                "rng": rng_state(numpy_generators={"actions": self.rng},
-                                 torch_generators={"ppo": self.generator, "explore": self.explore_gen})}
+        return {
+            "compat": self.compat(),
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "counters": {
+                "env_steps": c.env_steps,
+                "updates": c.updates,
+                "episodes": c.episodes,
+                "trained_samples": c.trained_samples,
+            },
+            "scores": torch.from_numpy(self.scores.copy()),
+            "rng": rng_state(
+                numpy_generators={"actions": self.rng},
+                torch_generators={"ppo": self.generator, "explore": self.explore_gen},
+            ),
+        }
 
     def restore(self, payload: dict) -> None:
         self.policy.load_state_dict(payload["policy"])
@@ -430,8 +429,11 @@ class CentralLearner:
         self.counters.episodes = int(counters["episodes"])
         self.counters.trained_samples = int(counters["trained_samples"])
         self.scores[:] = payload["scores"].numpy()
-        set_rng_state(payload["rng"], numpy_generators={"actions": self.rng},
-                      torch_generators={"ppo": self.generator, "explore": self.explore_gen})
+        set_rng_state(
+            payload["rng"],
+            numpy_generators={"actions": self.rng},
+            torch_generators={"ppo": self.generator, "explore": self.explore_gen},
+        )
 
     def drop_worker(self, worker_id: int) -> None:
         """Forget a replaced worker's half-collected rollouts (never mixed across a restart)."""

@@ -16,6 +16,7 @@ torch file, not an rlpipe checkpoint, another format version) or that `validate`
 logged, renamed to `<name>.bad` (so later saves and pruning never count it as the newest) and
 the next older one is tried. When every file fails, CheckpointError names each file and why.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,12 +39,13 @@ log = logging.getLogger(__name__)
 FORMAT = "rlpipe-checkpoint"
 VERSION = 1
 _NAME = re.compile(r"^ckpt_(\d{12})\.pt$")
-_TMP = re.compile(r"^\.ckpt_\d+\.pt\.(\d+)\.\d+\.tmp$")     # rlpipe.files.temp_name: pid, thread
+_TMP = re.compile(r"^\.ckpt_\d+\.pt\.(\d+)\.\d+\.tmp$")  # rlpipe.files.temp_name: pid, thread
 
 
 class CheckpointError(ConfigError):
     """No checkpoint could be loaded; the message names every file tried and why it failed.
     A user-input error like a bad config value: one paragraph, exit code 2."""
+
     what = "checkpoint error"
 
 
@@ -84,21 +86,27 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     path = Path(path)
     try:
         record = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:   # truncated/corrupt zip, pickle errors, disallowed globals, I/O
-        raise CheckpointError(f"checkpoint {path} is unreadable: {type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    except Exception as exc:  # truncated/corrupt zip, pickle errors, disallowed globals, I/O
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not an rlpipe checkpoint")
     if record.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {path} has format version {record.get('version')!r}; "
-                              f"this rlpipe reads version {VERSION}")
+        raise CheckpointError(
+            f"checkpoint {path} has format version {record.get('version')!r}; this rlpipe reads version {VERSION}"
+        )
     if not isinstance(record.get("payload"), dict):
         raise CheckpointError(f"checkpoint {path} has no payload")
     return record["payload"]
 
 
-def load_latest(directory: str | os.PathLike, validate: Callable[[dict], None] | None = None,
-                map_location="cpu", quarantine: bool = True) -> tuple[Path, dict] | None:
+def load_latest(
+    directory: str | os.PathLike,
+    validate: Callable[[dict], None] | None = None,
+    map_location="cpu",
+    quarantine: bool = True,
+) -> tuple[Path, dict] | None:
     """(path, payload) of the newest checkpoint that loads and passes `validate`; None when
     the directory holds no checkpoint. `validate(payload)` raises (any exception; its message
     is reported) to reject an incompatible payload (another model shape, env mix...). Failed
@@ -115,8 +123,9 @@ def load_latest(directory: str | os.PathLike, validate: Callable[[dict], None] |
                 try:
                     validate(payload)
                 except Exception as exc:
-                    raise CheckpointError(f"checkpoint {path} is incompatible with this run: "
-                                          f"{type(exc).__name__}: {exc}") from exc
+                    raise CheckpointError(
+                        f"checkpoint {path} is incompatible with this run: {type(exc).__name__}: {exc}"
+                    ) from exc
         except CheckpointError as exc:
             failures.append(str(exc))
             log.warning("%s; skipping it", exc)
@@ -127,29 +136,36 @@ def load_latest(directory: str | os.PathLike, validate: Callable[[dict], None] |
                     pass
             continue
         return path, payload
-    raise CheckpointError(f"no loadable checkpoint in {Path(directory)} ({len(files)} tried, "
-                          f"newest first):\n  " + "\n  ".join(failures))
+    raise CheckpointError(
+        f"no loadable checkpoint in {Path(directory)} ({len(files)} tried, newest first):\n  " + "\n  ".join(failures)
+    )
 
 
 # -- RNG states ----------------------------------------------------------------------------------
 
-def rng_state(numpy_generators: dict[str, np.random.Generator] | None = None,
-              torch_generators: dict[str, torch.Generator] | None = None) -> dict:
+
+def rng_state(
+    numpy_generators: dict[str, np.random.Generator] | None = None,
+    torch_generators: dict[str, torch.Generator] | None = None,
+) -> dict:
     """Every RNG state as a weights_only-safe dict: python `random`, numpy's global RNG, torch
     CPU (and CUDA when available), plus named numpy Generators and torch Generators.
     numpy states are JSON strings (their 128-bit ints exceed int64)."""
     version, mt, gauss = random.getstate()
     np_global = np.random.get_state()
     state = {
-        "python": {"version": int(version), "mt": torch.tensor(mt, dtype=torch.int64),
-                   "gauss_next": gauss},
-        "numpy_global": {"name": str(np_global[0]),
-                         "keys": torch.from_numpy(np_global[1].astype(np.int64)),
-                         "pos": int(np_global[2]), "has_gauss": int(np_global[3]),
-                         "cached_gaussian": float(np_global[4])},
+        "python": {"version": int(version), "mt": torch.tensor(mt, dtype=torch.int64), "gauss_next": gauss},
+        "numpy_global": {
+            "name": str(np_global[0]),
+            "keys": torch.from_numpy(np_global[1].astype(np.int64)),
+            "pos": int(np_global[2]),
+            "has_gauss": int(np_global[3]),
+            "cached_gaussian": float(np_global[4]),
+        },
         "torch": torch.get_rng_state(),
-        "numpy": {k: json.dumps(g.bit_generator.state, default=_json_default)
-                  for k, g in (numpy_generators or {}).items()},
+        "numpy": {
+            k: json.dumps(g.bit_generator.state, default=_json_default) for k, g in (numpy_generators or {}).items()
+        },
         "torch_generators": {k: g.get_state() for k, g in (torch_generators or {}).items()},
     }
     if torch.cuda.is_available():
@@ -171,23 +187,30 @@ def _json_hook(d):
     return d
 
 
-def set_rng_state(state: dict, numpy_generators: dict[str, np.random.Generator] | None = None,
-                  torch_generators: dict[str, torch.Generator] | None = None) -> None:
+def set_rng_state(
+    state: dict,
+    numpy_generators: dict[str, np.random.Generator] | None = None,
+    torch_generators: dict[str, torch.Generator] | None = None,
+) -> None:
     """Restore what `rng_state` saved into the global RNGs and the given named generators
     (a name missing from the state: KeyError naming it)."""
     py = state["python"]
     random.setstate((py["version"], tuple(int(x) for x in py["mt"].tolist()), py["gauss_next"]))
     ng = state["numpy_global"]
-    np.random.set_state((ng["name"], ng["keys"].numpy().astype(np.uint32), ng["pos"],
-                         ng["has_gauss"], ng["cached_gaussian"]))
+    np.random.set_state(
+        (ng["name"], ng["keys"].numpy().astype(np.uint32), ng["pos"], ng["has_gauss"], ng["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         saved = state["cuda"]
         if len(saved) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(saved)
         else:
-            log.warning("checkpoint has CUDA RNG states for %d devices, this machine has %d: "
-                        "CUDA RNGs not restored", len(saved), torch.cuda.device_count())
+            log.warning(
+                "checkpoint has CUDA RNG states for %d devices, this machine has %d: CUDA RNGs not restored",
+                len(saved),
+                torch.cuda.device_count(),
+            )
     for k, g in (numpy_generators or {}).items():
         if k not in state["numpy"]:
             raise KeyError(f"checkpoint RNG state has no numpy generator {k!r}")

@@ -1,5 +1,6 @@
 """Env step() latencies per env type between two charts (ms; the workers time each call and
 report it with the slice's results)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ class StepLatencies:
     def add(self, types: np.ndarray, step_ms: np.ndarray) -> None:
         """One slice's latencies; `types`: its envs' type indices."""
         first = types[0]
-        if (types == first).all():                  # the common case: a slice of one type
+        if (types == first).all():  # the common case: a slice of one type
             self.recent[self.names[first]].append(step_ms)
             return
         for t in np.unique(types):

@@ -21,6 +21,7 @@ Batching by type uses index ops only: rows are put in type order once per forwar
 argsort), each per-type layer runs one matmul per type *segment*, and outputs are put back
 in row order at the end; a batch of one type skips the permutation.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -39,21 +40,22 @@ MASKED_LOGIT = -1e9
 
 
 class ActOut(NamedTuple):
-    a_disc: torch.Tensor       # [B] int64   policy sample
-    a_cont: torch.Tensor       # [B, D]      policy sample (unclipped)
-    logp: torch.Tensor         # [B]         log pi(a)
-    value: torch.Tensor        # [B]         in return space (PopArt statistics applied)
-    alt_disc: torch.Tensor     # [B] int64   uniform over the env type's valid actions
-    alt_cont: torch.Tensor     # [B, D]      uniform over [-1, 1) on valid dims, 0 elsewhere
-    alt_logp: torch.Tensor     # [B]         log pi(alt)
+    a_disc: torch.Tensor  # [B] int64   policy sample
+    a_cont: torch.Tensor  # [B, D]      policy sample (unclipped)
+    logp: torch.Tensor  # [B]         log pi(a)
+    value: torch.Tensor  # [B]         in return space (PopArt statistics applied)
+    alt_disc: torch.Tensor  # [B] int64   uniform over the env type's valid actions
+    alt_cont: torch.Tensor  # [B, D]      uniform over [-1, 1) on valid dims, 0 elsewhere
+    alt_logp: torch.Tensor  # [B]         log pi(alt)
 
 
 class TypeOrder(NamedTuple):
     """Rows in type order: `perm` sorts rows by type (None: already one type, in order),
     `segments` are (type, start, end) runs over the sorted rows."""
+
     perm: torch.Tensor | None
     inverse: torch.Tensor | None
-    types: torch.Tensor             # per sorted row
+    types: torch.Tensor  # per sorted row
     segments: tuple[tuple[int, int, int], ...]
 
     @classmethod
@@ -168,15 +170,19 @@ class Tower(nn.Module):
 class RgbEncoder(nn.Module):
     """Nature-CNN-sized conv stack for HxWxC uint8 or float images."""
 
-    def __init__(self, shape: tuple[int, int, int], channels: tuple[int, int, int] = (32, 64, 64),
-                 out: int = 256):
+    def __init__(self, shape: tuple[int, int, int], channels: tuple[int, int, int] = (32, 64, 64), out: int = 256):
         super().__init__()
         h, w, c = shape
         c1, c2, c3 = channels
         self.conv = nn.Sequential(
-            layer_init(nn.Conv2d(c, c1, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(c1, c2, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(c2, c3, 3, stride=1)), nn.ReLU(), nn.Flatten())
+            layer_init(nn.Conv2d(c, c1, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(c1, c2, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(c2, c3, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
         with torch.no_grad():
             n = self.conv(torch.zeros(1, c, h, w)).shape[1]
         self.fc = nn.Sequential(layer_init(nn.Linear(n, out)), nn.ReLU())
@@ -190,8 +196,14 @@ class RgbEncoder(nn.Module):
 
 
 class Policy(nn.Module):
-    def __init__(self, plan: MixPlan, obs_keys, hidden: tuple[int, ...],
-                 cnn_channels: tuple[int, int, int] = (32, 64, 64), cnn_out: int = 256):
+    def __init__(
+        self,
+        plan: MixPlan,
+        obs_keys,
+        hidden: tuple[int, ...],
+        cnn_channels: tuple[int, int, int] = (32, 64, 64),
+        cnn_out: int = 256,
+    ):
         super().__init__()
         rgb = [k for k in obs_keys if k.name == "rgb"]
         self.rgb = RgbEncoder(rgb[0].shape, cnn_channels, cnn_out) if rgb else None
@@ -209,9 +221,9 @@ class Policy(nn.Module):
                 key_mask[t, j] = k.name in spec.obs
             if spec.action_kind == CONTINUOUS:
                 is_cont[t] = True
-                cont_mask[t, :spec.action_n] = 1.0
+                cont_mask[t, : spec.action_n] = 1.0
             else:
-                disc_mask[t, :spec.action_n] = True
+                disc_mask[t, : spec.action_n] = True
         self.register_buffer("key_mask", torch.from_numpy(key_mask))
         self.register_buffer("disc_mask", torch.from_numpy(disc_mask))
         self.register_buffer("cont_mask", torch.from_numpy(cont_mask))
@@ -229,18 +241,20 @@ class Policy(nn.Module):
 
     # -- encoders ------------------------------------------------------------------------------
     def features(self, obs: dict[str, torch.Tensor], types: torch.Tensor) -> torch.Tensor:
-        if self.every_type_every_key:     # no key to mask: the obs as they are, in the masks' dtype
+        if self.every_type_every_key:  # no key to mask: the obs as they are, in the masks' dtype
             dtype = self.key_mask.dtype
-            parts = [self._rgb_features(obs[name], None) if name == "rgb"
-                     else obs[name].to(dtype).reshape(len(types), -1) for name in self.key_names]
+            parts = [
+                self._rgb_features(obs[name], None) if name == "rgb" else obs[name].to(dtype).reshape(len(types), -1)
+                for name in self.key_names
+            ]
             return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        mask = self.key_mask[types]                      # [B, n_keys]
+        mask = self.key_mask[types]  # [B, n_keys]
         parts = []
         for j, name in enumerate(self.key_names):
             if name == "rgb":
                 parts.append(self._rgb_features(obs[name], mask[:, j] > 0))
             else:
-                parts.append(obs[name].float().reshape(len(types), -1) * mask[:, j:j + 1])
+                parts.append(obs[name].float().reshape(len(types), -1) * mask[:, j : j + 1])
         return torch.cat(parts, dim=1)
 
     def _rgb_features(self, rgb: torch.Tensor, has_rgb: torch.Tensor | None) -> torch.Tensor:
@@ -312,8 +326,11 @@ class Policy(nn.Module):
         feat, order = self._sorted(obs, types)
         disc, cont = self._dists(feat, order)
         if deterministic:
-            a_disc = disc.probs.argmax(-1) if disc is not None else \
-                torch.zeros(len(types), dtype=torch.int64, device=feat.device)
+            a_disc = (
+                disc.probs.argmax(-1)
+                if disc is not None
+                else torch.zeros(len(types), dtype=torch.int64, device=feat.device)
+            )
             a_cont = cont.mean if cont is not None else torch.zeros(len(types), 1, device=feat.device)
         else:
             a_disc, a_cont = self._sample(disc, cont, len(types), feat.device)
@@ -335,10 +352,10 @@ class Policy(nn.Module):
         # The alternatives are drawn in row order, so a row's draw does not depend on the
         # batch's type layout.
         n_valid = self.disc_mask[types].sum(-1).clamp_min(1)
-        alt_disc = torch.minimum((torch.rand(b, generator=generator, device=dev) * n_valid).long(),
-                                 n_valid - 1)
-        alt_cont = (torch.rand(a_cont.shape, generator=generator, device=dev) * 2.0 - 1.0) \
-            * self.cont_mask[types][:, :a_cont.shape[1]]
+        alt_disc = torch.minimum((torch.rand(b, generator=generator, device=dev) * n_valid).long(), n_valid - 1)
+        alt_cont = (torch.rand(a_cont.shape, generator=generator, device=dev) * 2.0 - 1.0) * self.cont_mask[types][
+            :, : a_cont.shape[1]
+        ]
         alt_logp, _ = self._logp_entropy(disc, cont, st, order.sort(alt_disc), order.sort(alt_cont))
         value = self.popart.denormalize(self._value_normalized(feat, order), st)
         a_disc, a_cont, logp, value, alt_logp = (order.unsort(x) for x in (a_disc, a_cont, logp, value, alt_logp))
@@ -357,5 +374,7 @@ class Policy(nn.Module):
         """Masked discrete logits and continuous means in row order (tests, evaluation)."""
         feat, order = self._sorted(obs, types)
         disc, cont = self._dists(feat, order)
-        return (order.unsort(disc.logits) if disc is not None else None,
-                order.unsort(cont.mean) if cont is not None else None)
+        return (
+            order.unsort(disc.logits) if disc is not None else None,
+            order.unsort(cont.mean) if cont is not None else None,
+        )

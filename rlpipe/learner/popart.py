@@ -20,6 +20,7 @@ Everything lives in buffers: it travels with `state_dict` (the serving copy of t
 checkpoints, export) and is restored bit for bit. With value_norm=none nothing is updated
 and (mu, sigma) stay (0, 1): the critic predicts returns directly.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,7 +41,7 @@ class PopArt(nn.Module):
         self.register_buffer("w", torch.zeros(n_types, dtype=torch.float64))
 
     def denormalize(self, v: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        return (v * self.sigma[types].to(v.dtype) + self.mu[types].to(v.dtype))
+        return v * self.sigma[types].to(v.dtype) + self.mu[types].to(v.dtype)
 
     def normalize(self, x: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
         return (x - self.mu[types].to(x.dtype)) / self.sigma[types].to(x.dtype)
@@ -62,8 +63,9 @@ class PopArt(nn.Module):
         self._move(count, mean, sq, beta, out_layer)
 
     @torch.no_grad()
-    def update_sums(self, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor,
-                    beta: float | torch.Tensor, out_layer) -> None:
+    def update_sums(
+        self, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor, beta: float | torch.Tensor, out_layer
+    ) -> None:
         """`update` from per-type sample counts, sums and sums of squares of the returns
         (float64, [n_types]): what ranks all-reduce so every rank moves the same statistics
         by the same batch (rlpipe.ranks)."""
@@ -73,8 +75,9 @@ class PopArt(nn.Module):
         self._move(count, total / count.clamp_min(1), total_sq / count.clamp_min(1), beta, out_layer)
 
     @torch.no_grad()
-    def _move(self, count: torch.Tensor, mean: torch.Tensor, sq: torch.Tensor, beta: float | torch.Tensor,
-              out_layer) -> None:
+    def _move(
+        self, count: torch.Tensor, mean: torch.Tensor, sq: torch.Tensor, beta: float | torch.Tensor, out_layer
+    ) -> None:
         seen = count > 0
         if isinstance(beta, torch.Tensor):
             beta = beta.to(torch.float64).cpu()
@@ -84,7 +87,7 @@ class PopArt(nn.Module):
         self.w.mul_(keep).add_(1 - keep)
         w = self.w.clamp_min(1e-300)
         new_mu = torch.where(seen | (self.w > 0), self.m1 / w, self.mu)
-        var = (self.m2 / w - new_mu ** 2).clamp_min(0.0)
+        var = (self.m2 / w - new_mu**2).clamp_min(0.0)
         new_sigma = torch.where(seen | (self.w > 0), var.sqrt().clamp(SIGMA_MIN, SIGMA_MAX), self.sigma)
         self.preserve(out_layer, new_mu, new_sigma)
 

@@ -21,6 +21,7 @@ for one policy over many env types:
   backward pass the gradients are averaged over the ranks' samples before clipping and the
   optimizer step (DD-PPO), so every rank takes the same step.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,9 +59,9 @@ def concat_obs(blocks: list[dict], key: str) -> np.ndarray:
     for b in blocks:
         m, rows = len(b["adv"]), b.get("obs_rows", {}).get(key)
         if rows is None:
-            out[at:at + m] = b["obs"][key]
+            out[at : at + m] = b["obs"][key]
         elif len(rows):
-            n = b["n_envs"]                 # block rows are t-major: transition t of env j is t * n + j
+            n = b["n_envs"]  # block rows are t-major: transition t of env j is t * n + j
             out[at + (np.arange(m // n)[:, None] * n + rows[None, :]).reshape(-1)] = b["obs"][key]
         at += m
     return out
@@ -69,6 +70,7 @@ def concat_obs(blocks: list[dict], key: str) -> np.ndarray:
 def concat_blocks(blocks: list[dict], types: list[np.ndarray], device) -> dict:
     def cat(key):
         return torch.from_numpy(np.concatenate([b[key] for b in blocks])).to(device)
+
     return {
         "obs": {k: torch.from_numpy(concat_obs(blocks, k)).to(device) for k in blocks[0]["obs"]},
         "types": torch.from_numpy(np.concatenate(types)).long().to(device),
@@ -81,20 +83,21 @@ def normalize_per_type(adv: torch.Tensor, types: torch.Tensor, n_types: int) -> 
     """(adv - mean_t) / (std_t + 1e-8) with each row's type t; a type with one sample in the
     batch keeps a zero advantage (no spread to scale by)."""
     count = torch.bincount(types, minlength=n_types).to(adv.dtype)
-    mean = torch.zeros(n_types, dtype=adv.dtype, device=adv.device).index_add_(0, types, adv) \
-        / count.clamp_min(1)
+    mean = torch.zeros(n_types, dtype=adv.dtype, device=adv.device).index_add_(0, types, adv) / count.clamp_min(1)
     centered = adv - mean[types]
-    var = torch.zeros(n_types, dtype=adv.dtype, device=adv.device).index_add_(0, types, centered ** 2) \
-        / (count - 1).clamp_min(1)
+    var = torch.zeros(n_types, dtype=adv.dtype, device=adv.device).index_add_(0, types, centered**2) / (
+        count - 1
+    ).clamp_min(1)
     return centered / (var.sqrt()[types] + 1e-8)
 
 
-def normalize_per_type_sums(adv: torch.Tensor, types: torch.Tensor, count: torch.Tensor,
-                            total: torch.Tensor, total_sq: torch.Tensor) -> torch.Tensor:
+def normalize_per_type_sums(
+    adv: torch.Tensor, types: torch.Tensor, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor
+) -> torch.Tensor:
     """`normalize_per_type` with each type's count, sum and sum of squares given (float64,
     summed over ranks): every rank normalizes by the statistics of the global batch."""
     mean = total / count.clamp_min(1)
-    var = ((total_sq - count * mean ** 2) / (count - 1).clamp_min(1)).clamp_min(0.0)
+    var = ((total_sq - count * mean**2) / (count - 1).clamp_min(1)).clamp_min(0.0)
     m, s = mean.to(adv.device)[types], var.sqrt().to(adv.device)[types]
     return ((adv.to(torch.float64) - m) / (s + 1e-8)).to(adv.dtype)
 
@@ -122,9 +125,15 @@ class WholeBatch:
 WHOLE_BATCH = WholeBatch()
 
 
-def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
-               cfg: LearnerSpec, generator: torch.Generator, sync=WHOLE_BATCH,
-               per_type: TypeSettings | None = None) -> UpdateStats:
+def ppo_update(
+    policy: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: dict,
+    cfg: LearnerSpec,
+    generator: torch.Generator,
+    sync=WHOLE_BATCH,
+    per_type: TypeSettings | None = None,
+) -> UpdateStats:
     types = batch["types"]
     n = len(batch["adv"])
     beta = cfg.popart_beta if per_type is None else per_type.popart_beta_by_type()
@@ -132,11 +141,19 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
     adv_all, n_minibatches = sync.batch_statistics(policy, batch, cfg, beta)
     ret = policy.popart.normalize(batch["ret"], types).float()
     old_value = policy.popart.normalize(batch["value"], types).float()
-    rows = {"obs": batch["obs"], "types": types, "a_disc": batch["a_disc"], "a_cont": batch["a_cont"],
-            "logp": batch["logp"], "old_value": old_value, "adv": adv_all, "ret": ret}
+    rows = {
+        "obs": batch["obs"],
+        "types": types,
+        "a_disc": batch["a_disc"],
+        "a_cont": batch["a_cont"],
+        "logp": batch["logp"],
+        "old_value": old_value,
+        "adv": adv_all,
+        "ret": ret,
+    }
     if "weight" in batch:
         rows["weight"] = batch["weight"]
-    if isinstance(ent_coef, torch.Tensor):     # types differ: each row's own (shuffled with it)
+    if isinstance(ent_coef, torch.Tensor):  # types differ: each row's own (shuffled with it)
         rows["ent_coef"] = ent_coef
     params = [p for p in policy.parameters()]
     terms_sum = torch.zeros(6, dtype=torch.float64)
@@ -162,8 +179,18 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
             adv = mb["adv"]
             if cfg.adv_norm == "batch" and len(adv) > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            terms = weighted_ppo_terms(logp, entropy, value, mb["logp"], mb["old_value"],
-                                       adv, mb["ret"], cfg.clip_coef, cfg.clip_vloss, mb.get("weight"))
+            terms = weighted_ppo_terms(
+                logp,
+                entropy,
+                value,
+                mb["logp"],
+                mb["old_value"],
+                adv,
+                mb["ret"],
+                cfg.clip_coef,
+                cfg.clip_vloss,
+                mb.get("weight"),
+            )
             if "ent_coef" in mb:
                 bonus = weighted_mean(mb["ent_coef"].to(entropy.dtype) * entropy, mb.get("weight"))
             else:
@@ -175,8 +202,11 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch: dict,
                 nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 optimizer.step()
             # summed as tensors: one host read at the end instead of six per minibatch
-            terms_sum += torch.stack([terms.pg_loss, terms.v_loss, terms.entropy, terms.approx_kl,
-                                      terms.clipfrac, loss]).detach().to(torch.float64)
+            terms_sum += (
+                torch.stack([terms.pg_loss, terms.v_loss, terms.entropy, terms.approx_kl, terms.clipfrac, loss])
+                .detach()
+                .to(torch.float64)
+            )
             count += 1
     means = (terms_sum / max(count, 1)).tolist()
     return UpdateStats(*means, samples=n)

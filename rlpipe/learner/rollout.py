@@ -22,6 +22,7 @@ differently. Both forms compute the same numbers for a column of the same values
 product gamma * V in float32 (what a Python float meets a float32 array as), the trace's
 decay gamma * lambda in float64 (as the product of two Python floats).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,13 +35,22 @@ class SliceRollout:
     puts the zeros back. At day4 the rgb rows are a quarter of the envs and most of the
     bytes, so this keeps three quarters of the rollout storage out of the driver's memory."""
 
-    def __init__(self, n: int, T: int, obs_keys, cont_dim: int, weighted: bool = False,
-                 first_len: int | None = None, key_rows: dict[str, np.ndarray] | None = None):
+    def __init__(
+        self,
+        n: int,
+        T: int,
+        obs_keys,
+        cont_dim: int,
+        weighted: bool = False,
+        first_len: int | None = None,
+        key_rows: dict[str, np.ndarray] | None = None,
+    ):
         self.n, self.T = n, T
-        self.length = first_len or T        # transitions in the block being collected
+        self.length = first_len or T  # transitions in the block being collected
         self.key_rows = key_rows or {}
-        self.obs = {k.name: np.zeros((T, len(self.key_rows.get(k.name, range(n)))) + k.shape, dtype=k.dtype)
-                    for k in obs_keys}
+        self.obs = {
+            k.name: np.zeros((T, len(self.key_rows.get(k.name, range(n)))) + k.shape, dtype=k.dtype) for k in obs_keys
+        }
         self.a_disc = np.zeros((T, n), dtype=np.int64)
         self.a_cont = np.zeros((T, n, max(cont_dim, 1)), dtype=np.float32)
         self.logp = np.zeros((T, n), dtype=np.float32)
@@ -50,8 +60,14 @@ class SliceRollout:
         self.weight = np.ones((T, n), dtype=np.float32) if weighted else None
         self.t = 0
 
-    def add_outcome(self, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                    gamma: float | np.ndarray, final_value: np.ndarray | None = None) -> None:
+    def add_outcome(
+        self,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        gamma: float | np.ndarray,
+        final_value: np.ndarray | None = None,
+    ) -> None:
         """Reward and end flags of the transition taken at t - 1; `final_value`: V(final obs)
         of the envs whose episode a time limit ended (NaN elsewhere), or None. `gamma`: a
         float, or one per env."""
@@ -94,8 +110,11 @@ class SliceRollout:
         adv = np.zeros((L, self.n), dtype=np.float32)
         last = np.zeros(self.n, dtype=np.float32)
         discount = _value_discount(gamma)
-        decay = gamma * lam if isinstance(gamma, float) and isinstance(lam, float) else \
-            np.asarray(gamma, dtype=np.float64) * np.asarray(lam, dtype=np.float64)
+        decay = (
+            gamma * lam
+            if isinstance(gamma, float) and isinstance(lam, float)
+            else np.asarray(gamma, dtype=np.float64) * np.asarray(lam, dtype=np.float64)
+        )
         for t in reversed(range(L)):
             nonterminal = 1.0 - self.done[t]
             nv = next_value if t == L - 1 else self.value[t + 1]
@@ -105,7 +124,7 @@ class SliceRollout:
         m = L * self.n
         block = {
             "obs": {k: v[:L].reshape((L * v.shape[1],) + v.shape[2:]).copy() for k, v in self.obs.items()},
-            "obs_rows": self.key_rows,      # never changed after construction: shared, not copied
+            "obs_rows": self.key_rows,  # never changed after construction: shared, not copied
             "a_disc": self.a_disc[:L].reshape(m).copy(),
             "a_cont": self.a_cont[:L].reshape(m, -1).copy(),
             "logp": self.logp[:L].reshape(m).copy(),

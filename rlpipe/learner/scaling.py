@@ -22,6 +22,7 @@ Stability scores (rlpipe.worker.stability, in [0, 1]) arrive with the step resul
 
 Functions taking scores accept numpy arrays or torch tensors and return the same kind.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,17 +54,25 @@ def score_to_epsilon(scores, eps_max: float, eps_min: float):
 
 @dataclass
 class PPOTerms:
-    pg_loss: torch.Tensor       # weighted clipped surrogate (to minimize)
-    v_loss: torch.Tensor        # weighted 0.5 * (clipped) squared error
-    entropy: torch.Tensor       # weighted mean entropy
-    approx_kl: torch.Tensor     # unweighted diagnostics, no grad (as in CleanRL)
+    pg_loss: torch.Tensor  # weighted clipped surrogate (to minimize)
+    v_loss: torch.Tensor  # weighted 0.5 * (clipped) squared error
+    entropy: torch.Tensor  # weighted mean entropy
+    approx_kl: torch.Tensor  # unweighted diagnostics, no grad (as in CleanRL)
     clipfrac: torch.Tensor
 
 
-def weighted_ppo_terms(new_logp: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor,
-                       old_logp: torch.Tensor, old_value: torch.Tensor, adv: torch.Tensor,
-                       ret: torch.Tensor, clip_coef: float, clip_vloss: bool = True,
-                       weights: torch.Tensor | None = None) -> PPOTerms:
+def weighted_ppo_terms(
+    new_logp: torch.Tensor,
+    entropy: torch.Tensor,
+    new_value: torch.Tensor,
+    old_logp: torch.Tensor,
+    old_value: torch.Tensor,
+    adv: torch.Tensor,
+    ret: torch.Tensor,
+    clip_coef: float,
+    clip_vloss: bool = True,
+    weights: torch.Tensor | None = None,
+) -> PPOTerms:
     """PPO loss terms of one minibatch (adv already normalized if norm_adv).
 
     old_logp is the behaviour log-prob (the mixture when the worker explored). With
@@ -85,8 +94,7 @@ def weighted_ppo_terms(new_logp: torch.Tensor, entropy: torch.Tensor, new_value:
         return PPOTerms(pg.mean(), 0.5 * v.mean(), entropy.mean(), approx_kl, clipfrac)
     w = weights.to(pg.dtype)
     wsum = w.sum().clamp_min(1e-12)
-    return PPOTerms((w * pg).sum() / wsum, 0.5 * (w * v).sum() / wsum, (w * entropy).sum() / wsum,
-                    approx_kl, clipfrac)
+    return PPOTerms((w * pg).sum() / wsum, 0.5 * (w * v).sum() / wsum, (w * entropy).sum() / wsum, approx_kl, clipfrac)
 
 
 def weighted_mean(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:

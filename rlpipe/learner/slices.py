@@ -1,5 +1,6 @@
 """What the driver hands the learner per doorbell (kept free of torch so the driver can import
 it before the learner is built)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +13,8 @@ if TYPE_CHECKING:
 @dataclass
 class SliceRef:
     """One ready slice: its worker's handle and the env range inside that worker."""
-    handle: SliceSource       # the interface in rlpipe/protocol.py (the driver's WorkerHandle)
+
+    handle: SliceSource  # the interface in rlpipe/protocol.py (the driver's WorkerHandle)
     slice_index: int
     seq: int
-    generation: int           # the worker generation that rang: older ones are stale
+    generation: int  # the worker generation that rang: older ones are stale

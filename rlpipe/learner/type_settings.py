@@ -8,6 +8,7 @@ all share a value (no type overrides it, or all set the same) it is handed on as
 float, the form the learner used before per-type settings: such a run computes what it did,
 bit for bit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from rlpipe.config import TYPE_LEARNER_KEYS, EnvTypeSpec, LearnerSpec
 
 @dataclass(frozen=True)
 class TypeSettings:
-    gamma: np.ndarray            # float64 [n_types], indexed by type index (MixPlan.names order)
+    gamma: np.ndarray  # float64 [n_types], indexed by type index (MixPlan.names order)
     gae_lambda: np.ndarray
     ent_coef: np.ndarray
     popart_beta: np.ndarray
@@ -28,8 +29,12 @@ class TypeSettings:
     @classmethod
     def of(cls, cfg: LearnerSpec, env_types: tuple[EnvTypeSpec, ...]) -> "TypeSettings":
         """The types' values in `env_types` order (the plan's type indices)."""
-        return cls(**{key: np.array([float(t.learner.get(key, getattr(cfg, key))) for t in env_types])
-                      for key in TYPE_LEARNER_KEYS})
+        return cls(
+            **{
+                key: np.array([float(t.learner.get(key, getattr(cfg, key))) for t in env_types])
+                for key in TYPE_LEARNER_KEYS
+            }
+        )
 
     @staticmethod
     def _one(values: np.ndarray) -> float | None:

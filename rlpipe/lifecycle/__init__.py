@@ -15,10 +15,20 @@ This package imports nothing else of rlpipe but rlpipe.chaos_faults (which impor
 rlpipe; the recovery report reads each chaos fault's healing rule there): workers, the driver
 and the reports all use it.
 """
+
 from rlpipe.lifecycle.client import LifecycleClient
 from rlpipe.lifecycle.events import DB_NAME, EVENT_KINDS, FAULT_KINDS
 from rlpipe.lifecycle.readers import connect_ro, env_history, event_counts, fault_counts
 from rlpipe.lifecycle.writer import LifecycleWriter
 
-__all__ = ["DB_NAME", "EVENT_KINDS", "FAULT_KINDS", "LifecycleClient", "LifecycleWriter", "connect_ro",
-           "env_history", "event_counts", "fault_counts"]
+__all__ = [
+    "DB_NAME",
+    "EVENT_KINDS",
+    "FAULT_KINDS",
+    "LifecycleClient",
+    "LifecycleWriter",
+    "connect_ro",
+    "env_history",
+    "event_counts",
+    "fault_counts",
+]

@@ -1,5 +1,6 @@
 """`python -m rlpipe.lifecycle <run_dir> [--env N]`: counts by event kind and env type of a run's
 lifecycle log, or the ordered history of one env."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ def _table(header: tuple, rows: list[tuple], right: set[int] = frozenset()) -> s
 
 def cli(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m rlpipe.lifecycle",
-        description="Summarise a run's env lifecycle log (lifecycle.sqlite).")
+        prog="python -m rlpipe.lifecycle", description="Summarise a run's env lifecycle log (lifecycle.sqlite)."
+    )
     p.add_argument("run_dir", type=Path, help="the Hydra run directory (or the .sqlite file itself)")
     p.add_argument("--env", type=int, metavar="N", help="print the ordered history of env N")
     args = p.parse_args(argv)
@@ -37,8 +38,10 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         if args.env is None:
             counts = event_counts(db_path)
-            rows = [(kind, env_type, n) for (kind, env_type), n in
-                    sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
+            rows = [
+                (kind, env_type, n)
+                for (kind, env_type), n in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+            ]
             rows.append(("total", None, sum(counts.values())))
             print(_table(("kind", "env_type", "count"), rows, right={2}))
         else:
@@ -46,11 +49,19 @@ def cli(argv: list[str] | None = None) -> int:
             if not hist:
                 print(f"no events for env {args.env} in {db_path}")
                 return 0
-            rows = [(datetime.fromtimestamp(r["ts"]).isoformat(sep=" ", timespec="milliseconds"),
-                     r["kind"], r["env_type"], r["env_version"], r["worker_id"], r["generation"],
-                     r["detail"]) for r in hist]
-            print(_table(("time", "kind", "env_type", "version", "worker", "gen", "detail"),
-                         rows, right={4, 5}))
+            rows = [
+                (
+                    datetime.fromtimestamp(r["ts"]).isoformat(sep=" ", timespec="milliseconds"),
+                    r["kind"],
+                    r["env_type"],
+                    r["env_version"],
+                    r["worker_id"],
+                    r["generation"],
+                    r["detail"],
+                )
+                for r in hist
+            ]
+            print(_table(("time", "kind", "env_type", "version", "worker", "gen", "detail"), rows, right={4, 5}))
     except sqlite3.DatabaseError as e:
         print(f"error: cannot read lifecycle log {db_path}: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
 """Readers of a run's lifecycle log. They open it read-only, so they are safe while a run writes."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,16 +17,18 @@ def connect_ro(db_path: str | Path) -> sqlite3.Connection:
     # A db at rest (no -wal beside it: the writer has closed) is opened immutable, so the
     # reader creates no -shm/-wal files of its own in the run directory.
     at_rest = not path.with_name(path.name + "-wal").exists()
-    return sqlite3.connect(path.resolve().as_uri() + ("?mode=ro&immutable=1" if at_rest else "?mode=ro"),
-                           uri=True)
+    return sqlite3.connect(path.resolve().as_uri() + ("?mode=ro&immutable=1" if at_rest else "?mode=ro"), uri=True)
 
 
 def fault_counts(db_path: str | Path) -> dict[str, int]:
     """The "faults" block of summary.json, counted from rows."""
     with contextlib.closing(connect_ro(db_path)) as db:
-        kinds = dict(db.execute(
-            f"SELECT kind, COUNT(*) FROM events WHERE kind IN ({', '.join('?' * len(FAULT_KINDS))}) "
-            "GROUP BY kind", tuple(FAULT_KINDS.values())).fetchall())
+        kinds = dict(
+            db.execute(
+                f"SELECT kind, COUNT(*) FROM events WHERE kind IN ({', '.join('?' * len(FAULT_KINDS))}) GROUP BY kind",
+                tuple(FAULT_KINDS.values()),
+            ).fetchall()
+        )
     return {key: kinds.get(kind, 0) for key, kind in FAULT_KINDS.items()}
 
 
@@ -42,4 +45,3 @@ def env_history(db_path: str | Path, env_id: int) -> list[dict]:
         db.row_factory = sqlite3.Row
         rows = db.execute("SELECT * FROM events WHERE env_id = ? ORDER BY ts, id", (env_id,)).fetchall()
     return [dict(r) for r in rows]
-

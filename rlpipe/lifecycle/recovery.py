@@ -20,6 +20,7 @@ the estimate is None.
 Read-only: safe on a finished run and on one that is still writing. The one module of rlpipe
 this package imports: rlpipe.chaos_faults, which imports nothing of rlpipe.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -52,8 +53,11 @@ def _pct(values: list[float], q: float) -> float | None:
 
 def _rows(db: sqlite3.Connection, kinds: tuple[str, ...]) -> list[dict]:
     db.row_factory = sqlite3.Row
-    rows = db.execute(f"SELECT id, ts, kind, env_id, worker_id, generation, detail FROM events "
-                      f"WHERE kind IN ({', '.join('?' * len(kinds))}) ORDER BY ts, id", kinds).fetchall()
+    rows = db.execute(
+        f"SELECT id, ts, kind, env_id, worker_id, generation, detail FROM events "
+        f"WHERE kind IN ({', '.join('?' * len(kinds))}) ORDER BY ts, id",
+        kinds,
+    ).fetchall()
     out = []
     for r in rows:
         d = dict(r)
@@ -134,7 +138,7 @@ def _worker_env_counts(spawns: list[dict], creates: list[tuple[int, int]]) -> tu
     for s in spawns:
         n = s["detail"].get("envs")
         if s["worker_id"] is None or not isinstance(n, (int, float)):
-            continue       # e.g. a worker_spawn that only carries a warning
+            continue  # e.g. a worker_spawn that only carries a warning
         by_gen[(s["worker_id"], s["generation"])] = int(n)
         by_worker[s["worker_id"]] = int(n)
     envs_of: dict[int, set] = {}
@@ -163,8 +167,10 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
         injects = _rows(db, ("chaos_inject",))
         healings = _Healings({kind: _rows(db, (kind,)) for kind in sorted({f.healed_by.kind for f in FAULTS})})
         spawns = _rows(db, ("worker_spawn",))
-        creates = db.execute("SELECT DISTINCT worker_id, env_id FROM events WHERE kind = 'env_create' "
-                             "AND worker_id IS NOT NULL AND env_id IS NOT NULL").fetchall()
+        creates = db.execute(
+            "SELECT DISTINCT worker_id, env_id FROM events WHERE kind = 'env_create' "
+            "AND worker_id IS NOT NULL AND env_id IS NOT NULL"
+        ).fetchall()
     envs_by_gen, envs_by_worker = _worker_env_counts(spawns, creates)
 
     events: list[dict] = []
@@ -186,9 +192,17 @@ def recovery_report(db_path: str | Path, summary: dict | None = None) -> dict[st
             if fault.costs_env_steps:
                 n_envs = envs_by_gen.get((wid, gen), envs_by_worker.get(wid, 0))
                 lost += recover_s * n_envs * (rate or 0.0)
-        events.append({"id": inj["id"], "what": what, "worker_id": wid, "generation": gen,
-                       "t": inj["detail"].get("t"), "recover_s": recover_s,
-                       "recovered_by": None if match is None else fault.healed_by.label(match)})
+        events.append(
+            {
+                "id": inj["id"],
+                "what": what,
+                "worker_id": wid,
+                "generation": gen,
+                "t": inj["detail"].get("t"),
+                "recover_s": recover_s,
+                "recovered_by": None if match is None else fault.healed_by.label(match),
+            }
+        )
     for what, k in by_kind.items():
         k["p50_s"] = _pct(times.get(what, []), 50)
         k["p99_s"] = _pct(times.get(what, []), 99)

@@ -1,4 +1,5 @@
 """The one SQLite writer of a run's lifecycle log (see the package docstring for why one)."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from rlpipe.lifecycle.events import COLUMNS, check_endpoint, check_kind
 
 log = logging.getLogger(__name__)
 
-_FIELDS = frozenset(COLUMNS) - {"run_id", "kind"}      # what an event may carry
+_FIELDS = frozenset(COLUMNS) - {"run_id", "kind"}  # what an event may carry
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, ts REAL, run_id TEXT, kind TEXT, env_id INTEGER, env_type TEXT,
@@ -27,12 +28,12 @@ CREATE INDEX IF NOT EXISTS events_env_id ON events(env_id);
 """
 _INSERT = f"INSERT INTO events ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
-_BATCH_ROWS = 500           # commit after this many rows ...
-_BATCH_S = 0.2              # ... or this long after the first uncommitted one
-_POLL_S = 0.1               # the writer thread wakes at least this often, so stop() is prompt
-_DRAIN_S = 2.0              # stop() gives in-flight events this long to arrive
-_QUIET_S = 0.1              # ... and stops earlier once the socket has been quiet this long
-_WRITER_RCVHWM = 100000     # frames of ~150 bytes: ~15 MB at most
+_BATCH_ROWS = 500  # commit after this many rows ...
+_BATCH_S = 0.2  # ... or this long after the first uncommitted one
+_POLL_S = 0.1  # the writer thread wakes at least this often, so stop() is prompt
+_DRAIN_S = 2.0  # stop() gives in-flight events this long to arrive
+_QUIET_S = 0.1  # ... and stops earlier once the socket has been quiet this long
+_WRITER_RCVHWM = 100000  # frames of ~150 bytes: ~15 MB at most
 
 
 def _detail_text(detail: Any) -> str | None:
@@ -57,8 +58,7 @@ class LifecycleWriter:
     `dropped` (record() calls after stop()).
     """
 
-    def __init__(self, db_path: str | Path, endpoint: str, run_id: str,
-                 ctx: zmq.Context | None = None):
+    def __init__(self, db_path: str | Path, endpoint: str, run_id: str, ctx: zmq.Context | None = None):
         check_endpoint(endpoint)
         self.db_path = Path(db_path)
         self.endpoint = endpoint
@@ -71,7 +71,7 @@ class LifecycleWriter:
         self._db: sqlite3.Connection | None = None
         self._stopped = False
         self._error: BaseException | None = None
-        self._lock = threading.Lock()       # start/stop/record-after-stop bookkeeping
+        self._lock = threading.Lock()  # start/stop/record-after-stop bookkeeping
         self.rows_written = 0
         self.batches = 0
         self.bad_messages = 0
@@ -154,8 +154,7 @@ class LifecycleWriter:
         if self._thread is not None:
             self._thread.join(_DRAIN_S + 5.0)
             if self._thread.is_alive():
-                log.error("lifecycle writer thread did not finish; %s may lack the last events",
-                          self.db_path)
+                log.error("lifecycle writer thread did not finish; %s may lack the last events", self.db_path)
 
     def __enter__(self) -> "LifecycleWriter":
         self.start()
@@ -167,9 +166,17 @@ class LifecycleWriter:
     # --- writer thread --------------------------------------------------------------------
 
     def _row(self, kind: str, f: dict) -> tuple:
-        return (float(f.get("ts") or time.time()), self.run_id, kind, f.get("env_id"),
-                f.get("env_type"), f.get("env_version"), f.get("worker_id"),
-                f.get("generation"), _detail_text(f.get("detail")))
+        return (
+            float(f.get("ts") or time.time()),
+            self.run_id,
+            kind,
+            f.get("env_id"),
+            f.get("env_type"),
+            f.get("env_version"),
+            f.get("worker_id"),
+            f.get("generation"),
+            _detail_text(f.get("detail")),
+        )
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -187,8 +194,9 @@ class LifecycleWriter:
             return self._row(kind, msg)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             if self.bad_messages == 0:
-                log.warning("lifecycle: skipping malformed event %r (%s); further ones are only counted",
-                            frame[:200], e)
+                log.warning(
+                    "lifecycle: skipping malformed event %r (%s); further ones are only counted", frame[:200], e
+                )
             self.bad_messages += 1
             return None
 
@@ -235,7 +243,7 @@ class LifecycleWriter:
     def _run(self) -> None:
         pending: list[tuple] = []
         markers: list[_Flush] = []
-        first_pending_at: float | None = None      # monotonic time of the oldest uncommitted row
+        first_pending_at: float | None = None  # monotonic time of the oldest uncommitted row
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         try:
@@ -253,8 +261,11 @@ class LifecycleWriter:
                 now = time.monotonic()
                 if pending and first_pending_at is None:
                     first_pending_at = now
-                if markers or len(pending) >= _BATCH_ROWS or (
-                        first_pending_at is not None and now - first_pending_at >= _BATCH_S):
+                if (
+                    markers
+                    or len(pending) >= _BATCH_ROWS
+                    or (first_pending_at is not None and now - first_pending_at >= _BATCH_S)
+                ):
                     self._commit(pending)
                     first_pending_at = None
                 for m in markers:
@@ -271,7 +282,7 @@ class LifecycleWriter:
                     self._commit(pending)
             self._drain_queue(pending, markers)
             self._commit(pending)
-        except BaseException as e:      # disk full, db deleted, ...: keep the reason for flush()
+        except BaseException as e:  # disk full, db deleted, ...: keep the reason for flush()
             self._error = e
             log.exception("lifecycle writer failed; events after this point are lost")
         finally:

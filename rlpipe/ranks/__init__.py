@@ -26,6 +26,7 @@ The driver sees a rank only through its run mode (`Ranks`, rlpipe/ranks/run.py, 
 `rlpipe.supervisor.runmode.RunMode`); this module itself imports no torch, so the app reads
 the launcher's environment before deciding to.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +43,8 @@ class RankInfo:
     rank: int
     world_size: int
     local_rank: int
-    job_id: str          # TORCHELASTIC_RUN_ID (torchrun's --rdzv-id): the same on every rank
-    restart: int         # TORCHELASTIC_RESTART_COUNT: 0, then 1, 2... after --max-restarts restarts
+    job_id: str  # TORCHELASTIC_RUN_ID (torchrun's --rdzv-id): the same on every rank
+    restart: int  # TORCHELASTIC_RESTART_COUNT: 0, then 1, 2... after --max-restarts restarts
 
 
 def rank_from_env(environ=None) -> RankInfo | None:
@@ -57,9 +58,11 @@ def rank_from_env(environ=None) -> RankInfo | None:
         local = int(env.get("LOCAL_RANK", rank))
         restart = int(env.get("TORCHELASTIC_RESTART_COUNT", 0))
     except ValueError as exc:
-        raise ConfigError(f"Invalid torchrun environment (RANK={env.get('RANK')!r}, WORLD_SIZE="
-                          f"{env.get('WORLD_SIZE')!r}): {exc}. These are set by torchrun; unset them "
-                          "to run a single process.") from exc
+        raise ConfigError(
+            f"Invalid torchrun environment (RANK={env.get('RANK')!r}, WORLD_SIZE="
+            f"{env.get('WORLD_SIZE')!r}): {exc}. These are set by torchrun; unset them "
+            "to run a single process."
+        ) from exc
     if world < 1 or not 0 <= rank < world:
         raise ConfigError(f"Invalid torchrun environment: RANK={rank} is not in [0, WORLD_SIZE={world}).")
     return RankInfo(rank, world, local, env.get("TORCHELASTIC_RUN_ID", "none"), restart)
@@ -81,23 +84,26 @@ def rank_spec(spec: RunSpec, info: RankInfo) -> RunSpec:
         raise ConfigError(
             f"Invalid config value env_count={spec.env_count}: under torchrun with {w} ranks, allowed is "
             f"at least {w * n_types} (each rank runs its share of env_count and needs one env of each "
-            f"of the {n_types} env types). Raise env_count or run fewer ranks.")
+            f"of the {n_types} env types). Raise env_count or run fewer ranks."
+        )
     update_total = min(spec.learner.update_envs, spec.env_count)
     if update_total < w:
         raise ConfigError(
             f"Invalid config value learner.update_envs={spec.learner.update_envs}: under torchrun with "
-            f"{w} ranks, allowed is at least {w} (each rank gathers its share of the update's env-rollouts).")
+            f"{w} ranks, allowed is at least {w} (each rank gathers its share of the update's env-rollouts)."
+        )
     if spec.learner.mode != "ppo":
         raise ConfigError(
             f"Invalid config value learner.mode={spec.learner.mode!r}: under torchrun only ppo is "
-            "allowed (ranks exist to train together; run random-action benchmarks as one process).")
+            "allowed (ranks exist to train together; run random-action benchmarks as one process)."
+        )
     count, offset = share(spec.env_count, w, info.rank)
     updates, _ = share(update_total, w, info.rank)
     learner = dataclasses.replace(spec.learner, update_envs=updates)
     # a torchrun restart continues the run (auto: a rank killed before its first checkpoint starts fresh)
     run = dataclasses.replace(spec.run, resume=spec.run.resume or ("auto" if info.restart > 0 else False))
     ranked = dataclasses.replace(spec, env_count=count, learner=learner, run=run)
-    ranked.env_id_offset = offset       # not a setting, so replace() left it at 0
+    ranked.env_id_offset = offset  # not a setting, so replace() left it at 0
     return ranked
 
 

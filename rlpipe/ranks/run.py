@@ -3,6 +3,7 @@ rlpipe.supervisor.runmode): the process group, the run directory every rank agre
 learner and TensorBoard writer of this rank, stopping and checkpointing after the update
 round that says so, and the end-of-run check that all ranks hold the same learner state
 (measured by checksums, never assumed)."""
+
 import hashlib
 import logging
 import os
@@ -60,20 +61,32 @@ def state_checksums(learner) -> dict[str, str]:
             for p in group["params"]:
                 for _key, value in sorted(opt.state.get(p, {}).items()):
                     opt_tensors.append(value if torch.is_tensor(value) else torch.tensor(float(value)))
-    schedule = torch.tensor([float(learner.round_steps), float(learner.counters.updates)] + lr,
-                            dtype=torch.float64)
-    return {"policy": _digest(params + other_buffers), "popart": _digest(popart),
-            "optimizer": _digest(opt_tensors), "schedule": _digest([schedule])}
+    schedule = torch.tensor([float(learner.round_steps), float(learner.counters.updates)] + lr, dtype=torch.float64)
+    return {
+        "policy": _digest(params + other_buffers),
+        "popart": _digest(popart),
+        "optimizer": _digest(opt_tensors),
+        "schedule": _digest([schedule]),
+    }
 
 
 class NullTb:
     """Ranks other than 0 write no TensorBoard events (rank 0 charts the job)."""
 
-    def scalars(self, *a, **k): pass
-    def histogram(self, *a, **k): pass
-    def hparams(self, *a, **k): pass
-    def text(self, *a, **k): pass
-    def close(self): pass
+    def scalars(self, *a, **k):
+        pass
+
+    def histogram(self, *a, **k):
+        pass
+
+    def hparams(self, *a, **k):
+        pass
+
+    def text(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
 
 
 class GlobalStepTb:
@@ -110,7 +123,7 @@ class Ranks(RunMode):
         self.info = info
         self.rank, self.world = info.rank, info.world_size
         self.job_spec = spec
-        self.spec = rank_spec(spec, info)       # ConfigError before any collective
+        self.spec = rank_spec(spec, info)  # ConfigError before any collective
         self.backend = resolve_backend(self.spec)
         self.writes_job_outputs = self.rank == 0
         self.line_prefix = f"rank {self.rank}/{self.world} "
@@ -131,17 +144,31 @@ class Ranks(RunMode):
         prefix = f"rlpipe/{self.info.job_id}/{self.info.restart}/"
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             from torch.distributed.rendezvous import _create_c10d_store  # env:// does the same, unprefixed
-            base = _create_c10d_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank,
-                                      self.world, timeout)
-            tdist.init_process_group(self.backend, store=tdist.PrefixStore(prefix + "pg/", base),
-                                     rank=self.rank, world_size=self.world, timeout=timeout)
+
+            base = _create_c10d_store(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank, self.world, timeout
+            )
+            tdist.init_process_group(
+                self.backend,
+                store=tdist.PrefixStore(prefix + "pg/", base),
+                rank=self.rank,
+                world_size=self.world,
+                timeout=timeout,
+            )
         else:
             tdist.init_process_group(self.backend, timeout=timeout)
             from torch.distributed.distributed_c10d import _get_default_store
+
             base = _get_default_store()
         self.store = tdist.PrefixStore(prefix + "rounds/", base)
-        log.info("rank %d/%d up (%s backend, %d envs from env id %d)", self.rank, self.world, self.backend,
-                 self.spec.env_count, self.spec.env_id_offset)
+        log.info(
+            "rank %d/%d up (%s backend, %d envs from env id %d)",
+            self.rank,
+            self.world,
+            self.backend,
+            self.spec.env_count,
+            self.spec.env_id_offset,
+        )
 
     @property
     def sync_device(self) -> torch.device:
@@ -163,11 +190,16 @@ class Ranks(RunMode):
         return new_run_id(self.rank)
 
     def redis_fields(self) -> dict:
-        return {"job": self.info.job_id, "rank": self.rank, "world_size": self.world,
-                "env_id_offset": self.spec.env_id_offset}
+        return {
+            "job": self.info.job_id,
+            "rank": self.rank,
+            "world_size": self.world,
+            "env_id_offset": self.spec.env_id_offset,
+        }
 
     def make_learner(self, spec: RunSpec, plan):
         from rlpipe.ranks.learner import RankLearner
+
         self.learner = RankLearner(spec, plan, self.rank, self.world, self.store, self.sync_device)
         return self.learner
 
@@ -178,6 +210,7 @@ class Ranks(RunMode):
         if self.rank != 0:
             return NullTb()
         from rlpipe.telemetry.tb import TbWriter
+
         return GlobalStepTb(TbWriter(run_dir, config_yaml), self.learner)
 
     # -- rounds ------------------------------------------------------------------------------
@@ -190,10 +223,10 @@ class Ranks(RunMode):
         return learner.finished
 
     def checkpoint_after_update(self, learner) -> bool:
-        return learner.take_checkpoint()         # every rank, right after the same round
+        return learner.take_checkpoint()  # every rank, right after the same round
 
     def checkpoint_on_clock(self, learner, timer, now: float) -> bool:
-        learner.checkpoint_wanted = timer.passed(now)     # asked for in the next round's header
+        learner.checkpoint_wanted = timer.passed(now)  # asked for in the next round's header
         return False
 
     # -- the end -----------------------------------------------------------------------------
@@ -210,17 +243,30 @@ class Ranks(RunMode):
         """One line the moment a signal stops this rank (torchrun sends SIGTERM to every rank
         when one fails, and SIGKILL after its grace period, maybe before our summary line)."""
         import signal as _signal
+
         name = _signal.Signals(signum).name
-        why = (" torchrun stops every rank when one fails: its report names the rank;"
-               if os.environ.get("TORCHELASTIC_RUN_ID") else "")
-        print(f"rlpipe rank {self.rank}/{self.world}: {name} received, stopping this rank (workers, Redis, "
-              f"segments are removed).{why} run.resume=true continues from the checkpoints.", flush=True)
+        why = (
+            " torchrun stops every rank when one fails: its report names the rank;"
+            if os.environ.get("TORCHELASTIC_RUN_ID")
+            else ""
+        )
+        print(
+            f"rlpipe rank {self.rank}/{self.world}: {name} received, stopping this rank (workers, Redis, "
+            f"segments are removed).{why} run.resume=true continues from the checkpoints.",
+            flush=True,
+        )
 
     def summary_section(self) -> dict:
         """`summary.json` `dist` until the final exchange fills in the comparison."""
-        return {"world_size": self.world, "rank": self.rank, "backend": self.backend,
-                "sync_frac": self.spec.dist.sync_frac, "env_id_offset": self.spec.env_id_offset,
-                "run_root": str(self.root), "params_in_sync": None}
+        return {
+            "world_size": self.world,
+            "rank": self.rank,
+            "backend": self.backend,
+            "sync_frac": self.spec.dist.sync_frac,
+            "env_id_offset": self.spec.env_id_offset,
+            "run_root": str(self.root),
+            "params_in_sync": None,
+        }
 
     def finish_summary(self, result: dict, stop_signal: int | None, run_dir: Path) -> dict:
         ranks = self.final_exchange(result, stop_signal)
@@ -232,16 +278,26 @@ class Ranks(RunMode):
         if stop_signal is not None:
             return None
         learner = self.learner
-        mine = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
-                "env_count": self.spec.env_count, "env_id_offset": self.spec.env_id_offset,
-                "env_steps": result["env_steps"], "sps": result["sps"], "episodes": result["episodes"],
-                "trained_samples": result["trained_samples"], "updates": result["updates"],
-                "peak_rss_mb": result["peak_rss_mb"], "preempted_rounds": learner.preempted_rounds,
-                "rounds": learner.rounds.round, "collectives": learner.sync.collectives,
-                "returns": {k: list(v) for k, v in learner.counters.returns.items()},
-                "first_returns": {k: list(v) for k, v in learner.counters.first_returns.items()},
-                "episodes_by_type": dict(learner.counters.episodes_by_type),
-                "checksums": state_checksums(learner)}
+        mine = {
+            "rank": self.rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "env_count": self.spec.env_count,
+            "env_id_offset": self.spec.env_id_offset,
+            "env_steps": result["env_steps"],
+            "sps": result["sps"],
+            "episodes": result["episodes"],
+            "trained_samples": result["trained_samples"],
+            "updates": result["updates"],
+            "peak_rss_mb": result["peak_rss_mb"],
+            "preempted_rounds": learner.preempted_rounds,
+            "rounds": learner.rounds.round,
+            "collectives": learner.sync.collectives,
+            "returns": {k: list(v) for k, v in learner.counters.returns.items()},
+            "first_returns": {k: list(v) for k, v in learner.counters.first_returns.items()},
+            "episodes_by_type": dict(learner.counters.episodes_by_type),
+            "checksums": state_checksums(learner),
+        }
         box: list = [None] * self.world
         try:
             tdist.all_gather_object(box, mine)
@@ -262,8 +318,9 @@ class Ranks(RunMode):
         components = {k: len({r["checksums"][k] for r in ranks}) == 1 for k in ranks[0]["checksums"]}
         section["params_in_sync"] = all(components.values())
         section["state_in_sync"] = components
-        section["ranks"] = [{k: v for k, v in r.items() if k not in ("returns", "first_returns", "episodes_by_type")}
-                            for r in ranks]
+        section["ranks"] = [
+            {k: v for k, v in r.items() if k not in ("returns", "first_returns", "episodes_by_type")} for r in ranks
+        ]
         if self.rank == 0:
             result["env_steps_rank0"] = result["env_steps"]
             result["env_steps"] = sum(r["env_steps"] for r in ranks)
@@ -271,16 +328,19 @@ class Ranks(RunMode):
             result["episodes"] = sum(r["episodes"] for r in ranks)
             result["trained_samples"] = sum(r["trained_samples"] for r in ranks)
             result["env_count"] = self.job_spec.env_count
+
             def merged(key: str) -> dict[str, list]:
-                return {name: [x for r in ranks for x in r[key].get(name, [])]
-                        for name in result["mean_return_last100"]}
+                return {
+                    name: [x for r in ranks for x in r[key].get(name, [])] for name in result["mean_return_last100"]
+                }
+
             last, first = merged("returns"), merged("first_returns")
             episodes = {name: sum(r["episodes_by_type"].get(name, 0) for r in ranks) for name in last}
             result["mean_return_last100"] = {k: (round(float(np.mean(v)), 3) if v else None) for k, v in last.items()}
-            result["mean_return_first100"] = {k: (round(float(np.mean(v)), 3) if v else None)
-                                              for k, v in first.items()}
-            result["learned"] = {k: random_return.verdict(v, first[k], episodes[k], randoms.get(k))
-                                 for k, v in last.items()}
+            result["mean_return_first100"] = {k: (round(float(np.mean(v)), 3) if v else None) for k, v in first.items()}
+            result["learned"] = {
+                k: random_return.verdict(v, first[k], episodes[k], randoms.get(k)) for k, v in last.items()
+            }
         result["dist"] = section
         return result
 

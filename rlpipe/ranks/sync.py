@@ -9,6 +9,7 @@ size. A rank without samples in a minibatch (or in the whole round) all-reduces 
 count of zero; nothing depends on a rank's local batch size. That is what keeps ranks out of
 the classic deadlock of unequal collective counts.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,7 +21,7 @@ import torch.distributed as tdist
 
 from rlpipe.learner.ppo import normalize_per_type_sums
 
-POLL_S = 0.005        # how often a rank waiting for a round reads the store
+POLL_S = 0.005  # how often a rank waiting for a round reads the store
 
 
 class RankLost(RuntimeError):
@@ -34,12 +35,14 @@ def rank_lost(rank: int, world: int, what: str, exc: BaseException) -> RankLost:
         "Another rank of the job died or was stopped, or the torchrun agent is gone: this rank stops "
         "too (torchrun's failure report names the rank that failed first). Restart the job with "
         "run.resume=true (or torchrun --max-restarts=N, whose restarts resume by themselves) to "
-        "continue from the run's checkpoints.")
+        "continue from the run's checkpoints."
+    )
 
 
 @dataclass
 class TypeSums:
     """Per-type sums over every rank's batch (float64, [n_types]) and the global sample count."""
+
     count: torch.Tensor
     ret_sum: torch.Tensor
     ret_sq: torch.Tensor
@@ -54,12 +57,12 @@ class RankSync:
     def __init__(self, rank: int, world: int, device: torch.device):
         self.rank, self.world = rank, world
         self.device = device
-        self.collectives = 0            # calls made (equal on every rank after every round)
+        self.collectives = 0  # calls made (equal on every rank after every round)
 
     def all_sum(self, t: torch.Tensor, what: str) -> torch.Tensor:
         try:
             tdist.all_reduce(t)
-        except Exception as exc:        # gloo/nccl raise RuntimeError or DistError subclasses
+        except Exception as exc:  # gloo/nccl raise RuntimeError or DistError subclasses
             raise rank_lost(self.rank, self.world, what, exc) from exc
         self.collectives += 1
         return t
@@ -76,11 +79,11 @@ class RankSync:
         out = torch.zeros(5 * n_types + 1, dtype=torch.float64, device=self.device)
         out[0:n_types] = torch.bincount(t, minlength=n_types).to(torch.float64)
         for k, x in enumerate((r, r * r, a, a * a), start=1):
-            out[k * n_types:(k + 1) * n_types].index_add_(0, t, x)
+            out[k * n_types : (k + 1) * n_types].index_add_(0, t, x)
         out[-1] = len(ret)
         self.all_sum(out, "the all-reduce of the batch's per-type statistics")
         out = out.cpu()
-        parts = [out[k * n_types:(k + 1) * n_types] for k in range(5)]
+        parts = [out[k * n_types : (k + 1) * n_types] for k in range(5)]
         return TypeSums(*parts, samples=int(out[-1].item()))
 
     def batch_statistics(self, policy, batch: dict, cfg, beta) -> tuple[torch.Tensor, int]:
@@ -104,14 +107,23 @@ class RankSync:
         if not params:
             return samples > 0
         dev = params[0].device
-        flat = torch.cat([(p.grad.reshape(-1) * samples) if p.grad is not None
-                          else torch.zeros(p.numel(), dtype=p.dtype, device=dev) for p in params]
-                         + [torch.tensor([float(samples)] + [float(p.grad is not None) for p in params],
-                                         dtype=params[0].dtype, device=dev)])
+        flat = torch.cat(
+            [
+                (p.grad.reshape(-1) * samples)
+                if p.grad is not None
+                else torch.zeros(p.numel(), dtype=p.dtype, device=dev)
+                for p in params
+            ]
+            + [
+                torch.tensor(
+                    [float(samples)] + [float(p.grad is not None) for p in params], dtype=params[0].dtype, device=dev
+                )
+            ]
+        )
         self.all_sum(flat, "the gradient all-reduce")
         n_grad = sum(p.numel() for p in params)
         total = float(flat[n_grad].item())
-        has = flat[n_grad + 1:].tolist()
+        has = flat[n_grad + 1 :].tolist()
         if total <= 0:
             for p in params:
                 p.grad = None
@@ -119,7 +131,7 @@ class RankSync:
         at = 0
         for p, h in zip(params, has):
             n = p.numel()
-            p.grad = (flat[at:at + n] / total).view_as(p) if h > 0 else None
+            p.grad = (flat[at : at + n] / total).view_as(p) if h > 0 else None
             at += n
         return True
 
@@ -170,7 +182,7 @@ class Rounds:
     def begin(self) -> bool:
         """This rank starts the round; returns whether it had its rollout (False: preempted)."""
         had = self.announced
-        if self.round >= 2:              # every rank has started round - 1, so round - 2 is done with
+        if self.round >= 2:  # every rank has started round - 1, so round - 2 is done with
             try:
                 self.store.delete_key(f"ready/{self.round - 2}")
             except Exception:

@@ -9,6 +9,7 @@ rebuilt from their files.
 
 Exit codes: 0 done, 2 when the directory is neither (one paragraph says so).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,23 +25,36 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     path = args.path
     from rlpipe.report.jobs import is_run_dir, job_dirs
+
     if is_run_dir(path):
         from rlpipe.telemetry.health import write_health_report
+
         report = write_health_report(path)
         pngs = sorted(path.glob("health_*.png"))
         print(f"rlpipe.report: wrote {report} and {len(pngs)} plot(s)")
         return 0
     if job_dirs(path):
         from rlpipe.report.compare import write_comparison
+
         report, plots = write_comparison(path)
-        print(f"rlpipe.report: wrote {report} ({len(job_dirs(path))} jobs) and {len(plots)} plot(s): "
-              + ", ".join(p.name for p in plots))
+        print(
+            f"rlpipe.report: wrote {report} ({len(job_dirs(path))} jobs) and {len(plots)} plot(s): "
+            + ", ".join(p.name for p in plots)
+        )
         return 0
-    what = "does not exist" if not path.exists() else (
-        "is neither a run directory (no .hydra/config.yaml) nor a multirun directory (no child "
-        "folder with .hydra/overrides.yaml)")
-    print(f"rlpipe.report: {path} {what}. Pass a run's folder (outputs/<date>/<time>/) or a "
-          "multirun's (multirun/<date>/<time>/, or the hydra.sweep.dir you gave).", file=sys.stderr)
+    what = (
+        "does not exist"
+        if not path.exists()
+        else (
+            "is neither a run directory (no .hydra/config.yaml) nor a multirun directory (no child "
+            "folder with .hydra/overrides.yaml)"
+        )
+    )
+    print(
+        f"rlpipe.report: {path} {what}. Pass a run's folder (outputs/<date>/<time>/) or a "
+        "multirun's (multirun/<date>/<time>/, or the hydra.sweep.dir you gave).",
+        file=sys.stderr,
+    )
     return EXIT_BAD_INPUT
 
 

@@ -5,6 +5,7 @@ folder per job, each with `.hydra/overrides.yaml`. Each figure of a job comes fr
 `summary.json` when the job finished; a job without one (killed, or still running) gets what
 its TensorBoard scalars say, and is marked so in the table.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,19 +24,19 @@ CURVE_TAGS = ("charts/sps", "losses/total", "memory/pss_mb")
 
 @dataclass
 class Job:
-    name: str                       # the job's folder name (Hydra numbers them 0, 1, ...)
+    name: str  # the job's folder name (Hydra numbers them 0, 1, ...)
     run_dir: Path
     overrides: list[str]
     summary: dict | None
     scalars: dict[str, Series] = field(default_factory=dict)
-    note: str = ""                  # why a figure is missing or estimated
+    note: str = ""  # why a figure is missing or estimated
 
     @property
     def finished(self) -> bool:
         return self.summary is not None
 
     def returns(self) -> dict[str, Series]:
-        return {t[len(RETURN_PREFIX):]: s for t, s in sorted(self.scalars.items()) if t.startswith(RETURN_PREFIX)}
+        return {t[len(RETURN_PREFIX) :]: s for t, s in sorted(self.scalars.items()) if t.startswith(RETURN_PREFIX)}
 
 
 def _natural(name: str):
@@ -50,8 +51,9 @@ def job_dirs(path: Path) -> list[Path]:
     """The job folders directly under a multirun directory, in Hydra's job order."""
     if not path.is_dir():
         return []
-    return sorted((p for p in path.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()),
-                  key=lambda p: _natural(p.name))
+    return sorted(
+        (p for p in path.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()), key=lambda p: _natural(p.name)
+    )
 
 
 def load_job(run_dir: Path) -> Job:
@@ -70,7 +72,7 @@ def load_job(run_dir: Path) -> Job:
     if (run_dir / "tb").is_dir():
         try:
             scalars = read_scalars(run_dir / "tb")
-        except Exception as exc:        # a truncated event file leaves the job's curves out
+        except Exception as exc:  # a truncated event file leaves the job's curves out
             note = (note + "; " if note else "") + f"tb/ unreadable ({type(exc).__name__})"
     return Job(run_dir.name, run_dir, [str(o) for o in overrides], summary, scalars, note)
 
@@ -82,6 +84,7 @@ def varying(jobs: list[Job]) -> tuple[list[str], dict[str, list[str]]]:
 
 
 # --- figures of one job (summary first, TensorBoard otherwise) --------------------------------
+
 
 def env_steps(job: Job) -> int | None:
     if job.summary:

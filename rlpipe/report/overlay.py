@@ -3,6 +3,7 @@
 
 matplotlib's object API (Figure, no pyplot state), Agg when saved.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,29 +18,32 @@ PANEL_COLS = 3
 
 def _figure(**kw):
     from matplotlib.figure import Figure
+
     return Figure(layout="constrained", **kw)
 
 
 def _colors(n: int) -> list:
     from matplotlib import colormaps
+
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
     return [cmap(i % cmap.N) for i in range(n)]
 
 
 def _steps_axis(ax) -> None:
     from matplotlib.ticker import EngFormatter
+
     ax.xaxis.set_major_formatter(EngFormatter(sep=""))
     ax.grid(alpha=0.3)
 
 
 def _legend(fig, handles, labels) -> None:
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)), fontsize=8,
-                   frameon=False)
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(labels)), fontsize=8, frameon=False)
 
 
-def plot_tag(jobs: list[Job], labels: dict[str, str], tag: str, title: str, ylabel: str,
-             path: Path, positive_only: bool = False) -> Path | None:
+def plot_tag(
+    jobs: list[Job], labels: dict[str, str], tag: str, title: str, ylabel: str, path: Path, positive_only: bool = False
+) -> Path | None:
     """One scalar tag of every job over env steps; None when no job logged it.
     `positive_only`: leave out values <= 0 (a memory figure logged before its first sample)."""
     curves = {}
@@ -56,8 +60,7 @@ def plot_tag(jobs: list[Job], labels: dict[str, str], tag: str, title: str, ylab
     ax = fig.subplots()
     colors = dict(zip((j.name for j in jobs), _colors(len(jobs))))
     for name, (steps, values) in curves.items():
-        ax.plot(steps, values, color=colors[name], label=labels[name],
-                marker="." if len(steps) < 30 else None)
+        ax.plot(steps, values, color=colors[name], label=labels[name], marker="." if len(steps) < 30 else None)
     if positive_only:
         ax.set_ylim(bottom=0)
     _steps_axis(ax)
@@ -85,14 +88,13 @@ def plot_returns(jobs: list[Job], labels: dict[str, str], path: Path) -> Path | 
             s = j.returns().get(name)
             if s is None or not len(s.steps):
                 continue
-            (line,) = ax.plot(s.steps, s.values, color=colors[j.name],
-                              marker="." if len(s.steps) < 30 else None)
+            (line,) = ax.plot(s.steps, s.values, color=colors[j.name], marker="." if len(s.steps) < 30 else None)
             handles.setdefault(j.name, line)
         _steps_axis(ax)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("env steps", fontsize=8)
         ax.tick_params(labelsize=8)
-    for ax in axes[len(types):]:
+    for ax in axes[len(types) :]:
         ax.set_visible(False)
     fig.supylabel("episodic return (mean per 2 s window)", fontsize=9)
     fig.suptitle("Return per env type, every job", fontsize=11)

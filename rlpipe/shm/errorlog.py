@@ -36,6 +36,7 @@ marked `"truncated": true`.
 One producer process, one consumer process. Inside the producer, threads (the env step
 pool) are serialized by a lock; the same holds for the consumer side.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,16 +54,16 @@ import numpy as np
 from rlpipe.native.board import load_u64, store_u64
 
 ERROR_LOG_BYTES = 1 << 20
-MAX_RECORD_BYTES = 16 << 10          # payload cap of one record (JSON bytes)
-TRACEBACK_CHARS = 8 << 10            # traceback text kept in a fresh record
-MESSAGE_CHARS = 500                  # first line of the exception message
+MAX_RECORD_BYTES = 16 << 10  # payload cap of one record (JSON bytes)
+TRACEBACK_CHARS = 8 << 10  # traceback text kept in a fresh record
+MESSAGE_CHARS = 500  # first line of the exception message
 
-LOG_MAGIC = 0x726C70655F657272      # "rlpe_err"
+LOG_MAGIC = 0x726C70655F657272  # "rlpe_err"
 OFF_MAGIC, OFF_CAPACITY, OFF_MAX_RECORD = 0, 8, 16
 OFF_HEAD, OFF_DROPPED, OFF_WRITTEN = 64, 72, 80
 OFF_TAIL = 128
 HEADER_BYTES = 256
-REC_HEADER = struct.Struct("<II")     # length, crc32
+REC_HEADER = struct.Struct("<II")  # length, crc32
 SKIP = 0xFFFFFFFF
 
 
@@ -97,7 +98,7 @@ class ErrorLog:
             raise ValueError(f"error log: {len(self._u8)} bytes is too small")
         self._hdr = np.frombuffer(self._u8, dtype=np.uint64, count=HEADER_BYTES // 8)
         self._lock = threading.Lock()
-        self.corrupt = 0                    # consumer-side: records that failed their check
+        self.corrupt = 0  # consumer-side: records that failed their check
         if create:
             capacity = (len(self._u8) - HEADER_BYTES) & ~7
             self._u8[:HEADER_BYTES] = 0
@@ -106,15 +107,17 @@ class ErrorLog:
             store_u64(self._addr + OFF_MAGIC, LOG_MAGIC)
         else:
             if load_u64(self._addr + OFF_MAGIC) != LOG_MAGIC:
-                raise ValueError("error log: no error log here (magic mismatch); the creator must "
-                                 "initialise it with create=True first")
+                raise ValueError(
+                    "error log: no error log here (magic mismatch); the creator must "
+                    "initialise it with create=True first"
+                )
             capacity = int(self._hdr[OFF_CAPACITY // 8])
             if capacity <= 0 or capacity > len(self._u8) - HEADER_BYTES or capacity % 8:
                 raise ValueError(f"error log: bad capacity {capacity}")
         self.capacity = capacity
         # the payload cap: fits the data area with room for a skip marker and a header
         self.max_record_bytes = min(int(max_record_bytes), capacity // 2 - REC_HEADER.size)
-        self._data = self._mv[HEADER_BYTES:HEADER_BYTES + capacity]
+        self._data = self._mv[HEADER_BYTES : HEADER_BYTES + capacity]
         # Each side owns one position; cache it (re-read from memory once, on attach).
         self._head = load_u64(self._addr + OFF_HEAD)
         self._tail = load_u64(self._addr + OFF_TAIL)
@@ -144,11 +147,11 @@ class ErrorLog:
                 REC_HEADER.pack_into(data, off, SKIP, 0)
                 off = 0
             REC_HEADER.pack_into(data, off, n, zlib.crc32(payload))
-            data[off + REC_HEADER.size:off + REC_HEADER.size + n] = payload
+            data[off + REC_HEADER.size : off + REC_HEADER.size + n] = payload
             self._head = head + skip + size
             self._written += 1
             store_u64(self._addr + OFF_WRITTEN, self._written)
-            store_u64(self._addr + OFF_HEAD, self._head)     # publish: after the bytes
+            store_u64(self._addr + OFF_HEAD, self._head)  # publish: after the bytes
             return True
 
     # -- consumer --------------------------------------------------------------------------
@@ -175,7 +178,7 @@ class ErrorLog:
                     self.corrupt += 1
                     tail = head
                     break
-                payload = bytes(data[off + REC_HEADER.size:off + REC_HEADER.size + n])
+                payload = bytes(data[off + REC_HEADER.size : off + REC_HEADER.size + n])
                 tail += _align8(REC_HEADER.size + n)
                 if zlib.crc32(payload) != crc:
                     self.corrupt += 1
@@ -190,7 +193,7 @@ class ErrorLog:
                 else:
                     self.corrupt += 1
             self._tail = tail
-            store_u64(self._addr + OFF_TAIL, tail)          # release: the bytes are copied out
+            store_u64(self._addr + OFF_TAIL, tail)  # release: the bytes are copied out
         return out
 
     # -- counters (either side) ------------------------------------------------------------
@@ -216,6 +219,7 @@ class ErrorLog:
 
 # --- encoding -------------------------------------------------------------------------------
 
+
 def _json_default(obj):
     if isinstance(obj, np.generic):
         return obj.item()
@@ -225,8 +229,7 @@ def _json_default(obj):
 
 
 def _dumps(record: dict) -> bytes:
-    return json.dumps(record, separators=(",", ":"), default=_json_default,
-                      allow_nan=True).encode()
+    return json.dumps(record, separators=(",", ":"), default=_json_default, allow_nan=True).encode()
 
 
 def trim_text(text: str, limit: int, keep_head: float = 0.25) -> str:
@@ -244,11 +247,11 @@ def trim_text(text: str, limit: int, keep_head: float = 0.25) -> str:
     head = text[:head_n]
     cut = head.rfind("\n")
     if cut > head_n // 2:
-        head = head[:cut + 1]
-    tail = text[len(text) - tail_n:]
+        head = head[: cut + 1]
+    tail = text[len(text) - tail_n :]
     cut = tail.find("\n")
     if 0 <= cut < tail_n // 2:
-        tail = tail[cut + 1:]
+        tail = tail[cut + 1 :]
     trimmed = len(text) - len(head) - len(tail)
     marker = f"... [{trimmed} chars trimmed] ...\n"
     if not head.endswith("\n"):
@@ -289,8 +292,7 @@ def encode_record(record: dict, limit: int = MAX_RECORD_BYTES) -> bytes:
             minimal[key] = value[:200] if isinstance(value, str) else value
     payload = _dumps(minimal)
     if len(payload) > limit:
-        payload = _dumps({"truncated": True,
-                          "stacktrace_hash": str(record.get("stacktrace_hash", ""))[:64]})
+        payload = _dumps({"truncated": True, "stacktrace_hash": str(record.get("stacktrace_hash", ""))[:64]})
     return payload
 
 
@@ -362,7 +364,7 @@ def error_record(env_id, env_type, exc: BaseException, ts: float | None = None) 
     text = format_exc_text(exc)
     message = _first_line(str(exc))
     if len(message) > MESSAGE_CHARS:
-        message = message[:MESSAGE_CHARS - 3] + "..."
+        message = message[: MESSAGE_CHARS - 3] + "..."
     return {
         "ts": round(time.time() if ts is None else float(ts), 3),
         "level": "ERROR",
@@ -376,5 +378,14 @@ def error_record(env_id, env_type, exc: BaseException, ts: float | None = None) 
     }
 
 
-__all__ = ["ERROR_LOG_BYTES", "MAX_RECORD_BYTES", "ErrorLog", "encode_record", "error_record",
-           "format_exc_text", "normalize_traceback", "stacktrace_hash", "trim_text"]
+__all__ = [
+    "ERROR_LOG_BYTES",
+    "MAX_RECORD_BYTES",
+    "ErrorLog",
+    "encode_record",
+    "error_record",
+    "format_exc_text",
+    "normalize_traceback",
+    "stacktrace_hash",
+    "trim_text",
+]

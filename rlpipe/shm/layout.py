@@ -14,6 +14,7 @@ writer notices and stops.
     actions             policy action (discrete i32, continuous f32[cont_dim]), logp, alternative
     error log (1 MiB)  the worker's ERROR records, pulled by the driver's aggregator
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,9 @@ MAGIC = 0x726C70697065_0002  # "rlpipe" + layout version (2: final-obs rows)
 
 # header word offsets (uint64 each); H_BUILT: envs built so far (the watchdog's start-up
 # progress); H_LC_DROPPED: lifecycle events the worker dropped at its ZMQ high-water mark
-(H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE, H_BUILT,
- H_LC_DROPPED) = (8 * i for i in range(9))
+(H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE, H_BUILT, H_LC_DROPPED) = (
+    8 * i for i in range(9)
+)
 
 
 def align(n: int) -> int:
@@ -47,9 +49,9 @@ class WorkerLayout:
     ctrl_off: int
     key_offsets: tuple[int, ...]
     strides: tuple[int, ...]
-    results: dict          # field -> (offset, dtype, per-env shape)
+    results: dict  # field -> (offset, dtype, per-env shape)
     actions: dict
-    error_log_off: int    # ERROR_LOG_BYTES of JSON error records (rlpipe.shm.errorlog)
+    error_log_off: int  # ERROR_LOG_BYTES of JSON error records (rlpipe.shm.errorlog)
     size: int
 
     @classmethod
@@ -78,22 +80,40 @@ class WorkerLayout:
         # executed with its behaviour log-prob (they differ from the policy's under epsilon).
         # `final` marks a time-limit truncation whose end obs is in the `final_<key>` rows
         # (the board already shows the autoreset's obs): the learner bootstraps from it.
-        results = fields([("reward", "float32", ()), ("reward_raw", "float32", ()),
-                          ("terminated", "uint8", ()), ("truncated", "uint8", ()),
-                          ("final", "uint8", ()), ("step_ms", "float32", ()),
-                          ("ep_return", "float32", ()), ("ep_len", "int32", ()),
-                          ("score", "float32", ()), ("exec_discrete", "int32", ()),
-                          ("exec_continuous", "float32", cd), ("behaviour_logp", "float32", ())]
-                         + [(f"final_{k.name}", k.dtype, k.shape) for k in obs_keys])
+        results = fields(
+            [
+                ("reward", "float32", ()),
+                ("reward_raw", "float32", ()),
+                ("terminated", "uint8", ()),
+                ("truncated", "uint8", ()),
+                ("final", "uint8", ()),
+                ("step_ms", "float32", ()),
+                ("ep_return", "float32", ()),
+                ("ep_len", "int32", ()),
+                ("score", "float32", ()),
+                ("exec_discrete", "int32", ()),
+                ("exec_continuous", "float32", cd),
+                ("behaviour_logp", "float32", ()),
+            ]
+            + [(f"final_{k.name}", k.dtype, k.shape) for k in obs_keys]
+        )
         # learner -> worker: the policy's action and log-prob, and a uniform alternative with
         # the policy's log-prob of it (what epsilon-greedy needs for the mixture log-prob).
-        actions = fields([("discrete", "int32", ()), ("continuous", "float32", cd),
-                          ("logp", "float32", ()), ("alt_discrete", "int32", ()),
-                          ("alt_continuous", "float32", cd), ("alt_logp", "float32", ())])
+        actions = fields(
+            [
+                ("discrete", "int32", ()),
+                ("continuous", "float32", cd),
+                ("logp", "float32", ()),
+                ("alt_discrete", "int32", ()),
+                ("alt_continuous", "float32", cd),
+                ("alt_logp", "float32", ()),
+            ]
+        )
         log_off = off
         off += ERROR_LOG_BYTES
-        return cls(n_envs, obs_keys, cont_dim, ctrl_off, tuple(key_offsets), tuple(strides),
-                   results, actions, log_off, off)
+        return cls(
+            n_envs, obs_keys, cont_dim, ctrl_off, tuple(key_offsets), tuple(strides), results, actions, log_off, off
+        )
 
 
 class WorkerViews:
@@ -109,17 +129,24 @@ class WorkerViews:
 
         def view(spec):
             off, dtype, shape = spec
-            return np.frombuffer(buf, dtype=dtype, count=n * int(np.prod(shape, dtype=np.int64)),
-                                 offset=off).reshape((n,) + tuple(shape))
+            return np.frombuffer(buf, dtype=dtype, count=n * int(np.prod(shape, dtype=np.int64)), offset=off).reshape(
+                (n,) + tuple(shape)
+            )
 
         self.results = {name: view(spec) for name, spec in layout.results.items()}
         self.actions = {name: view(spec) for name, spec in layout.actions.items()}
-        self.error_log_buf = np.frombuffer(buf, dtype=np.uint8, count=ERROR_LOG_BYTES,
-                                            offset=layout.error_log_off)
-        self.board = BoardView(segment.base, layout.ctrl_off, list(layout.key_offsets),
-                               list(layout.strides), [k.nbytes for k in layout.obs_keys],
-                               segment.base + H_GENERATION, locked=locked, n_envs=n,
-                               keepalive=buf)
+        self.error_log_buf = np.frombuffer(buf, dtype=np.uint8, count=ERROR_LOG_BYTES, offset=layout.error_log_off)
+        self.board = BoardView(
+            segment.base,
+            layout.ctrl_off,
+            list(layout.key_offsets),
+            list(layout.strides),
+            [k.nbytes for k in layout.obs_keys],
+            segment.base + H_GENERATION,
+            locked=locked,
+            n_envs=n,
+            keepalive=buf,
+        )
 
     # header words: atomics, because the OS-beat signal handler and the watchdog race here
     def load(self, word: int) -> int:

@@ -4,12 +4,13 @@ Every staged row checks itself: word 0 is a tag (writer id << 56 | publish numbe
 is random, the last word is (tag + sum(body)) ^ MAGIC. A reader counts a row as torn when the
 checksum fails or the keys of one env disagree, and as stale when an env's tag goes back.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 MAGIC = np.uint64(0x9E3779B97F4A7C15)
-N_BODIES = 7                 # odd: consecutive publishes into one slot always differ in body
+N_BODIES = 7  # odd: consecutive publishes into one slot always differ in body
 
 
 class Payloads:
@@ -18,8 +19,10 @@ class Payloads:
     def __init__(self, row_bytes, count, writer_id, seed):
         rng = np.random.default_rng(seed)
         self.writer_id = writer_id
-        self.stage = [[rng.integers(0, 2**63, size=(count, rb // 8), dtype=np.uint64) for rb in row_bytes]
-                      for _ in range(N_BODIES)]
+        self.stage = [
+            [rng.integers(0, 2**63, size=(count, rb // 8), dtype=np.uint64) for rb in row_bytes]
+            for _ in range(N_BODIES)
+        ]
         self.sums = [[s[:, 1:-1].sum(axis=1, dtype=np.uint64) for s in st] for st in self.stage]
         self.ptrs = [[s.ctypes.data for s in st] for st in self.stage]
         self.strides = [s.strides[0] for s in self.stage[0]]

@@ -9,6 +9,7 @@ Names are `rlpipe_<run_id>_<part>` with run_id = `<driver pid>-<random hex>` (a 
 driver appends `r<rank>`), so a sweep can tell a dead run's leftovers (owner pid gone) from a
 live run's segments.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,6 +46,7 @@ class Segment:
         self.size = len(mm)
         self.owner = owner
         import numpy as np  # local: keep this module importable without numpy for sweeps
+
         self._u8 = np.frombuffer(mm, dtype=np.uint8)
         self.base = self._u8.ctypes.data
 
@@ -52,7 +54,7 @@ class Segment:
     def create(cls, name: str, size: int) -> "Segment":
         fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.fchmod(fd, 0o600)      # exactly 0600 whatever the umask (it can only take bits away)
+            os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask (it can only take bits away)
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size)
         except BaseException:

@@ -10,6 +10,7 @@ the directories of runs whose driver pid is gone.
 `auto` prefers v2 when the unified hierarchy delegates both the cpu and memory controllers,
 else v1 when its cpu and memory hierarchies are writable, else none, said once in the log.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,14 +24,15 @@ from rlpipe.procs import pid_alive
 
 log = logging.getLogger("rlpipe.cgroups")
 CPU_PERIOD_US = 100_000
-SHARES_DEFAULT, SHARES_MAX = 1024, 262_144        # cgroup v1 cpu.shares
-WEIGHT_DEFAULT, WEIGHT_MAX = 100, 10_000          # cgroup v2 cpu.weight
+SHARES_DEFAULT, SHARES_MAX = 1024, 262_144  # cgroup v1 cpu.shares
+WEIGHT_DEFAULT, WEIGHT_MAX = 100, 10_000  # cgroup v2 cpu.weight
 _RUN_DIR_RE = re.compile(r"^rlpipe_(\d+)-[0-9a-f]+(?:r\d+)?$")
 
 
 @dataclass(frozen=True)
 class CgroupRoots:
     """Where each hierarchy lives; tests point these at directories they control."""
+
     v2: Path = Path("/sys/fs/cgroup/unified")
     v1: Path = Path("/sys/fs/cgroup")
 
@@ -38,7 +40,7 @@ class CgroupRoots:
     def detect(cls) -> "CgroupRoots":
         v2 = Path("/sys/fs/cgroup/unified")
         if not v2.is_dir() and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            v2 = Path("/sys/fs/cgroup")           # a pure-v2 machine mounts it at the root
+            v2 = Path("/sys/fs/cgroup")  # a pure-v2 machine mounts it at the root
         return cls(v2=v2, v1=Path("/sys/fs/cgroup"))
 
 
@@ -63,8 +65,7 @@ def _v2_usable(root: Path) -> bool:
         subtree = (root / "cgroup.subtree_control").read_text().split()
     except OSError:
         return False
-    return {"cpu", "memory"} <= set(controllers) and {"cpu", "memory"} <= set(subtree) \
-        and _writable_dir(root)
+    return {"cpu", "memory"} <= set(controllers) and {"cpu", "memory"} <= set(subtree) and _writable_dir(root)
 
 
 def _v1_usable(root: Path) -> bool:
@@ -77,10 +78,10 @@ def _write(path: Path, value: str) -> None:
 
 class CgroupDriver:
     """Base: `none`. Subclasses place pids; every method is a no-op here."""
+
     name = "none"
 
-    def __init__(self, run_id: str, cpu_pct: float, mem_mb: int, roots: CgroupRoots,
-                 n_groups: int = 1):
+    def __init__(self, run_id: str, cpu_pct: float, mem_mb: int, roots: CgroupRoots, n_groups: int = 1):
         self.run_id = run_id
         self.n_groups = n_groups
         self.cpu_pct = cpu_pct
@@ -201,7 +202,7 @@ def _remove_tree(top: Path) -> None:
         try:
             dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]
             break
-        except FileNotFoundError:   # another driver (a torchrun rank beside us) sweeps the same tree
+        except FileNotFoundError:  # another driver (a torchrun rank beside us) sweeps the same tree
             time.sleep(0.02)
     else:
         return
@@ -250,8 +251,9 @@ def sweep_dead_cgroups(roots: CgroupRoots) -> list[Path]:
     return removed
 
 
-def make_driver(mode: str, run_id: str, cpu_pct: float, mem_mb: int,
-                roots: CgroupRoots | None = None, n_groups: int = 1) -> CgroupDriver:
+def make_driver(
+    mode: str, run_id: str, cpu_pct: float, mem_mb: int, roots: CgroupRoots | None = None, n_groups: int = 1
+) -> CgroupDriver:
     """The cgroup driver for `groups.cgroup` (auto|v2|v1|none); auto falls back to none with
     one log line naming what was missing."""
     roots = roots or CgroupRoots.detect()
@@ -263,19 +265,24 @@ def make_driver(mode: str, run_id: str, cpu_pct: float, mem_mb: int,
     elif mode == "none":
         cls = CgroupDriver
     else:
-        what = {"auto": "neither a cgroup v2 hierarchy with cpu+memory delegated nor writable v1 "
-                        "cpu and memory hierarchies",
-                "v2": f"no writable cgroup v2 hierarchy with cpu+memory at {roots.v2}",
-                "v1": f"no writable cgroup v1 cpu and memory hierarchies under {roots.v1}"}[mode]
-        log.warning("groups.cgroup=%s: %s; dormant groups run unlimited (cgroup driver: none)",
-                    mode, what)
+        what = {
+            "auto": "neither a cgroup v2 hierarchy with cpu+memory delegated nor writable v1 "
+            "cpu and memory hierarchies",
+            "v2": f"no writable cgroup v2 hierarchy with cpu+memory at {roots.v2}",
+            "v1": f"no writable cgroup v1 cpu and memory hierarchies under {roots.v1}",
+        }[mode]
+        log.warning("groups.cgroup=%s: %s; dormant groups run unlimited (cgroup driver: none)", mode, what)
         cls = CgroupDriver
     driver = cls(run_id, cpu_pct, mem_mb, roots, n_groups)
     try:
         driver.setup()
     except OSError as exc:
-        log.warning("groups.cgroup=%s: setting up %s cgroups failed (%s); dormant groups run "
-                    "unlimited (cgroup driver: none)", mode, cls.name, exc)
+        log.warning(
+            "groups.cgroup=%s: setting up %s cgroups failed (%s); dormant groups run unlimited (cgroup driver: none)",
+            mode,
+            cls.name,
+            exc,
+        )
         driver.cleanup()
         driver = CgroupDriver(run_id, cpu_pct, mem_mb, roots)
     return driver

@@ -11,6 +11,7 @@ spawn to its first stepped slice (`heal_s`, which the driver raises as workers g
 every injection of a finished run has its recovery. A fault's follow-up (`upkeep`) still runs
 then.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,24 +31,26 @@ def live_pids(pids: set[int]) -> set[int]:
 
 
 class Chaos:
-    def __init__(self, spec: ChaosSpec, seed: int, t0: float, services, pending: dict,
-                 quiet_from: float | None = None):
+    def __init__(self, spec: ChaosSpec, seed: int, t0: float, services, pending: dict, quiet_from: float | None = None):
         self.services = services
         self.lifecycle = services.lifecycle
-        self.pending = pending            # the watchdog's replacements under way: not targets
+        self.pending = pending  # the watchdog's replacements under way: not targets
         self.rng = random.Random(seed)
         self.t0 = t0
         self.faults = [fault(spec, t0) for fault in ticked_faults(spec)]
-        self.stopped: set[int] = set()     # pids we SIGSTOPped (continued or killed at teardown)
+        self.stopped: set[int] = set()  # pids we SIGSTOPped (continued or killed at teardown)
         # No injections once too little run is left for the watchdog to see the fault healed.
         self.quiet_from = quiet_from
-        self.heal_s = 0.0                  # longest spawn -> worker_ready seen in this run
+        self.heal_s = 0.0  # longest spawn -> worker_ready seen in this run
         self.injected = 0
 
     # -- what a fault acts on (rlpipe.chaos_faults.ChaosRun) -------------------------------------
     def target(self, handles):
-        candidates = [h for h in handles if h.awake and h.alive() and h.worker_id not in self.pending
-                      and h.proc.pid not in self.stopped]
+        candidates = [
+            h
+            for h in handles
+            if h.awake and h.alive() and h.worker_id not in self.pending and h.proc.pid not in self.stopped
+        ]
         return self.rng.choice(candidates) if candidates else None
 
     def record(self, what: str, h=None, **detail) -> None:

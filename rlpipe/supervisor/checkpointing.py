@@ -3,6 +3,7 @@ save one every `learner.checkpoint_interval_s` (when, the run mode decides: supe
 and at the end, and export the trained policy. The files themselves are
 rlpipe.learner.checkpoint's; what is added here are the workers' reward statistics, which live
 in Redis while the run goes."""
+
 from __future__ import annotations
 
 import logging
@@ -38,6 +39,7 @@ class Checkpointing:
         restarting the same command line blindly must not fail on it (unreadable files are
         renamed `.bad` by load_latest and stay for a look)."""
         from rlpipe.learner.checkpoint import CheckpointError, load_latest
+
         try:
             found = load_latest(self.dir, validate=learner.check_compatible)
         except CheckpointError as exc:
@@ -49,7 +51,8 @@ class Checkpointing:
             if required:
                 raise CheckpointError(
                     f"run.resume=true but {self.dir} holds no checkpoint (is hydra.run.dir the run's "
-                    f"directory?); run.resume=auto starts fresh when there is none")
+                    f"directory?); run.resume=auto starts fresh when there is none"
+                )
             log.info("run.resume=auto: %s holds no checkpoint: starting fresh", self.dir)
             return
         path, payload = found
@@ -65,24 +68,30 @@ class Checkpointing:
         import torch
 
         from rlpipe.learner.checkpoint import save_checkpoint
+
         payload = learner.checkpoint_payload()
         try:
             # uint8 tensors: torch.load(weights_only=True) refuses raw bytes
-            payload["reward_norm"] = [torch.tensor(np.frombuffer(v or b"", dtype=np.uint8))
-                                      for v in rcli.mget(self.rnorm_keys)]
+            payload["reward_norm"] = [
+                torch.tensor(np.frombuffer(v or b"", dtype=np.uint8)) for v in rcli.mget(self.rnorm_keys)
+            ]
         except redis.RedisError:
             payload["reward_norm"] = []
             log.warning("checkpoint without reward statistics: Redis unreachable")
-        return save_checkpoint(self.dir, learner.counters.env_steps, payload,
-                               self.spec.learner.keep_checkpoints)
+        return save_checkpoint(self.dir, learner.counters.env_steps, payload, self.spec.learner.keep_checkpoints)
 
     def export(self, learner) -> Path:
         """export/policy.pt: the trained weights with what they were trained for (`compat`: obs
         keys, env types, action heads, layer sizes) and the run's config, loadable with
         torch.load(weights_only=True)."""
         import torch
+
         path = self.run_dir / "export" / "policy.pt"
         path.parent.mkdir(exist_ok=True)
-        exported = {"policy": learner.policy.state_dict(), "compat": learner.compat(),
-                    "env_steps": learner.counters.env_steps, "config_yaml": self.config_yaml}
+        exported = {
+            "policy": learner.policy.state_dict(),
+            "compat": learner.compat(),
+            "env_steps": learner.counters.env_steps,
+            "config_yaml": self.config_yaml,
+        }
         return atomic_write(path, lambda f: torch.save(exported, f))

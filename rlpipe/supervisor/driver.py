@@ -12,6 +12,7 @@ checkpoints) and 3 (a torchrun rank lost its peers) come from rlpipe.app. 4 (EXI
 the stall detector found the loop stuck for `run.stall_timeout_s` (rlpipe.supervisor.stall):
 stacks in `stall_stacks.txt`, an emergency cleanup instead of the teardown, checkpoints kept.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,7 +48,7 @@ from rlpipe.telemetry.progress import Progress
 
 log = logging.getLogger("rlpipe")
 TB_INTERVAL_S = 2.0
-SUPERVISE_S = 1.0           # worker replacement, chaos, Redis, scaling, reward stats, checkpoints
+SUPERVISE_S = 1.0  # worker replacement, chaos, Redis, scaling, reward stats, checkpoints
 _first_job_in_process = True
 
 
@@ -56,8 +57,9 @@ def git_commit() -> str:
     if not (root / ".git").exists():
         return "nogit"
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or "nogit"
     except (OSError, subprocess.TimeoutExpired):
         return "nogit"
@@ -72,7 +74,7 @@ def env_version(node: dict, commit: str) -> str:
 class Driver:
     def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str, mode: RunMode):
         self.spec = spec
-        self.mode = mode            # runmode.Solo, or rlpipe.ranks.run.Ranks under torchrun
+        self.mode = mode  # runmode.Solo, or rlpipe.ranks.run.Ranks under torchrun
         heap_line = heap.configure(spec.run.mmap_threshold_mb, spec.run.malloc_arena_max)
         if heap_line:
             log.warning(heap_line)
@@ -88,9 +90,9 @@ class Driver:
         self.run_id = mode.new_run_id()
         self.stop_signal: int | None = None
         self.plan: MixPlan | None = None
-        self.learner = None         # learner.central.CentralLearner
-        self.random_probe = None    # the child measuring each type's random-action return
-        self.started = False        # services and workers up: a final checkpoint makes sense
+        self.learner = None  # learner.central.CentralLearner
+        self.random_probe = None  # the child measuring each type's random-action return
+        self.started = False  # services and workers up: a final checkpoint makes sense
         self.services = Services(run_dir, self.run_id)
         self.fleet = Fleet(spec, self.run_id, self.t0, self.services, self._phase, first_job)
         self.checkpointing = Checkpointing(spec, run_dir, self.run_id, config_yaml, self.t0)
@@ -100,9 +102,10 @@ class Driver:
         self.supervise_timer = Every(SUPERVISE_S)
         self.charts_timer = Every(TB_INTERVAL_S)
         self.scaling_timer = Every(spec.scaling.publish_interval_s)
-        self.marks = LoopMarks()    # the loop's progress, read by the stall watch
-        self.stall = StallWatch(spec.run.stall_timeout_s, run_dir, self.marks, self._emergency_cleanup,
-                                self._record_stall)
+        self.marks = LoopMarks()  # the loop's progress, read by the stall watch
+        self.stall = StallWatch(
+            spec.run.stall_timeout_s, run_dir, self.marks, self._emergency_cleanup, self._record_stall
+        )
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
@@ -123,24 +126,35 @@ class Driver:
         self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
-        self._phase(f"layout: {spec.layout.describe()}")     # what groups.size=auto & co. chose
+        self._phase(f"layout: {spec.layout.describe()}")  # what groups.size=auto & co. chose
         commit = git_commit()
         versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
-        services.start_redis(spec.redis.url, {
-            "state": "starting", "pid": os.getpid(), "env_count": spec.env_count,
-            "run_dir": str(self.run_dir), **self.mode.redis_fields()})
+        services.start_redis(
+            spec.redis.url,
+            {
+                "state": "starting",
+                "pid": os.getpid(),
+                "env_count": spec.env_count,
+                "run_dir": str(self.run_dir),
+                **self.mode.redis_fields(),
+            },
+        )
         self._phase(f"redis ({services.redis.mode}) up")
         services.start_lifecycle()
-        if spec.run.resume:     # true or auto: the workers' reward statistics must be in Redis before they start
+        if spec.run.resume:  # true or auto: the workers' reward statistics must be in Redis before they start
             self._build_learner(versions)
         self.fleet.start(self.plan, versions)
         if self.learner is None:
-            self._build_learner(versions)   # while the hot workers build their envs
+            self._build_learner(versions)  # while the hot workers build their envs
         if not self.learner.random and self.mode.writes_job_outputs:
             self.random_probe = random_return.start(
-                self.fleet.ctx, {t.name: t.node for t in spec.env_types}, self.run_dir,
-                spec.logging.random_return_episodes, spec.logging.random_return_budget_s,
-                spec.run.seed + 99)
+                self.fleet.ctx,
+                {t.name: t.node for t in spec.env_types},
+                self.run_dir,
+                spec.logging.random_return_episodes,
+                spec.logging.random_return_budget_s,
+                spec.run.seed + 99,
+            )
         self.metrics.resources.start()
         services.set_state("running")
         self.started = True
@@ -170,16 +184,20 @@ class Driver:
 
     def loop(self) -> None:
         spec, learner, fleet, metrics, marks = self.spec, self.learner, self.fleet, self.metrics, self.marks
-        held: list[SliceRef] = []      # rings waiting while the learner is backlogged
+        held: list[SliceRef] = []  # rings waiting while the learner is backlogged
         freeze_at = None
-        with Progress(spec.logging.progress_interval_s, spec.run.total_env_steps, spec.run.duration_s,
-                      self.run_dir / "lifecycle.sqlite") as progress:
+        with Progress(
+            spec.logging.progress_interval_s,
+            spec.run.total_env_steps,
+            spec.run.duration_s,
+            self.run_dir / "lifecycle.sqlite",
+        ) as progress:
             while self.stop_signal is None:
                 now = time.monotonic()
                 if self.mode.should_stop(learner, now - self.t0):
                     break
                 if not marks.serving:
-                    marks.alive_at = now        # start-up: the loop turning is progress until it serves
+                    marks.alive_at = now  # start-up: the loop turning is progress until it serves
                 if freeze_at is not None and now >= freeze_at:
                     marks.phase = "chaos.freeze_driver_at_s"
                     FreezeDriver.freeze_driver(self.services.lifecycle, now - self.t0)
@@ -223,7 +241,7 @@ class Driver:
                         # after the serve that counted them: never before the learner's first step
                         metrics.all_ready_at = time.monotonic()
                         metrics.startup_cpu = fleet.cpu_seconds()
-                        fleet.startup_over(metrics.all_ready_at)   # learner_core: workers off its CPU
+                        fleet.startup_over(metrics.all_ready_at)  # learner_core: workers off its CPU
                 if learner.update_due:
                     learner.start_update()
                 if self.supervise_timer.due(now):
@@ -232,7 +250,7 @@ class Driver:
                 if self.charts_timer.due(now):
                     marks.phase = "charts"
                     progress.update(metrics.status(now, metrics.charts(now)))
-            metrics.charts(time.monotonic())          # the last partial window too
+            metrics.charts(time.monotonic())  # the last partial window too
 
     def _supervise(self, now: float) -> None:
         """Once a second: keep the workers and Redis up, publish exploration rates, chart
@@ -270,8 +288,9 @@ class Driver:
         """The stall watch's cleanup: names read from attributes, no lock taken (the loop may
         hold any of them)."""
         cgroups = self.fleet.cgroups
-        emergency_cleanup(self.run_id, self.services.sock_dir, self.run_dir,
-                          cgroups.cleanup if cgroups is not None else None)
+        emergency_cleanup(
+            self.run_id, self.services.sock_dir, self.run_dir, cgroups.cleanup if cgroups is not None else None
+        )
 
     def _record_stall(self, detail: dict) -> None:
         """The stall as a lifecycle row: record() only queues (the writer is its own thread);
@@ -285,7 +304,7 @@ class Driver:
     def teardown(self) -> None:
         """Every resource of the run, in reverse order of creation; each step guarded so one
         failure cannot leave the rest behind. A second call finds nothing left to do."""
-        started, self.started = self.started, False     # one final checkpoint and export
+        started, self.started = self.started, False  # one final checkpoint and export
         learner, fleet, mode = self.learner, self.fleet, self.mode
         final = started and learner is not None
         steps = [
@@ -309,7 +328,7 @@ class Driver:
                 step()
             except Exception:
                 log.exception("teardown step failed")
-        for name in run_segments(self.run_id):      # belt and braces: nothing of ours stays
+        for name in run_segments(self.run_id):  # belt and braces: nothing of ours stays
             Path("/dev/shm", name).unlink(missing_ok=True)
         mode.sweep_after_teardown()
 
@@ -324,14 +343,14 @@ class Driver:
         self.install_signals()
         try:
             self.setup()
-            self.stall.start()          # armed with the loop: start-up has its own timeouts
+            self.stall.start()  # armed with the loop: start-up has its own timeouts
             self.loop()
             self.metrics.loop_ended()
         finally:
             if self.stop_signal is not None:
-                self.mode.say_stopping(self.stop_signal)    # before teardown: torchrun may SIGKILL us
+                self.mode.say_stopping(self.stop_signal)  # before teardown: torchrun may SIGKILL us
             self.teardown()
-            self.stall.stop()           # after the teardown: a hung teardown step is a stall too
+            self.stall.stop()  # after the teardown: a hung teardown step is a stall too
         result = self.metrics.summary(time.monotonic(), self.checkpointing.resumed_from_step)
         result = self.mode.finish_summary(result, self.stop_signal, self.run_dir)
         self.metrics.write(result, self.stop_signal)

@@ -8,6 +8,7 @@ driver's loop pulls and rewrites the report every `logging.aggregate_interval_s`
 does a last pull and write at the end of the run. The report is rewritten atomically
 (rlpipe/files.py), so a reader sees the old or the new report, never half of one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,12 +27,13 @@ log = logging.getLogger(__name__)
 
 REPORT_NAME = "errors_top10.md"
 TOP_N = 10
-SAMPLE_LINES_TB = 40          # traceback lines kept per sample in the TensorBoard text
+SAMPLE_LINES_TB = 40  # traceback lines kept per sample in the TensorBoard text
 
 
 @dataclass
 class HashStats:
     """Everything known about one stack-trace hash."""
+
     stacktrace_hash: str
     error_type: str
     count: int = 0
@@ -66,8 +68,7 @@ class HashStats:
 class ErrorAggregator:
     """Counts the ERROR records of every worker's error log by stack-trace hash; writes the Top-10."""
 
-    def __init__(self, run_dir: Path, interval_s: float, top_n: int = TOP_N,
-                 report_name: str = REPORT_NAME):
+    def __init__(self, run_dir: Path, interval_s: float, top_n: int = TOP_N, report_name: str = REPORT_NAME):
         self.run_dir = Path(run_dir)
         self.interval_s = float(interval_s)
         self.top_n = int(top_n)
@@ -76,9 +77,9 @@ class ErrorAggregator:
         self._stats: dict[str, HashStats] = {}
         self._lock = threading.RLock()
         self._next_run = float("-inf")
-        self.total = 0                 # records counted
+        self.total = 0  # records counted
         self.pulls = 0
-        self._dropped_retired = 0      # dropped / corrupt counts of error logs already removed
+        self._dropped_retired = 0  # dropped / corrupt counts of error logs already removed
         self._corrupt_retired = 0
         self._read_errors = 0
 
@@ -112,7 +113,7 @@ class ErrorAggregator:
     def _retire(self, elog) -> None:
         try:
             self._dropped_retired += int(elog.dropped)
-        except Exception:               # an error log whose memory is gone: its drops are unknown
+        except Exception:  # an error log whose memory is gone: its drops are unknown
             pass
         self._corrupt_retired += int(getattr(elog, "corrupt", 0))
 
@@ -121,7 +122,7 @@ class ErrorAggregator:
     def _pull_one(self, worker_id, elog) -> int:
         try:
             records = elog.read_all()
-        except Exception as exc:       # never take the driver down over an error report
+        except Exception as exc:  # never take the driver down over an error report
             self._read_errors += 1
             log.warning("error log of worker %s unreadable: %s", worker_id, exc)
             return 0
@@ -178,7 +179,7 @@ class ErrorAggregator:
         """The `n` (default top_n) most frequent hashes, ties broken by first seen."""
         with self._lock:
             ranked = sorted(self._stats.values(), key=lambda s: (-s.count, s.first_ts, s.stacktrace_hash))
-            return ranked[:self.top_n if n is None else n]
+            return ranked[: self.top_n if n is None else n]
 
     @property
     def dropped(self) -> int:
@@ -204,19 +205,25 @@ class ErrorAggregator:
             distinct = len(self._stats)
             total, dropped, corrupt = self.total, self.dropped, self.corrupt
         lines = [f"# Errors: top {self.top_n} by stack-trace hash", ""]
-        lines.append(f"Updated {_fmt_ts(time.time())} UTC. {total} error record(s), {distinct} distinct "
-                     f"stack trace(s), {dropped} dropped (error log full), {corrupt} unreadable.")
+        lines.append(
+            f"Updated {_fmt_ts(time.time())} UTC. {total} error record(s), {distinct} distinct "
+            f"stack trace(s), {dropped} dropped (error log full), {corrupt} unreadable."
+        )
         lines.append("")
         if total == 0:
             lines.append("No errors were recorded.")
             lines.append("")
             return "\n".join(lines)
-        lines += ["| # | stacktrace hash | count | error type | env types | envs | first seen (UTC) | last seen (UTC) |",
-                  "|--:|---|--:|---|---|--:|---|---|"]
+        lines += [
+            "| # | stacktrace hash | count | error type | env types | envs | first seen (UTC) | last seen (UTC) |",
+            "|--:|---|--:|---|---|--:|---|---|",
+        ]
         for i, s in enumerate(top, 1):
             types = ", ".join(f"{t} ×{c}" for t, c in s.env_types.most_common())
-            lines.append(f"| {i} | `{s.stacktrace_hash}` | {s.count} | {_cell(s.error_type)} | {_cell(types)} "
-                         f"| {len(s.env_ids)} | {_fmt_ts(s.first_ts)} | {_fmt_ts(s.last_ts)} |")
+            lines.append(
+                f"| {i} | `{s.stacktrace_hash}` | {s.count} | {_cell(s.error_type)} | {_cell(types)} "
+                f"| {len(s.env_ids)} | {_fmt_ts(s.first_ts)} | {_fmt_ts(s.last_ts)} |"
+            )
         rest = distinct - len(top)
         if rest > 0:
             rest_count = total - sum(s.count for s in top)

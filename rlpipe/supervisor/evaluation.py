@@ -19,6 +19,7 @@ is logged with its stderr's last lines, counted, and the next round tries again.
 appends its line to `eval/history.jsonl` itself; the driver reads the lines that are new.
 Nothing else stays: the snapshot and the child's stderr file are removed after each round.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,7 @@ class HistoryTail:
                 data = f.read()
         except FileNotFoundError:
             return []
-        whole = data[:data.rfind(b"\n") + 1]
+        whole = data[: data.rfind(b"\n") + 1]
         self.offset += len(whole)
         out = []
         for line in whole.splitlines():
@@ -79,17 +80,17 @@ class Evaluation:
         self.cfg = spec.eval
         self.run_dir = run_dir
         self.t0 = t0
-        self.services = services          # its TensorBoard writer charts the rounds
+        self.services = services  # its TensorBoard writer charts the rounds
         self.on = on and self.cfg.interval_s is not None
         self.timer = Every(self.cfg.interval_s or 0.0, first_at=t0 + (self.cfg.interval_s or 0.0))
         self.limit_s = len(spec.env_types) * self.cfg.budget_s + START_ALLOWANCE_S
         self.history = HistoryTail(run_dir / HISTORY)
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
-        self.rounds = 0                   # rounds appended to the history by this driver
-        self.env_steps = 0                # the learner's, at the last call: where counts are charted
-        self.skipped = 0                  # rounds due while the last one still ran
-        self.failed = 0                   # rounds that crashed or ran past their limit
+        self.rounds = 0  # rounds appended to the history by this driver
+        self.env_steps = 0  # the learner's, at the last call: where counts are charted
+        self.skipped = 0  # rounds due while the last one still ran
+        self.failed = 0  # rounds that crashed or ran past their limit
 
     def maybe_start(self, now: float, learner) -> None:
         if not self.on or learner.random or not self.timer.due(now):
@@ -97,35 +98,63 @@ class Evaluation:
         self.env_steps = learner.counters.env_steps
         if self.proc is not None:
             self.skipped += 1
-            log.info("eval: a round is due while the last one (started %.0f s ago) still runs: skipped "
-                     "(%d so far)", time.monotonic() - self.started_at, self.skipped)
+            log.info(
+                "eval: a round is due while the last one (started %.0f s ago) still runs: skipped (%d so far)",
+                time.monotonic() - self.started_at,
+                self.skipped,
+            )
             self._chart_counts()
             return
         try:
             self._start(now, learner)
-        except OSError as exc:          # a full disk or no fork: that round is lost, never the run
+        except OSError as exc:  # a full disk or no fork: that round is lost, never the run
             self.failed += 1
-            log.warning("eval: round could not start (%s: %s); the next round tries again",
-                        type(exc).__name__, exc)
+            log.warning("eval: round could not start (%s: %s); the next round tries again", type(exc).__name__, exc)
             self._chart_counts()
             self._clean()
 
     def _start(self, now: float, learner) -> None:
         import torch
+
         snapshot = self.run_dir / SNAPSHOT
         snapshot.parent.mkdir(exist_ok=True)
         env_steps = learner.counters.env_steps
-        payload = {"policy": {k: v.detach().cpu() for k, v in learner.actor.state_dict().items()},
-                   "compat": learner.compat(), "env_steps": env_steps}
+        payload = {
+            "policy": {k: v.detach().cpu() for k, v in learner.actor.state_dict().items()},
+            "compat": learner.compat(),
+            "env_steps": env_steps,
+        }
         atomic_write(snapshot, lambda f: torch.save(payload, f))
         cfg = self.cfg
-        cmd = [sys.executable, "-m", "rlpipe.eval.during", str(self.run_dir), "--weights", str(snapshot),
-               "--history", str(self.run_dir / HISTORY), "--episodes", str(cfg.episodes),
-               "--budget-s", str(cfg.budget_s), "--max-steps", str(cfg.max_steps),
-               "--wall-s", f"{now - self.t0:.3f}", "--driver-pid", str(os.getpid())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rlpipe.eval.during",
+            str(self.run_dir),
+            "--weights",
+            str(snapshot),
+            "--history",
+            str(self.run_dir / HISTORY),
+            "--episodes",
+            str(cfg.episodes),
+            "--budget-s",
+            str(cfg.budget_s),
+            "--max-steps",
+            str(cfg.max_steps),
+            "--wall-s",
+            f"{now - self.t0:.3f}",
+            "--driver-pid",
+            str(os.getpid()),
+        ]
         with open(self.run_dir / STDERR, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                         start_new_session=True, close_fds=True)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=True,
+                close_fds=True,
+            )
         self.started_at = time.monotonic()
         log.info("eval: round started at %d env steps (pid %d)", env_steps, self.proc.pid)
 
@@ -137,15 +166,17 @@ class Evaluation:
             code = self.proc.poll()
             how = f"exit {code}"
             if code is None and time.monotonic() - self.started_at > self.limit_s:
-                log.warning("eval: round still running after %.0f s (every type's budget and %.0f s "
-                            "to start): stopped", self.limit_s, START_ALLOWANCE_S)
+                log.warning(
+                    "eval: round still running after %.0f s (every type's budget and %.0f s to start): stopped",
+                    self.limit_s,
+                    START_ALLOWANCE_S,
+                )
                 self._end_child()
                 code, how = self.proc.returncode, "stopped at its time limit"
             if code is not None:
                 if code != 0:
                     self.failed += 1
-                    log.warning("eval: round failed (%s); the next round tries again:\n%s", how,
-                                self._stderr_tail())
+                    log.warning("eval: round failed (%s); the next round tries again:\n%s", how, self._stderr_tail())
                     self._chart_counts()
                 self._clean()
         self._chart_new()
@@ -189,8 +220,9 @@ class Evaluation:
     def _chart_new(self) -> None:
         for rec in self.history.new_records():
             try:
-                values = {f"eval/{name}": float(t["mean"]) for name, t in rec["types"].items()
-                          if t.get("mean") is not None}
+                values = {
+                    f"eval/{name}": float(t["mean"]) for name, t in rec["types"].items() if t.get("mean") is not None
+                }
                 step = int(rec["env_steps"])
             except (KeyError, TypeError, ValueError, AttributeError):
                 log.warning("eval: a history line lacks env_steps or types, left out: %.200r", rec)
@@ -202,5 +234,6 @@ class Evaluation:
     def _chart_counts(self) -> None:
         """Skipped and failed rounds, under their own prefix: every eval/ tag is a type's return."""
         if self.services.tb is not None:
-            self.services.tb.scalars(self.env_steps, {"eval_rounds/skipped": self.skipped,
-                                                      "eval_rounds/failed": self.failed})
+            self.services.tb.scalars(
+                self.env_steps, {"eval_rounds/skipped": self.skipped, "eval_rounds/failed": self.failed}
+            )

@@ -2,6 +2,7 @@
 started at once and the dormant ones by background start threads, woken by the schedule, replaced
 when they exit or fall silent, and their doorbells taken in. What a worker process is started
 with is built in one place, `Fleet.worker_spec`."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +40,7 @@ from rlpipe.worker.spec import (
 )
 
 log = logging.getLogger("rlpipe")
-ACTIVE_WINDOW_S = 10.0      # an env counts as active if its slice rang within this window
+ACTIVE_WINDOW_S = 10.0  # an env counts as active if its slice rang within this window
 
 
 def _own_cpu_seconds() -> float:
@@ -50,10 +51,12 @@ def _own_cpu_seconds() -> float:
 def worker_sections(spec: RunSpec) -> dict:
     """The conf/ sections a worker reads, as the worker layer's twins, keyed as WorkerSpec
     holds them."""
-    return {"worker": twin(WorkerPoolSettings, spec.worker),
-            "heartbeat": twin(HeartbeatSettings, spec.heartbeat),
-            "scaling": twin(ScalingSettings, spec.scaling),
-            "reward_norm": twin(RewardNormSettings, spec.reward_norm, gamma=spec.learner.gamma)}
+    return {
+        "worker": twin(WorkerPoolSettings, spec.worker),
+        "heartbeat": twin(HeartbeatSettings, spec.heartbeat),
+        "scaling": twin(ScalingSettings, spec.scaling),
+        "reward_norm": twin(RewardNormSettings, spec.reward_norm, gamma=spec.learner.gamma),
+    }
 
 
 def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
@@ -67,18 +70,25 @@ def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
 
 
 class Fleet:
-    def __init__(self, spec: RunSpec, run_id: str, t0: float, services: Services,
-                 phase: Callable[[str], None], first_job: bool = True):
+    def __init__(
+        self,
+        spec: RunSpec,
+        run_id: str,
+        t0: float,
+        services: Services,
+        phase: Callable[[str], None],
+        first_job: bool = True,
+    ):
         self.spec = spec
         self.run_id = run_id
         self.t0 = t0
         self.services = services
-        self.phase = phase                  # the driver's start-up log line
+        self.phase = phase  # the driver's start-up log line
         self.plan: MixPlan | None = None
         self.versions: dict[str, str] = {}
-        self.sections: dict = {}             # every WorkerSpec's conf/ sections (built in start)
-        self.ctx = None                     # the multiprocessing context workers start from
-        self.doorbells: DoorbellServer | None = None   # every worker's doorbell connection
+        self.sections: dict = {}  # every WorkerSpec's conf/ sections (built in start)
+        self.ctx = None  # the multiprocessing context workers start from
+        self.doorbells: DoorbellServer | None = None  # every worker's doorbell connection
         self.handles: list[WorkerHandle] = []
         self.by_id: dict[int, WorkerHandle] = {}
         self.n_slices = 0
@@ -88,11 +98,11 @@ class Fleet:
         self.chaos: Chaos | None = None
         self.errors: ErrorAggregator | None = None
         self.unspawned: list[WorkerHandle] = []
-        self.starts = BackgroundStarts()       # dormant workers' process starts
+        self.starts = BackgroundStarts()  # dormant workers' process starts
         self.slice_seen: dict[tuple[int, int], float] = {}
         self.slice_first_step: dict[tuple[int, int], float] = {}
-        self.lifecycle_dropped = 0      # workers' lifecycle events dropped at the ZMQ high-water mark
-        self.pinned_at: float | None = None   # learner_core: when the workers left the update's CPU
+        self.lifecycle_dropped = 0  # workers' lifecycle events dropped at the ZMQ high-water mark
+        self.pinned_at: float | None = None  # learner_core: when the workers left the update's CPU
         # `cpu_seconds` counts from the job's start: a later job of a multirun shares the
         # driver process and the forkserver with the jobs before it, so what they had used by
         # then is taken off (the forkserver's at this job's first fork).
@@ -111,16 +121,23 @@ class Fleet:
         self.ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
         g = spec.groups
         ranges = group_ranges(spec.env_count, spec.groups.size)
-        self.cgroups = make_cgroup_driver(g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb,
-                                          n_groups=len(ranges))
+        self.cgroups = make_cgroup_driver(
+            g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb, n_groups=len(ranges)
+        )
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, services.rcli, services.lifecycle)
         self.errors = ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
         hb = spec.heartbeat
-        quiet = (self.t0 + spec.run.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
-                 if spec.run.duration_s else None)
-        self.chaos = Chaos(spec.chaos, spec.run.seed, self.t0, services, self.watchdog.pending,
-                           quiet) if spec.chaos.enabled else None
+        quiet = (
+            self.t0 + spec.run.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
+            if spec.run.duration_s
+            else None
+        )
+        self.chaos = (
+            Chaos(spec.chaos, spec.run.seed, self.t0, services, self.watchdog.pending, quiet)
+            if spec.chaos.enabled
+            else None
+        )
         for k, (lo, hi) in enumerate(ranges):
             h = WorkerHandle(k, lo, hi, spec, plan, self.run_id)
             h.awake = self.schedule.awake[k]
@@ -134,8 +151,8 @@ class Fleet:
         for h in self.handles:
             if h.awake:
                 self._spawn(h)
-        server = parent_pid(self.handles[0].proc.pid)      # group 0 is always hot
-        if server is not None and server != os.getpid():     # spawn: the driver is the parent
+        server = parent_pid(self.handles[0].proc.pid)  # group 0 is always hot
+        if server is not None and server != os.getpid():  # spawn: the driver is the parent
             self.forkserver_pid = server
             if not self.first_job:
                 self.cpu_before["forkserver"] = cpu_seconds(server)
@@ -146,20 +163,33 @@ class Fleet:
         A dormant group's worker joins its cgroup first thing."""
         spec, plan, services = self.spec, self.plan, self.services
         return WorkerSpec(
-            worker_id=h.worker_id, generation=h.generation, run_id=self.run_id, env_lo=h.env_lo,
-            type_index=plan.env_type[h.env_lo:h.env_hi].copy(), segment_name=h.segment.name,
+            worker_id=h.worker_id,
+            generation=h.generation,
+            run_id=self.run_id,
+            env_lo=h.env_lo,
+            type_index=plan.env_type[h.env_lo : h.env_hi].copy(),
+            segment_name=h.segment.name,
             cgroup_paths=tuple([] if h.awake else self.cgroups.dormant_paths(h.worker_id)),
             active_cgroup_paths=tuple(self.cgroups.active_paths()),
             type_names=plan.names,
             type_nodes=tuple(t.node for t in spec.env_types),
             type_specs=plan.specs,
             type_versions=tuple(self.versions[t.name] for t in spec.env_types),
-            obs_keys=plan.obs_keys, cont_dim=plan.actions.cont_dim,
-            locked_board=spec.buffer.sync == "lock", seed=spec.run.seed,
-            doorbell_path=str(self.doorbells.path), lifecycle_endpoint=services.endpoint(LIFECYCLE_ENDPOINT),
-            redis_url=services.redis.url, driver_pid=os.getpid(), env_id_offset=spec.env_id_offset,
+            obs_keys=plan.obs_keys,
+            cont_dim=plan.actions.cont_dim,
+            locked_board=spec.buffer.sync == "lock",
+            seed=spec.run.seed,
+            doorbell_path=str(self.doorbells.path),
+            lifecycle_endpoint=services.endpoint(LIFECYCLE_ENDPOINT),
+            redis_url=services.redis.url,
+            driver_pid=os.getpid(),
+            env_id_offset=spec.env_id_offset,
             # the worker section as built at start, but for the CPUs this generation pins to
-            **{**self.sections, "worker": dataclasses.replace(self.sections["worker"], cpu_affinity=self.worker_cpus())})
+            **{
+                **self.sections,
+                "worker": dataclasses.replace(self.sections["worker"], cpu_affinity=self.worker_cpus()),
+            },
+        )
 
     def worker_cpus(self) -> tuple[int, ...] | None:
         """The CPUs a new worker process pins itself to (None: every CPU). Under learner_core
@@ -178,8 +208,10 @@ class Fleet:
         for h in self.handles:
             if h.alive():
                 h.pin(layout.worker_cpus)
-        self.phase(f"workers moved to CPUs {','.join(map(str, layout.worker_cpus))}, "
-                   f"CPU {layout.learner_cpu} kept for the PPO update")
+        self.phase(
+            f"workers moved to CPUs {','.join(map(str, layout.worker_cpus))}, "
+            f"CPU {layout.learner_cpu} kept for the PPO update"
+        )
 
     def _prepare(self, h: WorkerHandle):
         """A new generation of `h` and its process, not yet started."""
@@ -214,7 +246,7 @@ class Fleet:
         for h, proc, exc in started:
             failed = failed or exc
             if proc is None:
-                continue                       # its start failed, or teardown came first
+                continue  # its start failed, or teardown came first
             h.started(proc)
             if h.awake and not h.spawned_awake:
                 # woken while its start was in flight: the wake found no process to move
@@ -223,7 +255,7 @@ class Fleet:
                 except OSError as exc:
                     log.warning("moving worker %d to the active cgroup failed: %s", h.worker_id, exc)
         if failed is not None and not teardown:
-            raise failed                       # as a failed start in the driver's own thread
+            raise failed  # as a failed start in the driver's own thread
 
     def _retire(self, old: WorkerHandle) -> None:
         """A generation's segment is about to go: keep what its worker counted there."""
@@ -237,24 +269,25 @@ class Fleet:
         refs: list[SliceRef] = []
         for conn, frame in self.doorbells.poll(poll_ms):
             if len(frame) != RING.size:
-                continue           # not one of our workers
+                continue  # not one of our workers
             w, s, gen, seq = RING.unpack(frame)
             h = self.by_id.get(w)
             if h is None or gen != h.generation:
-                continue           # a replaced generation's late doorbell
+                continue  # a replaced generation's late doorbell
             if s == HELLO_SLICE:
-                h.conn = conn      # the driver can ring (or stop) this process from now on
+                h.conn = conn  # the driver can ring (or stop) this process from now on
                 continue
             ref = SliceRef(h, s, seq, gen)
             if not h.awake:
-                h.parked.append(ref)   # dormant: built, not stepped until its wake
+                h.parked.append(ref)  # dormant: built, not stepped until its wake
                 continue
             refs.append(ref)
             h.slice_seq[s] = seq
             self.slice_seen[(w, s)] = now
             if seq == 1 and s == 0:
-                self.services.lifecycle.record("worker_ready", worker_id=w, generation=gen,
-                                               detail={"since_spawn_s": round(now - h.spawned_at, 3)})
+                self.services.lifecycle.record(
+                    "worker_ready", worker_id=w, generation=gen, detail={"since_spawn_s": round(now - h.spawned_at, 3)}
+                )
                 if self.chaos is not None and h.spawned_awake:
                     self.chaos.heal_s = max(self.chaos.heal_s, now - h.spawned_at)
             if seq > 0 and (w, s) not in self.slice_first_step:
@@ -275,14 +308,15 @@ class Fleet:
             h = self.handles[k]
             h.awake = True
             if h.views is not None:
-                h.views.store(H_AWAKE, 1)      # before the move: a worker still joining looks again
+                h.views.store(H_AWAKE, 1)  # before the move: a worker still joining looks again
             if h.alive():
                 try:
                     self.cgroups.wake(k, h.proc.pid)
                 except OSError as exc:
                     log.warning("moving worker %d to the active cgroup failed: %s", k, exc)
-            self.services.lifecycle.record("group_wake", worker_id=k, generation=h.generation,
-                                           detail={"envs": h.n, "wake": self.schedule.wakes})
+            self.services.lifecycle.record(
+                "group_wake", worker_id=k, generation=h.generation, detail={"envs": h.n, "wake": self.schedule.wakes}
+            )
             refs.extend(h.parked)
             h.parked = []
         return refs
@@ -304,8 +338,9 @@ class Fleet:
             self._replace(rep.handle, rep.reason, rep.detail, learner)
 
     def _replace(self, h: WorkerHandle, reason: str, detail: dict, learner) -> None:
-        self.services.lifecycle.record("worker_restart", worker_id=h.worker_id, generation=h.generation,
-                                       detail={"reason": reason, **detail})
+        self.services.lifecycle.record(
+            "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
+        )
         learner.drop_worker(h.worker_id)
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
@@ -315,19 +350,24 @@ class Fleet:
         """CPU seconds this job has used so far: the driver (every thread), its live workers
         and the forkserver they were forked from (0 under spawn)."""
         server = cpu_seconds(self.forkserver_pid) if self.forkserver_pid is not None else 0.0
-        return {"driver": round(_own_cpu_seconds() - self.cpu_before["driver"], 2),
-                "workers": round(sum(cpu_seconds(h.proc.pid) for h in self.handles if h.alive()), 2),
-                "forkserver": round(max(0.0, server - self.cpu_before["forkserver"]), 2)}
+        return {
+            "driver": round(_own_cpu_seconds() - self.cpu_before["driver"], 2),
+            "workers": round(sum(cpu_seconds(h.proc.pid) for h in self.handles if h.alive()), 2),
+            "forkserver": round(max(0.0, server - self.cpu_before["forkserver"]), 2),
+        }
 
     def live_worker_ids(self) -> list[int]:
         """Workers running and not being replaced."""
         return [h.worker_id for h in self.handles if h.alive() and h.worker_id not in self.watchdog.pending]
 
     def active_envs(self, now: float) -> int:
-        return sum(h.bounds[s][1] - h.bounds[s][0]
-                   for h in self.handles if h.alive()
-                   for s in range(len(h.bounds))
-                   if now - self.slice_seen.get((h.worker_id, s), -1e9) <= ACTIVE_WINDOW_S)
+        return sum(
+            h.bounds[s][1] - h.bounds[s][0]
+            for h in self.handles
+            if h.alive()
+            for s in range(len(h.bounds))
+            if now - self.slice_seen.get((h.worker_id, s), -1e9) <= ACTIVE_WINDOW_S
+        )
 
     def publish_epsilons(self, learner) -> None:
         """The learner's exploration rates to each awake worker's channel."""
@@ -335,11 +375,13 @@ class Fleet:
             pipe = self.services.rcli.pipeline(transaction=False)
             for h in self.handles:
                 if h.awake:
-                    pipe.publish(epsilon_channel(self.run_id, h.worker_id),
-                                 pack_epsilons(h.env_lo, learner.epsilons(h.env_lo, h.env_hi)))
+                    pipe.publish(
+                        epsilon_channel(self.run_id, h.worker_id),
+                        pack_epsilons(h.env_lo, learner.epsilons(h.env_lo, h.env_hi)),
+                    )
             pipe.execute()
         except redis.RedisError:
-            pass          # the next publish carries the rates; workers keep the last ones
+            pass  # the next publish carries the rates; workers keep the last ones
 
     # -- stop --------------------------------------------------------------------------------
     def continue_stopped(self) -> None:

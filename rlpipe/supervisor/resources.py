@@ -19,6 +19,7 @@ of a second of CPU in the driver, so the sampler paces itself to spend at most
 spread over the whole run) that the long-run verdict fits; the driver's main thread charts
 the latest one to TensorBoard under `resources/`.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,20 +40,27 @@ from rlpipe.procs import open_fd_count, thread_count
 from rlpipe.redis_client import connect as redis_client
 from rlpipe.shm.segment import SHM_DIR, run_segments
 
-MAX_CPU_SHARE = 0.01     # of one core: the wait after a sample is at least its cost / this
-HISTORY_POINTS = 720     # samples kept for the long-run fit (thinned evenly as the run goes on)
-MB = 2 ** 20
+MAX_CPU_SHARE = 0.01  # of one core: the wait after a sample is at least its cost / this
+HISTORY_POINTS = 720  # samples kept for the long-run fit (thinned evenly as the run goes on)
+MB = 2**20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 # Parts of the run directory, by top-level entry: the figures `run_dir/<part>_mb`.
-RUN_DIR_PARTS = {"tb": "tb", "checkpoints": "checkpoints", "export": "checkpoints", "eval": "eval",
-                 ".hydra": "logs", "errors_top10.md": "errors", "stall_stacks.txt": "errors"}
+RUN_DIR_PARTS = {
+    "tb": "tb",
+    "checkpoints": "checkpoints",
+    "export": "checkpoints",
+    "eval": "eval",
+    ".hydra": "logs",
+    "errors_top10.md": "errors",
+    "stall_stacks.txt": "errors",
+}
 
 
 def _run_dir_part(name: str) -> str:
     if name in RUN_DIR_PARTS:
         return RUN_DIR_PARTS[name]
-    if name.startswith("lifecycle.sqlite"):      # the db, its WAL and its shared-memory index
+    if name.startswith("lifecycle.sqlite"):  # the db, its WAL and its shared-memory index
         return "lifecycle"
     if name.endswith(".log"):
         return "logs"
@@ -73,7 +81,7 @@ def _tree_bytes(path: Path) -> int:
             try:
                 st = os.lstat(os.path.join(root, f))
             except OSError:
-                continue             # removed between the listing and the stat
+                continue  # removed between the listing and the stat
             if (st.st_mode & 0o170000) == 0o100000:
                 total += st.st_size
     return total
@@ -124,20 +132,33 @@ def process_figures(root_pid: int, roles: dict[int, str]) -> dict[str, float]:
         try:
             rss, pss = rss_pss_bytes(pid)
         except (FileNotFoundError, ProcessLookupError, PermissionError, psutil.Error):
-            continue                  # exited (or not ours) between the listing and the read
+            continue  # exited (or not ours) between the listing and the read
         role = "driver" if pid == root_pid else roles.get(pid, "other")
         by_role.setdefault(role, []).append((rss, pss, open_fd_count(pid), thread_count(pid)))
     out: dict[str, float] = {"tree/pss_mb": sum(p[1] for procs in by_role.values() for p in procs) / MB}
     for role, procs in by_role.items():
         rss, pss, fds, threads = (list(col) for col in zip(*procs))
         if role == "workers":
-            out.update({"workers/count": len(procs),
-                        "workers/rss_mb_sum": sum(rss) / MB, "workers/rss_mb_max": max(rss) / MB,
-                        "workers/pss_mb_sum": sum(pss) / MB, "workers/pss_mb_max": max(pss) / MB,
-                        "workers/fds_max": max(fds), "workers/threads_max": max(threads)})
-        else:               # one process per role, but for `other` (summed)
-            out.update({f"{role}/rss_mb": sum(rss) / MB, f"{role}/pss_mb": sum(pss) / MB,
-                        f"{role}/fds": sum(fds), f"{role}/threads": sum(threads)})
+            out.update(
+                {
+                    "workers/count": len(procs),
+                    "workers/rss_mb_sum": sum(rss) / MB,
+                    "workers/rss_mb_max": max(rss) / MB,
+                    "workers/pss_mb_sum": sum(pss) / MB,
+                    "workers/pss_mb_max": max(pss) / MB,
+                    "workers/fds_max": max(fds),
+                    "workers/threads_max": max(threads),
+                }
+            )
+        else:  # one process per role, but for `other` (summed)
+            out.update(
+                {
+                    f"{role}/rss_mb": sum(rss) / MB,
+                    f"{role}/pss_mb": sum(pss) / MB,
+                    f"{role}/fds": sum(fds),
+                    f"{role}/threads": sum(threads),
+                }
+            )
     return out
 
 
@@ -172,9 +193,16 @@ class ResourceSampler:
     the forkserver, Redis and the workers (called in the sampler's thread); `redis_url()`
     the URL to read Redis's figures from (None: not up yet)."""
 
-    def __init__(self, root_pid: int, run_id: str, run_dir: Path, interval_s: float,
-                 roles: Callable[[], dict[int, str]], redis_url: Callable[[], str | None],
-                 t0: float | None = None):
+    def __init__(
+        self,
+        root_pid: int,
+        run_id: str,
+        run_dir: Path,
+        interval_s: float,
+        roles: Callable[[], dict[int, str]],
+        redis_url: Callable[[], str | None],
+        t0: float | None = None,
+    ):
         self.root_pid = root_pid
         self.run_id = run_id
         self.run_dir = run_dir
@@ -183,16 +211,16 @@ class ResourceSampler:
         self.roles = roles
         self.redis_url = redis_url
         self.t0 = time.monotonic() if t0 is None else t0
-        self.history = Thinned(HISTORY_POINTS)     # (seconds since t0, {figure: value})
+        self.history = Thinned(HISTORY_POINTS)  # (seconds since t0, {figure: value})
         self.latest: dict[str, float] = {}
         self.latest_at: float | None = None
-        self.peak_bytes = 0                        # the whole run's PSS, its peak and last sample
+        self.peak_bytes = 0  # the whole run's PSS, its peak and last sample
         self.last_bytes = 0
-        self.disk_free_bytes: int | None = None    # in the run dir's file system, last sample
-        self._rss_floor: int | None = None         # the driver's lowest RSS since the last sample
+        self.disk_free_bytes: int | None = None  # in the run dir's file system, last sample
+        self._rss_floor: int | None = None  # the driver's lowest RSS since the last sample
         self._redis: redis.Redis | None = None
         self._redis_for: str | None = None
-        self._lock = threading.Lock()              # the loop's last sample and the thread's
+        self._lock = threading.Lock()  # the loop's last sample and the thread's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="resources", daemon=True)
 
@@ -232,7 +260,7 @@ class ResourceSampler:
     def _roles(self) -> dict[int, str]:
         try:
             return self.roles()
-        except Exception:       # a handle replaced mid-listing: this sample calls them all other
+        except Exception:  # a handle replaced mid-listing: this sample calls them all other
             return {}
 
     def _redis_figures(self) -> dict[str, float]:
@@ -245,7 +273,7 @@ class ResourceSampler:
             mem = self._redis.info("memory")
             return {"redis/used_memory_mb": mem["used_memory"] / MB, "redis/keys": self._redis.dbsize()}
         except redis.RedisError:
-            return {}             # down (a chaos kill, a restart): this sample has no Redis figures
+            return {}  # down (a chaos kill, a restart): this sample has no Redis figures
 
     def budgets(self) -> dict[str, float]:
         """What each figure may reach before the machine gives out, in the figure's unit: its
@@ -283,7 +311,7 @@ class ResourceSampler:
                 rss = int(f.read().split()[1]) * PAGE
         except (OSError, IndexError, ValueError):
             return
-        floor = self._rss_floor          # one read: the main thread's sample may reset it meanwhile
+        floor = self._rss_floor  # one read: the main thread's sample may reset it meanwhile
         self._rss_floor = rss if floor is None else min(floor, rss)
 
     def paced_sample(self) -> None:

@@ -15,6 +15,7 @@ What differs between the two, and so what the interface covers:
 - the way out: an update in flight at teardown, what a dead peer left behind, the process
   group (`close`).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -26,9 +27,9 @@ from rlpipe.shm.segment import new_run_id
 
 
 class RunMode(ABC):
-    spec: RunSpec                  # this process's part of the job (its env count, update_envs, env ids)
-    writes_job_outputs: bool       # TensorBoard, hparams, export, evaluation, random-return probe
-    line_prefix: str               # before the last line's "done" / "stopped by": "" or "rank 1/2 "
+    spec: RunSpec  # this process's part of the job (its env count, update_envs, env ids)
+    writes_job_outputs: bool  # TensorBoard, hparams, export, evaluation, random-return probe
+    line_prefix: str  # before the last line's "done" / "stopped by": "" or "rank 1/2 "
 
     @abstractmethod
     def start(self, output_dir: Path) -> Path:
@@ -112,13 +113,15 @@ class Solo(RunMode):
 
     def make_learner(self, spec: RunSpec, plan: MixPlan):
         from rlpipe.learner.central import CentralLearner  # torch: only once the driver builds it
+
         return CentralLearner(spec, plan)
 
     def start_learner(self, learner, resumed: bool) -> None:
-        pass                                                # the checkpoint it loaded is the start
+        pass  # the checkpoint it loaded is the start
 
     def make_tb(self, run_dir: Path, config_yaml: str | None):
         from rlpipe.telemetry.tb import TbWriter  # lazily: workers start without its imports
+
         return TbWriter(run_dir, config_yaml)
 
     def should_stop(self, learner, elapsed_s: float) -> bool:
@@ -128,22 +131,22 @@ class Solo(RunMode):
         return bool(run.duration_s and elapsed_s >= run.duration_s)
 
     def checkpoint_after_update(self, learner) -> bool:
-        return False                                        # the clock alone decides
+        return False  # the clock alone decides
 
     def checkpoint_on_clock(self, learner, timer, now: float) -> bool:
         return bool(not learner.random and learner.counters.updates and timer.due(now))
 
     def join_update_in_flight(self, learner) -> None:
-        pass                        # the final checkpoint's poll_update(wait=True) waits for it
+        pass  # the final checkpoint's poll_update(wait=True) waits for it
 
     def sweep_after_teardown(self) -> None:
-        pass                        # the run's own segments are gone; others' wait for the next start's sweep
+        pass  # the run's own segments are gone; others' wait for the next start's sweep
 
     def say_stopping(self, signum: int) -> None:
-        pass                        # the last line says it
+        pass  # the last line says it
 
     def summary_section(self) -> dict:
-        return {"world_size": 1, "params_in_sync": None}   # one process: nothing to compare
+        return {"world_size": 1, "params_in_sync": None}  # one process: nothing to compare
 
     def finish_summary(self, result: dict, stop_signal: int | None, run_dir: Path) -> dict:
         return result

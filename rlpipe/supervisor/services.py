@@ -2,6 +2,7 @@
 external) and the driver's client of it, the ZMQ context, the lifecycle log and the
 TensorBoard writer. Each is None until started; `stop_steps` closes them in reverse order of
 creation, and running them again does nothing more."""
+
 from __future__ import annotations
 
 import atexit
@@ -28,13 +29,13 @@ if TYPE_CHECKING:
     from rlpipe.supervisor.runmode import RunMode
 
 log = logging.getLogger("rlpipe")
-IPC_PATH_MAX = 100          # sun_path is 108 bytes; keep a margin for "ipc://" and names
-REDIS_CHECK_S = 5.0         # how often a dead embedded Redis is looked for
+IPC_PATH_MAX = 100  # sun_path is 108 bytes; keep a margin for "ipc://" and names
+REDIS_CHECK_S = 5.0  # how often a dead embedded Redis is looked for
 
 
-REDIS_SOCKET = "redis.sock"        # the embedded redis-server's, in the run's socket dir
-LIFECYCLE_ENDPOINT = "lifecycle"   # the lifecycle feed's ZMQ endpoint name (`Services.endpoint`)
-SOCKET_NAMES = (f"{LIFECYCLE_ENDPOINT}.ipc", REDIS_SOCKET, DOORBELL_SOCKET)      # every socket of the run
+REDIS_SOCKET = "redis.sock"  # the embedded redis-server's, in the run's socket dir
+LIFECYCLE_ENDPOINT = "lifecycle"  # the lifecycle feed's ZMQ endpoint name (`Services.endpoint`)
+SOCKET_NAMES = (f"{LIFECYCLE_ENDPOINT}.ipc", REDIS_SOCKET, DOORBELL_SOCKET)  # every socket of the run
 
 
 def socket_dir(run_dir: Path, run_id: str) -> Path:
@@ -79,11 +80,11 @@ class Services:
         self.zctx = zmq.Context(io_threads=1)
         self.sock_dir: Path | None = None
         self.redis: RedisService | None = None
-        self.rcli: redis.Redis | None = None          # the driver's own Redis client
+        self.rcli: redis.Redis | None = None  # the driver's own Redis client
         self.lifecycle: LifecycleWriter | None = None
-        self.tb = None              # telemetry.tb.TbWriter (or a rank's stand-in), built with the learner
+        self.tb = None  # telemetry.tb.TbWriter (or a rank's stand-in), built with the learner
         self.redis_check = Every(REDIS_CHECK_S)
-        self.redis_down_since: float | None = None    # wall time of a Redis restart not yet healed
+        self.redis_down_since: float | None = None  # wall time of a Redis restart not yet healed
 
     def endpoint(self, name: str) -> str:
         """The ipc:// address of one of the run's ZMQ sockets."""
@@ -99,8 +100,9 @@ class Services:
         self.rcli.hset(run_key(self.run_id), mapping=run_fields)
 
     def start_lifecycle(self) -> None:
-        self.lifecycle = LifecycleWriter(self.run_dir / "lifecycle.sqlite", self.endpoint(LIFECYCLE_ENDPOINT),
-                                         self.run_id, self.zctx)
+        self.lifecycle = LifecycleWriter(
+            self.run_dir / "lifecycle.sqlite", self.endpoint(LIFECYCLE_ENDPOINT), self.run_id, self.zctx
+        )
         self.lifecycle.start()
 
     def start_tensorboard(self, config_yaml: str | None, mode: RunMode) -> None:
@@ -134,9 +136,13 @@ class Services:
         except redis.RedisError:
             return
         if all(beats.get(w, -1.0) >= self.redis_down_since for w in live_worker_ids):
-            self.lifecycle.record("redis_recovered", detail={
-                "since_restart_s": round(time.time() - self.redis_down_since, 3),
-                "workers": len(live_worker_ids)})
+            self.lifecycle.record(
+                "redis_recovered",
+                detail={
+                    "since_restart_s": round(time.time() - self.redis_down_since, 3),
+                    "workers": len(live_worker_ids),
+                },
+            )
             self.redis_down_since = None
 
     # -- stop --------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ until killed from outside (Redis still dies with it, workers and the probe exit 
 gone). faulthandler's C watchdog (dump_traceback_later) could cover it, but it cannot tell a
 held GIL from a stopped process, and would end a run paused for longer than its timeout.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -48,12 +49,12 @@ import psutil
 from rlpipe.shm.segment import SHM_DIR, run_segments
 from rlpipe.supervisor.services import SOCKET_NAMES
 
-EXIT_STALL = 4              # beside 0 (done), 2 (config), 3 (rank lost), 128+n (signal)
+EXIT_STALL = 4  # beside 0 (done), 2 (config), 3 (rank lost), 128+n (signal)
 STACKS_FILE = "stall_stacks.txt"
-CLEANUP_BOUND_S = 15.0      # the emergency cleanup gets this long, then the process exits anyway
-LIFECYCLE_FLUSH_S = 2.0     # how long the stall's lifecycle row may take to be committed
-KILL_PASSES = 3             # children listed and killed again: a start in flight forks late
-PAUSED_S = 5.0              # the watch woke this much later than its turn: the process was stopped
+CLEANUP_BOUND_S = 15.0  # the emergency cleanup gets this long, then the process exits anyway
+LIFECYCLE_FLUSH_S = 2.0  # how long the stall's lifecycle row may take to be committed
+KILL_PASSES = 3  # children listed and killed again: a start in flight forks late
+PAUSED_S = 5.0  # the watch woke this much later than its turn: the process was stopped
 
 
 class LoopMarks:
@@ -62,24 +63,29 @@ class LoopMarks:
 
     def __init__(self) -> None:
         now = time.monotonic()
-        self.served_at = now         # the last env step served (learner.serve)
-        self.updated_at = now        # the last PPO update finished (poll_update returned stats)
-        self.alive_at = now          # other progress: loop turns before the first serve, teardown steps
-        self.serving = False         # set at the first serve: from then on turns are not progress
-        self.phase = "start"         # what the loop was last doing (a cheap label)
+        self.served_at = now  # the last env step served (learner.serve)
+        self.updated_at = now  # the last PPO update finished (poll_update returned stats)
+        self.alive_at = now  # other progress: loop turns before the first serve, teardown steps
+        self.serving = False  # set at the first serve: from then on turns are not progress
+        self.phase = "start"  # what the loop was last doing (a cheap label)
 
     def last_progress(self) -> float:
         return max(self.served_at, self.updated_at, self.alive_at)
 
     def ages(self, now: float) -> dict:
         """What the stall line and row say: seconds since each kind of progress, the phase."""
-        return {"since_step_served_s": round(now - self.served_at, 1),
-                "since_update_finished_s": round(now - self.updated_at, 1), "phase": self.phase}
+        return {
+            "since_step_served_s": round(now - self.served_at, 1),
+            "since_update_finished_s": round(now - self.updated_at, 1),
+            "phase": self.phase,
+        }
 
     def describe(self, now: float) -> str:
         a = self.ages(now)
-        return (f"no env step served for {a['since_step_served_s']} s, no PPO update finished for "
-                f"{a['since_update_finished_s']} s; the loop was last at: {a['phase']}")
+        return (
+            f"no env step served for {a['since_step_served_s']} s, no PPO update finished for "
+            f"{a['since_update_finished_s']} s; the loop was last at: {a['phase']}"
+        )
 
 
 class StallWatch:
@@ -87,8 +93,14 @@ class StallWatch:
     run's names bound); `record(detail)` writes the lifecycle row and waits (bounded) for its
     commit (None: no row)."""
 
-    def __init__(self, timeout_s: float | None, run_dir: Path, marks: LoopMarks,
-                 cleanup: Callable[[], None], record: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        timeout_s: float | None,
+        run_dir: Path,
+        marks: LoopMarks,
+        cleanup: Callable[[], None],
+        record: Callable[[dict], None] | None = None,
+    ):
         self.timeout_s = timeout_s
         self.run_dir = run_dir
         self.marks = marks
@@ -100,7 +112,7 @@ class StallWatch:
     def start(self) -> None:
         if self.timeout_s is None or self._thread is not None:
             return
-        self.marks.alive_at = time.monotonic()       # armed now: start-up before this is not counted
+        self.marks.alive_at = time.monotonic()  # armed now: start-up before this is not counted
         self._thread = threading.Thread(target=self._run, name="rlpipe-stall-watch", daemon=True)
         self._thread.start()
 
@@ -116,24 +128,27 @@ class StallWatch:
         while not self._stop.wait(period):
             now = time.monotonic()
             if now - last_turn > period + PAUSED_S:
-                resumed_at = now        # the whole process was stopped, the loop with it
+                resumed_at = now  # the whole process was stopped, the loop with it
             last_turn = now
             if now - max(self.marks.last_progress(), resumed_at) >= self.timeout_s:
                 self._stalled(now)
 
     def _stalled(self, now: float) -> None:
-        line = (f"rlpipe: driver stalled (run.stall_timeout_s={self.timeout_s:g}): "
-                f"{self.marks.describe(now)}; every thread's stack is in {self.run_dir / STACKS_FILE}; "
-                f"exiting with code {EXIT_STALL} (the checkpoints are kept: run.resume=auto continues)")
+        line = (
+            f"rlpipe: driver stalled (run.stall_timeout_s={self.timeout_s:g}): "
+            f"{self.marks.describe(now)}; every thread's stack is in {self.run_dir / STACKS_FILE}; "
+            f"exiting with code {EXIT_STALL} (the checkpoints are kept: run.resume=auto continues)"
+        )
         try:
             dump_stacks(self.run_dir / STACKS_FILE, line)
         except OSError:
-            pass                      # a full or gone disk: still clean up and exit
+            pass  # a full or gone disk: still clean up and exit
         os.write(2, (line + "\n").encode())
         # The row and the cleanup each get a bound; nothing after this returns to the loop.
         detail = {**self.marks.ages(now), "stall_timeout_s": self.timeout_s, "exit_code": EXIT_STALL}
-        worker = threading.Thread(target=self._row_and_cleanup, args=(detail,), name="rlpipe-stall-cleanup",
-                                  daemon=True)
+        worker = threading.Thread(
+            target=self._row_and_cleanup, args=(detail,), name="rlpipe-stall-cleanup", daemon=True
+        )
         worker.start()
         worker.join(CLEANUP_BOUND_S)
         os._exit(EXIT_STALL)
@@ -143,7 +158,7 @@ class StallWatch:
             try:
                 self.record(detail)
             except Exception:
-                pass                  # the lifecycle writer is part of what may be stuck
+                pass  # the lifecycle writer is part of what may be stuck
         self.cleanup()
 
 
@@ -177,11 +192,12 @@ def kill_children() -> None:
                 child.send_signal(signal.SIGKILL)
             except psutil.Error:
                 pass
-        psutil.wait_procs(children, timeout=1.0)     # reaps our direct children; others go to init
+        psutil.wait_procs(children, timeout=1.0)  # reaps our direct children; others go to init
 
 
-def emergency_cleanup(run_id: str, sock_dir: Path | None, run_dir: Path,
-                      cgroup_cleanup: Callable[[], None] | None) -> None:
+def emergency_cleanup(
+    run_id: str, sock_dir: Path | None, run_dir: Path, cgroup_cleanup: Callable[[], None] | None
+) -> None:
     """What the teardown would remove, without it: processes first (nothing may recreate a
     segment or socket after), then segments, sockets, the multiprocessing temp dir and the
     cgroups. Each step guarded: one failure must not keep the rest. A loop that is slow rather
@@ -189,8 +205,15 @@ def emergency_cleanup(run_id: str, sock_dir: Path | None, run_dir: Path,
     (a child started after that still dies with this process, PR_SET_PDEATHSIG, and the next
     run's start-up sweeps segments and socket dirs of dead drivers)."""
     unlink_segments = lambda: [(SHM_DIR / name).unlink(missing_ok=True) for name in run_segments(run_id)]  # noqa: E731
-    steps = [kill_children, unlink_segments, lambda: remove_sockets(sock_dir, run_dir), remove_mp_temp_dir,
-             cgroup_cleanup or (lambda: None), kill_children, unlink_segments]
+    steps = [
+        kill_children,
+        unlink_segments,
+        lambda: remove_sockets(sock_dir, run_dir),
+        remove_mp_temp_dir,
+        cgroup_cleanup or (lambda: None),
+        kill_children,
+        unlink_segments,
+    ]
     for step in steps:
         try:
             step()

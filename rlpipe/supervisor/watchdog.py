@@ -11,6 +11,7 @@ gets SIGTERM, SIGKILL after `term_grace_s`, and once reaped a new worker with a 
 generation takes over its env ids. A worker that exits by itself (a crash,
 or an RSS recycle) is replaced at the next check, without a scan.
 """
+
 from __future__ import annotations
 
 import logging
@@ -97,22 +98,29 @@ class Watchdog:
                 continue
             limit = self.spec.timeout_s
             if now - h.spawned_at < limit:
-                continue                       # too young to be judged on silence
+                continue  # too young to be judged on silence
             os_age = (mono_ns - h.views.load(H_OS_BEAT_NS)) / 1e9
             # A worker with no beat since Redis (re)started is measured from that moment, one
             # that never beat at all from its spawn.
-            redis_age = None if beats is None else \
-                wall - max(beats.get(h.worker_id, 0.0), h.spawned_wall, self.redis_epoch)
+            redis_age = (
+                None if beats is None else wall - max(beats.get(h.worker_id, 0.0), h.spawned_wall, self.redis_epoch)
+            )
             os_ages.append(os_age)
             if redis_age is not None:
                 redis_ages.append(redis_age)
-            stale = [name for name, age in (("os", os_age), ("redis", redis_age))
-                     if age is not None and age > limit]
+            stale = [name for name, age in (("os", os_age), ("redis", redis_age)) if age is not None and age > limit]
             if stale:
-                self._terminate(h, "heartbeat", {
-                    "stale": stale, "os_beat_age_s": round(os_age, 2),
-                    "redis_beat_age_s": None if redis_age is None else round(redis_age, 2),
-                    "redis_reachable": beats is not None, "limit_s": limit})
+                self._terminate(
+                    h,
+                    "heartbeat",
+                    {
+                        "stale": stale,
+                        "os_beat_age_s": round(os_age, 2),
+                        "redis_beat_age_s": None if redis_age is None else round(redis_age, 2),
+                        "redis_reachable": beats is not None,
+                        "limit_s": limit,
+                    },
+                )
         self.max_os_age_s = max(os_ages, default=None)
         self.max_redis_age_s = max(redis_ages, default=None)
 
@@ -127,7 +135,7 @@ class Watchdog:
             out["health/redis_beat_age_max_s"] = self.max_redis_age_s
         try:
             out["health/worker_restarts"] = float(fault_counts(self.lifecycle.db_path)["worker_restarts"])
-        except Exception:              # the log not readable this time: the next call has it
+        except Exception:  # the log not readable this time: the next call has it
             pass
         return out
 
@@ -141,15 +149,23 @@ class Watchdog:
             return False
         if now - since < self.spec.startup_timeout_s:
             return False
-        self._terminate(h, "startup_stalled", {"envs_built": built, "envs": h.n,
-                                               "stalled_s": round(now - since, 2),
-                                               "limit_s": self.spec.startup_timeout_s})
+        self._terminate(
+            h,
+            "startup_stalled",
+            {
+                "envs_built": built,
+                "envs": h.n,
+                "stalled_s": round(now - since, 2),
+                "limit_s": self.spec.startup_timeout_s,
+            },
+        )
         return True
 
     def _terminate(self, h, reason: str, detail: dict) -> None:
         log.warning("worker %d (pid %d) silent (%s): SIGTERM", h.worker_id, h.proc.pid, reason)
-        self.lifecycle.record("worker_term", worker_id=h.worker_id, generation=h.generation,
-                              detail={"reason": reason, **detail})
+        self.lifecycle.record(
+            "worker_term", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
+        )
         try:
             os.kill(h.proc.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -163,9 +179,10 @@ class Watchdog:
         for wid, rep in list(self.pending.items()):
             proc = rep.handle.proc
             if proc.is_alive() and not rep.killed and now - rep.term_at >= self.spec.term_grace_s:
-                self.lifecycle.record("worker_kill", worker_id=wid, generation=rep.handle.generation,
-                                      detail={"reason": rep.reason})
-                proc.kill()                    # SIGKILL also ends a SIGSTOPped process
+                self.lifecycle.record(
+                    "worker_kill", worker_id=wid, generation=rep.handle.generation, detail={"reason": rep.reason}
+                )
+                proc.kill()  # SIGKILL also ends a SIGSTOPped process
                 rep.killed = True
             if not proc.is_alive():
                 proc.join()

@@ -1,4 +1,5 @@
 """Worker processes as seen from the driver: segment, doorbell socket, process, generation."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -43,8 +44,7 @@ def reward_stats_keys(spec: RunSpec, run_id: str) -> list[str]:
 
 
 class WorkerHandle:
-    def __init__(self, worker_id: int, env_lo: int, env_hi: int, spec: RunSpec, plan: MixPlan,
-                 run_id: str):
+    def __init__(self, worker_id: int, env_lo: int, env_hi: int, spec: RunSpec, plan: MixPlan, run_id: str):
         self.worker_id = worker_id
         self.env_lo, self.env_hi = env_lo, env_hi
         self.n = env_hi - env_lo
@@ -54,8 +54,8 @@ class WorkerHandle:
         self.layout = WorkerLayout.build(self.n, plan.obs_keys, plan.actions.cont_dim)
         self.bounds = slice_bounds(self.n, spec.worker.slices)
         # env type index of each slice's envs (the learner's per-round lookups, made once)
-        self.slice_types = [plan.env_type[env_lo + lo:env_lo + hi].astype(np.int64) for lo, hi in self.bounds]
-        self.conn = None          # this generation's doorbell connection, from its HELLO
+        self.slice_types = [plan.env_type[env_lo + lo : env_lo + hi].astype(np.int64) for lo, hi in self.bounds]
+        self.conn = None  # this generation's doorbell connection, from its HELLO
         self.generation = 0
         self.segment: Segment | None = None
         self.views: WorkerViews | None = None
@@ -65,17 +65,17 @@ class WorkerHandle:
         self.spawned_awake = False
         self.awake = False
         self.error_log: ErrorLog | None = None
-        self.on_retire = None                      # called with the handle before a segment goes
-        self.parked: list = []                     # rings of a dormant group, served on wake
-        self.slice_seq = [0] * len(self.bounds)    # last step seq per slice (steps per env)
+        self.on_retire = None  # called with the handle before a segment goes
+        self.parked: list = []  # rings of a dormant group, served on wake
+        self.slice_seq = [0] * len(self.bounds)  # last step seq per slice (steps per env)
 
     def _new_segment(self) -> None:
         """A fresh segment per generation: a replaced writer keeps only a dead mapping."""
         old = self.segment
         if old is not None:
-            self.views.store(H_GENERATION, self.generation)   # revoke: the old writer's publishes fail
+            self.views.store(H_GENERATION, self.generation)  # revoke: the old writer's publishes fail
             if self.on_retire is not None:
-                self.on_retire(self)                           # last chance to read the old error log
+                self.on_retire(self)  # last chance to read the old error log
             self.error_log.release()
             self.views.release()
         name = segment_name(self.run_id, f"w{self.worker_id}g{self.generation}")
@@ -95,7 +95,7 @@ class WorkerHandle:
         self.generation += 1
         self._new_segment()
         self.views.store(H_AWAKE, int(self.awake))
-        self.conn = None                       # the new process says HELLO on its own
+        self.conn = None  # the new process says HELLO on its own
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
 
@@ -104,9 +104,8 @@ class WorkerHandle:
         generation).
         Until `started`, the handle has no process: every check of a live worker (supervision,
         watchdog, chaos, wakes' cgroup moves) passes it by."""
-        self.spawned_awake = self.awake        # its spawn -> ready time is a build time, not a wait
-        return ctx.Process(target=run_worker, args=(worker_spec,), name=f"rlpipe-worker-{self.worker_id}",
-                           daemon=False)
+        self.spawned_awake = self.awake  # its spawn -> ready time is a build time, not a wait
+        return ctx.Process(target=run_worker, args=(worker_spec,), name=f"rlpipe-worker-{self.worker_id}", daemon=False)
 
     def started(self, proc) -> None:
         self.proc = proc
@@ -142,7 +141,7 @@ class WorkerHandle:
                     pass
 
     def close(self) -> None:
-        self.conn = None          # the doorbell server closes the connections
+        self.conn = None  # the doorbell server closes the connections
         if self.error_log is not None:
             self.error_log.release()
             self.error_log = None
@@ -166,9 +165,10 @@ class BackgroundStarts:
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._closing = False
         # several round trips in flight: each mostly waits for the server to be scheduled
-        self._threads = [threading.Thread(target=self._run, name=f"worker-starts-{i}", daemon=True)
-                         for i in range(threads)]
-        self.pending = 0              # submitted, not yet collected by `finished`
+        self._threads = [
+            threading.Thread(target=self._run, name=f"worker-starts-{i}", daemon=True) for i in range(threads)
+        ]
+        self.pending = 0  # submitted, not yet collected by `finished`
 
     def submit(self, handle: WorkerHandle, proc) -> None:
         if not self._threads[0].is_alive():
@@ -181,12 +181,12 @@ class BackgroundStarts:
         while (item := self._todo.get()) is not None:
             handle, proc = item
             if self._closing:
-                self._done.put((handle, None, None))        # never started
+                self._done.put((handle, None, None))  # never started
                 continue
             try:
                 proc.start()
                 self._done.put((handle, proc, None))
-            except BaseException as exc:                    # raised in the driver's thread
+            except BaseException as exc:  # raised in the driver's thread
                 self._done.put((handle, None, exc))
 
     def finished(self) -> list[tuple[WorkerHandle, object, BaseException | None]]:

@@ -21,14 +21,15 @@ A figure's verdict, in this order:
 It imports numpy only: the driver calls it at the end of a run, the soak benchmark on a
 finished run's samples.
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-FLAT_PCT_PER_H = 1.0        # a slope under 1 % of the figure's level per hour is flat
-MIN_POINTS = 6              # fewer samples in the second half: no verdict for that figure
+FLAT_PCT_PER_H = 1.0  # a slope under 1 % of the figure's level per hour is flat
+MIN_POINTS = 6  # fewer samples in the second half: no verdict for that figure
 Z95 = 1.959964
 
 
@@ -54,8 +55,7 @@ def theil_sen(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]
     return slope, float(slopes[lo_rank]), float(slopes[hi_rank]), intercept
 
 
-def figure_verdict(t_s: np.ndarray, y: np.ndarray, end_s: float, project_to_s: float,
-                   budget: float | None) -> dict:
+def figure_verdict(t_s: np.ndarray, y: np.ndarray, end_s: float, project_to_s: float, budget: float | None) -> dict:
     """One figure's slope per hour (with its interval, in the figure's unit and in % of its
     level), its value projected to `project_to_s` seconds after the run's start, and the verdict."""
     slope, lo, hi, intercept = theil_sen(t_s, y)
@@ -63,7 +63,7 @@ def figure_verdict(t_s: np.ndarray, y: np.ndarray, end_s: float, project_to_s: f
     fitted_end = intercept + slope * end_s
     projected = fitted_end + slope * (project_to_s - end_s)
     per_h, lo_h, hi_h = slope * 3600, lo * 3600, hi * 3600
-    pct = (lambda v: _round(100.0 * v / abs(level))) if level else (lambda v: None)   # no level: no %
+    pct = (lambda v: _round(100.0 * v / abs(level))) if level else (lambda v: None)  # no level: no %
     tolerance = FLAT_PCT_PER_H / 100.0 * abs(level)
     if lo_h > 0 and per_h > tolerance:
         verdict = "grows past budget" if budget is not None and projected > budget else "grows"
@@ -71,15 +71,24 @@ def figure_verdict(t_s: np.ndarray, y: np.ndarray, end_s: float, project_to_s: f
         verdict = "falls"
     else:
         verdict = "flat"
-    return {"level": _round(level), "slope_per_h": _round(per_h), "slope_ci_per_h": [_round(lo_h), _round(hi_h)],
-            "slope_pct_per_h": pct(per_h), "slope_ci_pct_per_h": [pct(lo_h), pct(hi_h)],
-            "end": _round(fitted_end), "projected": _round(projected), "project_to_s": project_to_s,
-            "budget": _round(budget) if budget is not None else None, "points": int(len(t_s)),
-            "verdict": verdict}
+    return {
+        "level": _round(level),
+        "slope_per_h": _round(per_h),
+        "slope_ci_per_h": [_round(lo_h), _round(hi_h)],
+        "slope_pct_per_h": pct(per_h),
+        "slope_ci_pct_per_h": [pct(lo_h), pct(hi_h)],
+        "end": _round(fitted_end),
+        "projected": _round(projected),
+        "project_to_s": project_to_s,
+        "budget": _round(budget) if budget is not None else None,
+        "points": int(len(t_s)),
+        "verdict": verdict,
+    }
 
 
-def long_run(samples: list[tuple[float, dict[str, float]]], end_s: float, project_to_s: float,
-             budgets: dict[str, float]) -> dict[str, dict]:
+def long_run(
+    samples: list[tuple[float, dict[str, float]]], end_s: float, project_to_s: float, budgets: dict[str, float]
+) -> dict[str, dict]:
     """The verdict of every figure over the second half of [0, end_s] (seconds from the run's
     start). `samples` are (t_s, {figure: value}) in time order; `budgets` maps a figure to
     its budget in the figure's own unit (a figure with none cannot grow past one)."""

@@ -12,6 +12,7 @@ Anywhere else (a pipe, a file, CI): one plain line every `interval_s`.
 advancing ..." when the health report reads the event files) out of the terminal: they still
 go to the run's log file.
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,27 +29,28 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-WIDTH = 80                    # the panel never grows past this
-INNER = WIDTH - 4             # inside the border and padding
-MAX_NAME_W, VALUE_W = 16, 7   # a longer type name is cut with an ellipsis
+WIDTH = 80  # the panel never grows past this
+INNER = WIDTH - 4  # inside the border and padding
+MAX_NAME_W, VALUE_W = 16, 7  # a longer type name is cut with an ellipsis
 TREND_WINDOW_S = 30.0
 FAULTS_EVERY_S = 10.0
-CONSOLE_LOGGERS = ("rlpipe", "hydra", "__main__")   # below WARNING, only these reach the terminal
+CONSOLE_LOGGERS = ("rlpipe", "hydra", "__main__")  # below WARNING, only these reach the terminal
 
 
 @dataclass(frozen=True)
 class Status:
     """What the driver knows at one refresh."""
+
     stage: str | None
     elapsed_s: float
     env_steps: int
     sps: float
     updates: int
     env_count: int
-    active: int                     # envs whose slice rang within the last few seconds
-    dormant: int                    # envs of worker groups not woken yet
-    memory_mb: float | None         # PSS of the whole run, last sample
-    returns: dict[str, float | None]   # type -> mean of its last 100 episodes (None: none yet)
+    active: int  # envs whose slice rang within the last few seconds
+    dormant: int  # envs of worker groups not woken yet
+    memory_mb: float | None  # PSS of the whole run, last sample
+    returns: dict[str, float | None]  # type -> mean of its last 100 episodes (None: none yet)
 
 
 def _clock(seconds: float | None) -> str:
@@ -65,8 +67,13 @@ def _value(v: float | None) -> str:
 
 
 class Progress:
-    def __init__(self, interval_s: float, total_env_steps: int | None = None,
-                 duration_s: float | None = None, lifecycle_db: Path | None = None):
+    def __init__(
+        self,
+        interval_s: float,
+        total_env_steps: int | None = None,
+        duration_s: float | None = None,
+        lifecycle_db: Path | None = None,
+    ):
         self.interval_s = interval_s
         self.total_env_steps = total_env_steps
         self.duration_s = duration_s
@@ -115,8 +122,9 @@ class Progress:
             self._next_faults = now + FAULTS_EVERY_S
             try:
                 from rlpipe.lifecycle import fault_counts
+
                 self._faults = fault_counts(self.lifecycle_db)
-            except Exception:          # not written yet, or busy: keep the last counts
+            except Exception:  # not written yet, or busy: keep the last counts
                 pass
         return self._faults
 
@@ -133,10 +141,12 @@ class Progress:
         f = self.faults()
         faults = "-" if f is None else f"{_total_faults(f)}"
         rets = " ".join(f"{k}={_value(v)}{(trends or {}).get(k, '')}" for k, v in st.returns.items())
-        return (f"rlpipe {st.stage or 'run'} | {100 * self.fraction(st):3.0f}% | {st.elapsed_s:5.0f}s, "
-                f"ETA {_clock(self.eta_s(st))} | envs {st.active}/{st.env_count} active, {st.dormant} "
-                f"dormant | steps {st.env_steps:,} | sps {st.sps:,.0f} | updates {st.updates} | "
-                f"faults {faults} | mem {_mem(st.memory_mb)} | return {rets or '-'}")
+        return (
+            f"rlpipe {st.stage or 'run'} | {100 * self.fraction(st):3.0f}% | {st.elapsed_s:5.0f}s, "
+            f"ETA {_clock(self.eta_s(st))} | envs {st.active}/{st.env_count} active, {st.dormant} "
+            f"dormant | steps {st.env_steps:,} | sps {st.sps:,.0f} | updates {st.updates} | "
+            f"faults {faults} | mem {_mem(st.memory_mb)} | return {rets or '-'}"
+        )
 
     def panel(self, st: Status) -> Panel:
         now = time.monotonic()
@@ -144,19 +154,26 @@ class Progress:
         head = Table.grid(padding=(0, 1))
         head.add_column(no_wrap=True)
         head.add_column(no_wrap=True)
-        head.add_row(ProgressBar(total=1.0, completed=frac, width=34),
-                     Text(f"{100 * frac:3.0f}%  {_clock(st.elapsed_s)}  ETA {_clock(self.eta_s(st))}"))
+        head.add_row(
+            ProgressBar(total=1.0, completed=frac, width=34),
+            Text(f"{100 * frac:3.0f}%  {_clock(st.elapsed_s)}  ETA {_clock(self.eta_s(st))}"),
+        )
         f = self.faults()
         quarantined = "?" if f is None else f"{f.get('quarantined', 0):,}"
-        counters = Text(f"steps {st.env_steps:,}  sps {st.sps:,.0f}  updates {st.updates:,}  "
-                        f"faults {'?' if f is None else f'{_total_faults(f):,}'}  mem {_mem(st.memory_mb)}",
-                        no_wrap=True, overflow="ellipsis")
-        envs = Text(f"envs {st.active:,} active · {st.dormant:,} dormant · {quarantined} quarantined "
-                    f"of {st.env_count:,}", no_wrap=True, overflow="ellipsis")
+        counters = Text(
+            f"steps {st.env_steps:,}  sps {st.sps:,.0f}  updates {st.updates:,}  "
+            f"faults {'?' if f is None else f'{_total_faults(f):,}'}  mem {_mem(st.memory_mb)}",
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        envs = Text(
+            f"envs {st.active:,} active · {st.dormant:,} dormant · {quarantined} quarantined of {st.env_count:,}",
+            no_wrap=True,
+            overflow="ellipsis",
+        )
         lines = [head, counters, envs]
         if st.returns:
-            lines.append(Text("return, last 100 episodes (trend over 30 s; -: no episode yet):",
-                              style="dim"))
+            lines.append(Text("return, last 100 episodes (trend over 30 s; -: no episode yet):", style="dim"))
             # As many columns as fit whole names (up to MAX_NAME_W): three for short names,
             # two for the seed12 mix's longest ("mountaincar_cont").
             name_w = min(MAX_NAME_W, max(len(n) for n in st.returns))
@@ -169,16 +186,27 @@ class Progress:
                 cell.append(arrow, style={"↑": "green", "↓": "red"}.get(arrow, "dim"))
                 cells.append(cell)
             for i in range(0, len(cells), cols):
-                lines.append(Text("  ").join(cells[i:i + cols]))
-        return Panel(Group(*lines), title=f"rlpipe {st.stage or 'run'} → {self._stop_text()}",
-                     title_align="left", width=WIDTH, padding=(0, 1))
+                lines.append(Text("  ").join(cells[i : i + cols]))
+        return Panel(
+            Group(*lines),
+            title=f"rlpipe {st.stage or 'run'} → {self._stop_text()}",
+            title_align="left",
+            width=WIDTH,
+            padding=(0, 1),
+        )
 
     # -- the context -------------------------------------------------------------------------
     def __enter__(self):
         if self.tty:
             console = Console()
-            self._live = Live(Text("rlpipe: starting"), console=console, refresh_per_second=4,
-                              transient=True, redirect_stdout=True, redirect_stderr=True)
+            self._live = Live(
+                Text("rlpipe: starting"),
+                console=console,
+                refresh_per_second=4,
+                transient=True,
+                redirect_stdout=True,
+                redirect_stderr=True,
+            )
             self._live.__enter__()
             self._route_logs_through_live()
         return self
@@ -211,7 +239,7 @@ class Progress:
 
 
 def _fit(name: str, width: int) -> str:
-    return name if len(name) <= width else name[:width - 1] + "…"
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def _mem(mb: float | None) -> str:

@@ -1,6 +1,7 @@
 """TensorBoard writer for a run: namespaced tags (charts/, losses/, envs/, board/) and the
 run's config as text, after CleanRL. (The tag prefix board/ is the shared-memory obs board's
 figures; the writer itself is `TbWriter`, so "board" names only that board.)"""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -2,6 +2,7 @@
 
 Imports TensorBoard's event accumulator only when called, so importing this module stays cheap.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 @dataclass
 class Series:
     """One scalar tag: its points sorted by step."""
+
     steps: np.ndarray
     values: np.ndarray
     wall_times: np.ndarray

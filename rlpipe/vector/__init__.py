@@ -10,6 +10,7 @@ rebuilds, watchdog, lifecycle log and embedded Redis as a training run.
 rlpipe/vector/env.py says what comes back (autoreset, faults, copies); engine.py how it is
 served; spaces.py how obs and actions map onto the board and the action heads.
 """
+
 from rlpipe.vector.env import ClosedError, RlpipeVectorEnv, make
 
 __all__ = ["ClosedError", "RlpipeVectorEnv", "make"]

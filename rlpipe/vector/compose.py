@@ -2,6 +2,7 @@
 one declaration there (and its check in rlpipe/config.py). Only what a vector of identical
 envs implies is overridden: the env mix (one type), the env count, the seed and every group
 awake from the start (a learner stepping all envs has no cold/hot ramp to wait for)."""
+
 from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
@@ -22,9 +23,13 @@ def mix_overrides(env_id_or_type: str) -> list[str]:
         if env_id_or_type == "cartpole":
             return ["env_mix=cartpole"]
         # env_mix=cartpole is the one-type mix; swap its type for the one asked for
-        return ["env_mix=cartpole", "~env_mix.types.cartpole", "~env_mix.weights.cartpole",
-                f"+env@env_mix.types.{env_id_or_type}={env_id_or_type}",
-                f"+env_mix.weights.{env_id_or_type}=1.0"]
+        return [
+            "env_mix=cartpole",
+            "~env_mix.types.cartpole",
+            "~env_mix.weights.cartpole",
+            f"+env@env_mix.types.{env_id_or_type}={env_id_or_type}",
+            f"+env_mix.weights.{env_id_or_type}=1.0",
+        ]
     # Hydra's override grammar needs quotes around ids with '/' or ':' (ALE/Pong-v5, mod:Id)
     return ["env_mix=gym", f"env_mix.id='{env_id_or_type}'"]
 
@@ -41,5 +46,5 @@ def vector_spec(env_id_or_type: str, num_envs: int, seed: int | None, overrides:
         cfg = compose(config_name="config", overrides=base + list(overrides))
     spec = run_spec(cfg)
     n_groups = -(-num_envs // spec.groups.size)
-    spec.groups.hot = max(spec.groups.hot, n_groups)      # every group steps from the start
+    spec.groups.hot = max(spec.groups.hot, n_groups)  # every group steps from the start
     return spec

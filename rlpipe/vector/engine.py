@@ -14,6 +14,7 @@ the fleet is in one of three states, moved only here:
 A replaced worker's new generation rings each slice with seq 0 whatever state the slice was
 in; the slice is marked `restarted` until its results are handed out.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,9 +42,9 @@ from rlpipe.supervisor.workers import stop_workers
 from rlpipe.vector.faults import FaultRecords
 
 log = logging.getLogger("rlpipe")
-_started_engines = 0        # engines of this process with services up (they share the forkserver)
+_started_engines = 0  # engines of this process with services up (they share the forkserver)
 MAX_SILENT_RESTARTS = 5  # a worker replaced this often without one ring: its envs cannot be built
-SUPERVISE_S = 0.25      # while waiting for rings: replace exited workers, advance the watchdog
+SUPERVISE_S = 0.25  # while waiting for rings: replace exited workers, advance the watchdog
 POLL_MS = 10
 
 
@@ -88,15 +89,15 @@ class Engine:
         self.fleet = VectorFleet(spec, self.run_id, self.t0, self.services, self._phase)
         self.plan: MixPlan | None = None
         self.faults: FaultRecords | None = None
-        self.keys: list[tuple[int, int]] = []            # (worker id, slice) of every slice
-        self.rows: dict[tuple[int, int], tuple[int, int]] = {}   # slice -> global env rows [a, b)
-        self.ref: dict[tuple[int, int], SliceRef] = {}   # the latest ring of each slice
+        self.keys: list[tuple[int, int]] = []  # (worker id, slice) of every slice
+        self.rows: dict[tuple[int, int], tuple[int, int]] = {}  # slice -> global env rows [a, b)
+        self.ref: dict[tuple[int, int], SliceRef] = {}  # the latest ring of each slice
         self.flight: set = set()
         self.arrived: set = set()
         self.held: set = set()
         self.restarted: set = set()
         self.supervise_timer = Every(SUPERVISE_S)
-        self.silent_restarts: dict[int, int] = {}   # worker id -> replacements since its last ring
+        self.silent_restarts: dict[int, int] = {}  # worker id -> replacements since its last ring
         self.started = False
 
     def _phase(self, what: str) -> None:
@@ -116,9 +117,16 @@ class Engine:
         sweep_dead_socket_dirs()
         commit = git_commit()
         versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
-        services.start_redis(spec.redis.url, {"state": "starting", "pid": os.getpid(),
-                                              "env_count": spec.env_count, "run_dir": str(self.run_dir),
-                                              "client": "rlpipe.vector"})
+        services.start_redis(
+            spec.redis.url,
+            {
+                "state": "starting",
+                "pid": os.getpid(),
+                "env_count": spec.env_count,
+                "run_dir": str(self.run_dir),
+                "client": "rlpipe.vector",
+            },
+        )
         services.start_lifecycle()
         global _started_engines
         self.started = True
@@ -137,7 +145,7 @@ class Engine:
                 key = (h.worker_id, s)
                 self.keys.append(key)
                 self.rows[key] = (h.env_lo + lo, h.env_lo + hi)
-        self.flight = set(self.keys)          # every slice rings once its envs are built
+        self.flight = set(self.keys)  # every slice rings once its envs are built
         services.set_state("running")
 
     def restart_all(self) -> None:
@@ -146,8 +154,9 @@ class Engine:
         stop_workers(fleet.handles, self.spec.heartbeat.term_grace_s)
         with hidden_main():
             for h in fleet.handles:
-                fleet.services.lifecycle.record("worker_restart", worker_id=h.worker_id,
-                                                generation=h.generation, detail={"reason": "vector_reset"})
+                fleet.services.lifecycle.record(
+                    "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": "vector_reset"}
+                )
                 fleet._spawn(h)
         self.ref.clear()
         self.arrived.clear()
@@ -168,8 +177,10 @@ class Engine:
                 self.faults.drain(worker_id)
                 last = next((q[-1] for e in range(h.env_lo, h.env_hi) if (q := self.faults.by_env.get(e))), None)
             why = f"{last['error_type']}: {last['message']}" if last else "no error record"
-            raise RuntimeError(f"rlpipe.vector: worker {worker_id} (envs {h.env_lo}..{h.env_hi - 1}) was "
-                               f"replaced {n} times without building its envs; last error: {why}")
+            raise RuntimeError(
+                f"rlpipe.vector: worker {worker_id} (envs {h.env_lo}..{h.env_hi - 1}) was "
+                f"replaced {n} times without building its envs; last error: {why}"
+            )
 
     # -- the serving moves ---------------------------------------------------------------
     def poll(self, timeout_ms: int = POLL_MS) -> None:
@@ -181,10 +192,10 @@ class Engine:
             self.silent_restarts.pop(key[0], None)
             old = self.ref.get(key)
             if old is not None and old.generation != ref.generation:
-                self.restarted.add(key)        # a new process took the slice's env ids
+                self.restarted.add(key)  # a new process took the slice's env ids
             self.ref[key] = ref
             if key in self.held:
-                continue                       # the caller's next actions go to the new generation
+                continue  # the caller's next actions go to the new generation
             self.flight.discard(key)
             self.arrived.add(key)
         if self.supervise_timer.due(now):
@@ -192,7 +203,7 @@ class Engine:
 
     def supervise(self, now: float) -> None:
         fleet, services = self.fleet, self.services
-        with hidden_main():                 # it may start replacements
+        with hidden_main():  # it may start replacements
             fleet.check_workers(now, self)
         if services.restart_dead_redis(now):
             fleet.watchdog.redis_restarted()
@@ -232,9 +243,14 @@ class Engine:
         Driver.teardown): workers, the fleet's segments, doorbells and cgroups, the lifecycle
         writer, Redis, the socket dir and, if the engine made it, the run dir."""
         fleet = self.fleet
-        steps = [fleet.stop_starts, fleet.stop_workers,
-                 lambda: self.faults.finish() if self.faults is not None else None,
-                 fleet.count_lifecycle_drops, *fleet.release_steps(), *self.services.stop_steps()]
+        steps = [
+            fleet.stop_starts,
+            fleet.stop_workers,
+            lambda: self.faults.finish() if self.faults is not None else None,
+            fleet.count_lifecycle_drops,
+            *fleet.release_steps(),
+            *self.services.stop_steps(),
+        ]
         global _started_engines
         if self.started:
             _started_engines -= 1
@@ -257,6 +273,7 @@ def release_forkserver() -> None:
     server's socket (rlpipe.supervisor.services.multiprocessing_temp_dir) go too. The next
     engine starts a new server in a new dir."""
     from multiprocessing import forkserver, process
+
     try:
         forkserver._forkserver._stop()
     except FileNotFoundError:

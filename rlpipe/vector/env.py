@@ -22,6 +22,7 @@ Copies: obs are gathered from the board (seqlock-checked, without the GIL) into 
 per board key, owned by the vector; the returned batch views those buffers (`copy=False`) or
 is a copy of them (`copy=True`, the default, as Gymnasium's). `recv` returns a copy of its rows.
 """
+
 from __future__ import annotations
 
 import collections
@@ -38,7 +39,7 @@ from rlpipe.vector.faults import WORKER_RESTART, fault_info
 from rlpipe.vector.spaces import SpaceMap
 
 FAULT_FIELDS = ("kind", "error_type", "fingerprint", "message")
-EPOCH_SEED_STRIDE = 1_000_000_007   # seed offset of each reset(seed=None); rebuilds use 1_000_003
+EPOCH_SEED_STRIDE = 1_000_000_007  # seed offset of each reset(seed=None); rebuilds use 1_000_003
 
 
 class ClosedError(RuntimeError):
@@ -48,14 +49,23 @@ class ClosedError(RuntimeError):
 class RlpipeVectorEnv(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(self, env_id_or_type: str, num_envs: int, *, seed: int | None = None,
-                 overrides: list[str] | tuple = (), batch_size: int | None = None, copy: bool = True,
-                 episode_info: bool = False, run_dir: str | None = None):
+    def __init__(
+        self,
+        env_id_or_type: str,
+        num_envs: int,
+        *,
+        seed: int | None = None,
+        overrides: list[str] | tuple = (),
+        batch_size: int | None = None,
+        copy: bool = True,
+        episode_info: bool = False,
+        run_dir: str | None = None,
+    ):
         self.spec_run = vector_spec(env_id_or_type, num_envs, seed, list(overrides))
         self.env_id = env_id_or_type
         self.num_envs = num_envs
         self.copy = copy
-        self.episode_info = episode_info            # info["episode"] = {"r", "l"} as RecordEpisodeStatistics
+        self.episode_info = episode_info  # info["episode"] = {"r", "l"} as RecordEpisodeStatistics
         self.batch_size = num_envs if batch_size is None else int(batch_size)
         if not 1 <= self.batch_size <= num_envs:
             raise ValueError(f"batch_size must be in [1, num_envs={num_envs}], got {batch_size!r}")
@@ -63,8 +73,8 @@ class RlpipeVectorEnv(VectorEnv):
         self.engine = Engine(self.spec_run, run_dir)
         self.closed = False
         self._started = False
-        self._seed = self.spec_run.run.seed       # conf's run.seed unless `seed` is given
-        self._epoch = 0                           # resets without a seed since the last seeded one
+        self._seed = self.spec_run.run.seed  # conf's run.seed unless `seed` is given
+        self._epoch = 0  # resets without a seed since the last seeded one
         lifetime.register(self)
         try:
             plan = self.engine.describe()
@@ -90,7 +100,7 @@ class RlpipeVectorEnv(VectorEnv):
         # What finished episodes returned, as Gymnasium's RecordEpisodeStatistics keeps them.
         self.return_queue: collections.deque = collections.deque(maxlen=100)
         self.length_queue: collections.deque = collections.deque(maxlen=100)
-        self.episode_returns: list[float] = []     # finished episodes' returns, in order (the first million)
+        self.episode_returns: list[float] = []  # finished episodes' returns, in order (the first million)
         self.fault_count = 0
 
     # -- properties Gymnasium's vectors have ----------------------------------------------
@@ -118,16 +128,19 @@ class RlpipeVectorEnv(VectorEnv):
         self._gather(keys)
         self.engine.hand_out(keys)
         obs = self._obs
-        return (obs.copy() if isinstance(obs, np.ndarray) else {k: v.copy() for k, v in obs.items()}) \
-            if self.copy else obs, {}
+        return (
+            obs.copy() if isinstance(obs, np.ndarray) else {k: v.copy() for k, v in obs.items()}
+        ) if self.copy else obs, {}
 
     def _start(self, seed, options) -> None:
         self._check_open()
         if options:
             raise ValueError(f"reset options are not supported by rlpipe.vector, got {sorted(options)}")
         if seed is not None and not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} "
-                            "(rlpipe seeds env i with seed + i, as SyncVectorEnv does for an int)")
+            raise TypeError(
+                f"seed must be an int or None, got {type(seed).__name__} "
+                "(rlpipe seeds env i with seed + i, as SyncVectorEnv does for an int)"
+            )
         engine = self.engine
         if seed is not None:
             self._seed, self._epoch = int(seed), 0
@@ -158,8 +171,7 @@ class RlpipeVectorEnv(VectorEnv):
         if not self._started:
             raise RuntimeError("step() before reset(): call reset() first")
         if len(engine.held) != len(engine.keys):
-            raise RuntimeError("step() while envs are out with send(): recv() them first, "
-                               "or use send/recv throughout")
+            raise RuntimeError("step() while envs are out with send(): recv() them first, or use send/recv throughout")
         self.spaces.encode(actions, self.num_envs, self._disc, self._cont, slice(None))
         keys = list(engine.keys)
         engine.send(keys, self._disc, self._cont)
@@ -188,8 +200,10 @@ class RlpipeVectorEnv(VectorEnv):
             raise ValueError("send: env_ids must be whole slices as recv() handed them out, each once")
         not_held = [k for k in keys if k not in engine.held]
         if not_held:
-            raise RuntimeError(f"send: envs of {len(not_held)} slice(s) are not waiting for actions "
-                               "(already sent, or not yet received with recv())")
+            raise RuntimeError(
+                f"send: envs of {len(not_held)} slice(s) are not waiting for actions "
+                "(already sent, or not yet received with recv())"
+            )
         self.spaces.encode(actions, len(ids), self._disc, self._cont, ids)
         engine.send(keys, self._disc, self._cont)
 
@@ -202,8 +216,7 @@ class RlpipeVectorEnv(VectorEnv):
             raise RuntimeError("recv() before async_reset() or reset()")
         if not engine.flight and not engine.arrived:
             raise RuntimeError("recv() with nothing sent: send() actions first")
-        want = min(self.batch_size, sum(engine.rows[k][1] - engine.rows[k][0]
-                                        for k in engine.flight | engine.arrived))
+        want = min(self.batch_size, sum(engine.rows[k][1] - engine.rows[k][0] for k in engine.flight | engine.arrived))
         engine.wait(lambda: sum(engine.rows[k][1] - engine.rows[k][0] for k in engine.arrived) >= want)
         keys = sorted(engine.arrived, key=lambda k: engine.rows[k][0])
         ids = np.concatenate([np.arange(*engine.rows[k]) for k in keys])
@@ -263,13 +276,12 @@ class RlpipeVectorEnv(VectorEnv):
                 for j in cut.tolist():
                     faults[at + j] = fault_info(engine.faults.take(a + j, h.worker_id))
                 for j in np.flatnonzero(res["final"][lo:hi]).tolist():
-                    final_obs[at + j] = self.spaces.final_obs(
-                        {k: res[f"final_{k}"][lo + j] for k in self.spaces.keys})
+                    final_obs[at + j] = self.spaces.final_obs({k: res[f"final_{k}"][lo + j] for k in self.spaces.keys})
                     has_final[at + j] = True
             at += n
         engine.hand_out(keys)
         info: dict[str, Any] = {}
-        ended = (term | trunc) & (ep_len > 0)      # a cut step (a fault) has no end obs
+        ended = (term | trunc) & (ep_len > 0)  # a cut step (a fault) has no end obs
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, has_final
             info["final_info"], info["_final_info"] = {}, has_final.copy()

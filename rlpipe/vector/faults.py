@@ -8,6 +8,7 @@ errors_top10.md) keeps each record by env id as it pulls, until the vector repor
 A worker writes its records just after it rings, so a cut row's record may be a moment behind
 the ring: `take` pulls again for a short while before saying the record is missing.
 """
+
 from __future__ import annotations
 
 import collections
@@ -16,21 +17,33 @@ from pathlib import Path
 
 from rlpipe.supervisor.errors import ErrorAggregator
 
-RECORD_WAIT_S = 0.2        # how long a cut row waits for its worker's record
-KINDS = {"StepTimeout": "hang", "ContractViolation": "contract"}   # else "crash"
-WORKER_RESTART = {"kind": "worker_restart", "error_type": "", "fingerprint": "", "message":
-                  "the env's worker process died or fell silent and was replaced; the env was rebuilt"}
+RECORD_WAIT_S = 0.2  # how long a cut row waits for its worker's record
+KINDS = {"StepTimeout": "hang", "ContractViolation": "contract"}  # else "crash"
+WORKER_RESTART = {
+    "kind": "worker_restart",
+    "error_type": "",
+    "fingerprint": "",
+    "message": "the env's worker process died or fell silent and was replaced; the env was rebuilt",
+}
 
 
 def fault_info(record: dict | None) -> dict:
     """`info["rlpipe_fault"]` of one env: kind (crash | contract | hang | worker_restart |
     unknown), error_type, fingerprint (the stack-trace hash the error report groups by), message."""
     if record is None:
-        return {"kind": "unknown", "error_type": "", "fingerprint": "",
-                "message": "the worker cut this env's step; its error record was not found"}
+        return {
+            "kind": "unknown",
+            "error_type": "",
+            "fingerprint": "",
+            "message": "the worker cut this env's step; its error record was not found",
+        }
     error_type = str(record.get("error_type") or "")
-    return {"kind": KINDS.get(error_type, "crash"), "error_type": error_type,
-            "fingerprint": str(record.get("stacktrace_hash") or ""), "message": str(record.get("message") or "")}
+    return {
+        "kind": KINDS.get(error_type, "crash"),
+        "error_type": error_type,
+        "fingerprint": str(record.get("stacktrace_hash") or ""),
+        "message": str(record.get("message") or ""),
+    }
 
 
 class FaultRecords(ErrorAggregator):

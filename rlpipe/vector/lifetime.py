@@ -3,6 +3,7 @@
 garbage-collected. Their workers also watch the process (PDEATHSIG via the forkserver, and
 the doorbell timeout's pid check), so even SIGKILL leaves no worker behind; the next
 vector's or run's sweep removes the segments and socket dirs of a killed one."""
+
 from __future__ import annotations
 
 import atexit

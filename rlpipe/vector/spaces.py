@@ -14,6 +14,7 @@ Actions: a Discrete space goes to the discrete head (its `start` taken off and a
 the env), a Box to the continuous head, mapped onto the policy's [-1, 1] where its bounds are
 finite (the env maps it back, rlpipe/envs/classic.py).
 """
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -36,7 +37,7 @@ class SpaceMap:
 
     def __init__(self, node: dict, spec: EnvSpec):
         self.spec = spec
-        self.keys = list(spec.obs)                     # the type's keys, in its spec's order
+        self.keys = list(spec.obs)  # the type's keys, in its spec's order
         self.lengths = {k: int(np.prod(shape)) for k, (shape, _) in spec.obs.items()}
         native_obs = native_act = None
         if node.get("_target_") == GYM_TARGET:
@@ -53,7 +54,8 @@ class SpaceMap:
             self.observation_space = _key_box(key, shape, dtype)
         else:
             self.observation_space = gym.spaces.Dict(
-                {k: _key_box(k, shape, dtype) for k, (shape, dtype) in spec.obs.items()})
+                {k: _key_box(k, shape, dtype) for k, (shape, dtype) in spec.obs.items()}
+            )
         self.discrete = spec.action_kind == DISCRETE
         self.start = 0
         if native_act is not None:
@@ -84,9 +86,13 @@ class SpaceMap:
         native = None
         if obs_map._single_box and obs_map.resize is None:
             key = obs_map.flat_key
-            native = (key, tuple(obs_space.shape),
-                      gym.spaces.Box(obs_space.low.astype(np.float32), obs_space.high.astype(np.float32),
-                                     obs_space.shape, np.float32))
+            native = (
+                key,
+                tuple(obs_space.shape),
+                gym.spaces.Box(
+                    obs_space.low.astype(np.float32), obs_space.high.astype(np.float32), obs_space.shape, np.float32
+                ),
+            )
         elif not obs_map.flat and obs_map.image_path == () and tuple(obs_space.shape) == self.spec.obs["rgb"][0]:
             native = ("rgb", tuple(obs_space.shape), obs_space)
         return native, act_space
@@ -97,19 +103,23 @@ class SpaceMap:
         vector's gather buffers, one per board key, (num_envs,) + key shape). A view while the
         type's values fill the key's row (the usual case: buffer=auto sizes the board to the
         type), else numpy copies the prefix when the caller copies."""
+
         def read(key, shape):
             buf = board_bufs[key]
             flat = buf.reshape(len(buf), -1)
-            part = flat if flat.shape[1] == self.lengths[key] else flat[:, :self.lengths[key]]
+            part = flat if flat.shape[1] == self.lengths[key] else flat[:, : self.lengths[key]]
             return part.reshape((len(buf),) + tuple(shape))
+
         if self.single_key is not None:
             return read(self.single_key, self.shape)
         return {k: read(k, self.spec.obs[k][0]) for k in self.keys}
 
     def final_obs(self, rows: dict[str, np.ndarray]):
         """One env's end obs from its rows of the final-obs arrays (a copy)."""
+
         def one(key, shape):
-            return np.array(rows[key].reshape(-1)[:self.lengths[key]].reshape(shape))
+            return np.array(rows[key].reshape(-1)[: self.lengths[key]].reshape(shape))
+
         if self.single_key is not None:
             return one(self.single_key, self.shape)
         return {k: one(k, self.spec.obs[k][0]) for k in self.keys}
@@ -123,8 +133,7 @@ class SpaceMap:
         a = np.asarray(actions)
         want = (n,) + tuple(self.action_space.shape)
         if a.shape != want:
-            raise ValueError(f"actions have shape {a.shape}, expected {want} "
-                             f"({n} envs x {self.action_space})")
+            raise ValueError(f"actions have shape {a.shape}, expected {want} ({n} envs x {self.action_space})")
         if self.discrete:
             if a.dtype.kind not in "iub":
                 if a.dtype.kind == "f" and np.all(a == np.round(a)):
@@ -140,4 +149,4 @@ class SpaceMap:
             x = a.reshape(n, -1).astype(np.float64)
             if not np.isfinite(x).all():
                 raise ValueError("continuous actions hold NaN or inf")
-            cont[rows, :x.shape[1]] = np.where(self.finite, (x - self.low) / self.half - 1.0, x)
+            cont[rows, : x.shape[1]] = np.where(self.finite, (x - self.low) / self.half - 1.0, x)

@@ -2,6 +2,7 @@
 thread that keeps both beats going while envs build) and the learner's exploration rates,
 arriving over Redis pub/sub. Redis trouble never stops a worker: the watchdog decides what
 silence means, and rates stay as they were until the next message."""
+
 from __future__ import annotations
 
 import threading
@@ -27,7 +28,7 @@ class Heartbeat:
         self.key = key
         self.every = Every(interval_s)
         self.failures = 0
-        self.lock = threading.Lock()    # the start-up beat thread and the main loop share it
+        self.lock = threading.Lock()  # the start-up beat thread and the main loop share it
 
     def maybe_beat(self, now: float, fields: Callable[[], dict]) -> None:
         with self.lock:
@@ -83,7 +84,7 @@ class EpsilonFeed:
         self.explore = explore
         self.subscribed = False
         self.every = Every(EPSILON_POLL_S)
-        self.messages = 0          # rate messages applied (reported in worker_exit)
+        self.messages = 0  # rate messages applied (reported in worker_exit)
 
     def poll(self, now: float) -> None:
         if not self.every.due(now):
@@ -98,10 +99,10 @@ class EpsilonFeed:
                     self.explore.set_epsilon(eps, lo=lo - self.env_lo)
                     self.messages += 1
         except (redis.RedisError, OSError):
-            pass           # retried at the next poll; rates stay as they were meanwhile
+            pass  # retried at the next poll; rates stay as they were meanwhile
 
     def close(self) -> None:
         try:
             self.pubsub.close()
         except (redis.RedisError, OSError):
-            pass           # closing a connection to a Redis that is gone: nothing left to free
+            pass  # closing a connection to a Redis that is gone: nothing left to free

@@ -8,6 +8,7 @@ Autoreset mode is "same step": when an episode ends, the worker resets the env a
 publishes the reset obs for that step; reward, terminated and truncated belong to the step
 that ended the episode, and the episode's return and length are reported with it.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,17 +33,26 @@ CUT = (0.0, False, True, 0.0, 0, False)
 @dataclass
 class EnvFault:
     env_id: int
-    kind: str            # "env_crash" (exception) | "env_quarantine" (contract violation) | "env_hang"
-    record: dict         # the error-log record: ts, env_id, env_type, error_type, stacktrace_hash, ...
+    kind: str  # "env_crash" (exception) | "env_quarantine" (contract violation) | "env_hang"
+    record: dict  # the error-log record: ts, env_id, env_type, error_type, stacktrace_hash, ...
 
 
 class EnvTable:
     """Envs [env_lo, env_lo + n) of one worker, writing into staging rows for the board."""
 
-    def __init__(self, env_lo: int, type_index: np.ndarray, names: tuple[str, ...],
-                 specs: tuple[EnvSpec, ...], factories: list, board_keys: tuple[ObsKey, ...],
-                 staging: list[np.ndarray], seed: int, final_staging: list[np.ndarray] | None = None,
-                 final_all: bool = False):
+    def __init__(
+        self,
+        env_lo: int,
+        type_index: np.ndarray,
+        names: tuple[str, ...],
+        specs: tuple[EnvSpec, ...],
+        factories: list,
+        board_keys: tuple[ObsKey, ...],
+        staging: list[np.ndarray],
+        seed: int,
+        final_staging: list[np.ndarray] | None = None,
+        final_all: bool = False,
+    ):
         self.env_lo = env_lo
         self.n = len(type_index)
         self.type_index = type_index
@@ -54,19 +64,26 @@ class EnvTable:
         self.rebuilds = np.zeros(self.n, dtype=np.int64)
         # per type: (board key index, flat length) for every key the type produces
         key_pos = {k.name: i for i, k in enumerate(board_keys)}
-        self._writes = [[(key_pos[key], key, int(np.prod(shape))) for key, (shape, _) in s.obs.items()]
-                        for s in specs]
-        self._expected = [[(key, tuple(shape), np.dtype(dtype)) for key, (shape, dtype) in s.obs.items()]
-                          for s in specs]
+        self._writes = [[(key_pos[key], key, int(np.prod(shape))) for key, (shape, _) in s.obs.items()] for s in specs]
+        self._expected = [
+            [(key, tuple(shape), np.dtype(dtype)) for key, (shape, dtype) in s.obs.items()] for s in specs
+        ]
         # Per env, the staging views its obs are copied into (built once: no per-step slicing).
-        self._rows = [[(staging[k][i].reshape(-1)[:length], key)
-                       for k, key, length in self._writes[type_index[i]]] for i in range(self.n)]
+        self._rows = [
+            [(staging[k][i].reshape(-1)[:length], key) for k, key, length in self._writes[type_index[i]]]
+            for i in range(self.n)
+        ]
         # ... and the rows a time-limit truncation's end obs goes to (the worker's shared
         # final-obs area), when the table has one.
-        self.final_all = final_all           # every end obs to the final rows, not only truncations'
-        self._final_rows = None if final_staging is None else [
-            [(final_staging[k][i].reshape(-1)[:length], key) for k, key, length in self._writes[type_index[i]]]
-            for i in range(self.n)]
+        self.final_all = final_all  # every end obs to the final rows, not only truncations'
+        self._final_rows = (
+            None
+            if final_staging is None
+            else [
+                [(final_staging[k][i].reshape(-1)[:length], key) for k, key, length in self._writes[type_index[i]]]
+                for i in range(self.n)
+            ]
+        )
         self._float_staging = [block for block in staging if block.dtype.kind == "f"]
         self._discrete = [s.action_kind == DISCRETE for s in specs]
         self._cont_n = [s.action_n for s in specs]
@@ -75,9 +92,9 @@ class EnvTable:
         # Running episode return and length per env (written by step_one and the C StepLoop).
         self.ep_return = np.zeros(self.n, dtype=np.float64)
         self.ep_len = np.zeros(self.n, dtype=np.int64)
-        self.step_ms = np.zeros(self.n, dtype=np.float32)   # step_one's latest env step() time
+        self.step_ms = np.zeros(self.n, dtype=np.float32)  # step_one's latest env step() time
         self.faults: list[EnvFault] = []
-        self.hangs = 0                       # steps cut at the deadline, over this table's life
+        self.hangs = 0  # steps cut at the deadline, over this table's life
 
     def _build(self, i: int):
         t = self.type_index[i]
@@ -107,8 +124,10 @@ class EnvTable:
                 self._discard(i)
                 self.rebuilds[i] += 1
         else:
-            raise RuntimeError(f"env {self.env_lo + i} ({self.names[self.type_index[i]]}) failed to "
-                               f"build {MAX_BUILD_ATTEMPTS} times in a row: {self.faults[-1].record['message']}")
+            raise RuntimeError(
+                f"env {self.env_lo + i} ({self.names[self.type_index[i]]}) failed to "
+                f"build {MAX_BUILD_ATTEMPTS} times in a row: {self.faults[-1].record['message']}"
+            )
         self.ep_return[i] = 0.0
         self.ep_len[i] = 0
 
@@ -125,7 +144,7 @@ class EnvTable:
         (finiteness is checked once per slice on the staged block, in step_range)."""
         expected = self._expected[t]
         if type(obs) is not dict or len(obs) != len(expected):
-            check_obs(self.specs[t], obs)          # raises with the full explanation
+            check_obs(self.specs[t], obs)  # raises with the full explanation
         for key, shape, dtype in expected:
             value = obs.get(key)
             if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
@@ -154,7 +173,7 @@ class EnvTable:
                 terminated, truncated = bool(terminated), bool(truncated)
             final = False
             if terminated or truncated:
-                check_obs(self.specs[t], obs)      # the end obs in full (finite too), as StepLoop does
+                check_obs(self.specs[t], obs)  # the end obs in full (finite too), as StepLoop does
                 if self._final_rows is not None and (self.final_all or (truncated and not terminated)):
                     for view, key in self._final_rows[i]:
                         view[:] = obs[key].reshape(-1)
@@ -182,16 +201,28 @@ class EnvTable:
     def step_loop(self, results: dict, armed: np.ndarray):
         """The C loop that steps slices of this table straight into `results` (the worker's
         shared result arrays), with the step serial in armed[0] for the inline deadline."""
-        writes = [tuple(ObsWrite(key, shape, dtype, view)
-                        for (view, key), (_, shape, dtype) in zip(self._rows[i], self._expected[self.type_index[i]]))
-                  for i in range(self.n)]
-        final_writes = None if self._final_rows is None else [
-            tuple(ObsWrite(key, shape, dtype, view)
-                  for (view, key), (_, shape, dtype) in zip(self._final_rows[i], self._expected[self.type_index[i]]))
-            for i in range(self.n)]
+        writes = [
+            tuple(
+                ObsWrite(key, shape, dtype, view)
+                for (view, key), (_, shape, dtype) in zip(self._rows[i], self._expected[self.type_index[i]])
+            )
+            for i in range(self.n)
+        ]
+        final_writes = (
+            None
+            if self._final_rows is None
+            else [
+                tuple(
+                    ObsWrite(key, shape, dtype, view)
+                    for (view, key), (_, shape, dtype) in zip(self._final_rows[i], self._expected[self.type_index[i]])
+                )
+                for i in range(self.n)
+            ]
+        )
         specs = [self.specs[t] for t in self.type_index]
-        return StepLoop(self, writes, specs, results, armed, check_obs, ContractViolation, StepTimeout,
-                        final_writes, self.final_all)
+        return StepLoop(
+            self, writes, specs, results, armed, check_obs, ContractViolation, StepTimeout, final_writes, self.final_all
+        )
 
     def recover(self, i: int, exc: BaseException) -> None:
         """Env i raised or broke the contract: record it and rebuild the env by id."""
@@ -205,8 +236,7 @@ class EnvTable:
         if self._all_discrete:
             return disc[lo:hi].tolist()
         discrete, cont_n, types = self._discrete, self._cont_n, self.type_index
-        return [int(disc[i]) if discrete[types[i]] else cont[i, :cont_n[types[i]]]
-                for i in range(lo, hi)]
+        return [int(disc[i]) if discrete[types[i]] else cont[i, : cont_n[types[i]]] for i in range(lo, hi)]
 
     def abandon(self, i: int, exc: StepTimeout, interrupted: bool) -> None:
         """Env i's step ran past the deadline; a new env takes the id. An interrupted step

@@ -21,6 +21,7 @@ as in CleanRL. eps = 0 returns log pi bit for bit. `EpsilonGreedy.apply` compute
 (rlpipe/native/slicestats.pyx) with numpy's logaddexp; tests/test_rl_blocks.py holds the formula
 in numpy and in torch as the reference the kernel is checked against.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,8 @@ class EpsilonGreedy:
         self.rng = np.random.default_rng(seed)
         self._log_u_disc = -np.log(self.n_valid.astype(np.float64))
         self._log_u_cont = -self.n_valid.astype(np.float64) * LOG2
-        self._is_cont_u8 = self.is_cont.view(np.uint8)      # as the C kernel takes them
-        self._dims: dict[int, np.ndarray] = {}     # D -> [n, D] valid-dim mask of continuous envs
+        self._is_cont_u8 = self.is_cont.view(np.uint8)  # as the C kernel takes them
+        self._dims: dict[int, np.ndarray] = {}  # D -> [n, D] valid-dim mask of continuous envs
 
     def set_epsilon(self, epsilon: np.ndarray | float, lo: int = 0) -> None:
         """Rates for envs [lo, lo + len(epsilon)) (a scalar: every env), clipped to [0, 1]."""
@@ -58,11 +59,19 @@ class EpsilonGreedy:
         if eps.ndim == 0:
             self.epsilon[:] = np.clip(eps, 0.0, 1.0)
         else:
-            self.epsilon[lo:lo + len(eps)] = np.clip(eps, 0.0, 1.0)
+            self.epsilon[lo : lo + len(eps)] = np.clip(eps, 0.0, 1.0)
 
-    def apply(self, lo: int, hi: int, a_disc: np.ndarray, a_cont: np.ndarray, logp: np.ndarray,
-              alt_disc: np.ndarray, alt_cont: np.ndarray, alt_logp: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def apply(
+        self,
+        lo: int,
+        hi: int,
+        a_disc: np.ndarray,
+        a_cont: np.ndarray,
+        logp: np.ndarray,
+        alt_disc: np.ndarray,
+        alt_cont: np.ndarray,
+        alt_logp: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Envs [lo, hi): per env pick the uniform alternative with probability eps.
 
         In: the learner's policy action (a_disc [m], a_cont [m, D], logp [m]) and its uniform
@@ -70,27 +79,44 @@ class EpsilonGreedy:
         a_cont), behaviour log-prob float32 [m], explored bool [m]. With every eps 0 the
         inputs come back as they are (logp unchanged, no random draw)."""
         m = hi - lo
-        if not 0 <= lo <= hi <= self.n or any(len(x) != m for x in (a_disc, a_cont, logp, alt_disc,
-                                                                     alt_cont, alt_logp)):
-            raise ValueError(f"envs [{lo}, {hi}) of {self.n}, arrays of lengths "
-                             f"{[len(x) for x in (a_disc, a_cont, logp, alt_disc, alt_cont, alt_logp)]}")
+        if not 0 <= lo <= hi <= self.n or any(
+            len(x) != m for x in (a_disc, a_cont, logp, alt_disc, alt_cont, alt_logp)
+        ):
+            raise ValueError(
+                f"envs [{lo}, {hi}) of {self.n}, arrays of lengths "
+                f"{[len(x) for x in (a_disc, a_cont, logp, alt_disc, alt_cont, alt_logp)]}"
+            )
         eps = self.epsilon[lo:hi]
         if not eps.any():
             return a_disc, a_cont, np.asarray(logp, dtype=np.float32), np.zeros(m, dtype=bool)
         draw = self.rng.random(m)
-        a_cont, alt_cont = (np.ascontiguousarray(np.reshape(x, (m, -1)), dtype=np.float32)
-                            for x in (a_cont, alt_cont))
+        a_cont, alt_cont = (np.ascontiguousarray(np.reshape(x, (m, -1)), dtype=np.float32) for x in (a_cont, alt_cont))
         D = a_cont.shape[1]
         if alt_cont.shape[1] != D:
             raise ValueError(f"continuous actions of {D} dims but alternatives of {alt_cont.shape[1]}")
         dims = self._dims.get(D)
-        if dims is None:         # [n, D]: the valid dims of continuous envs
+        if dims is None:  # [n, D]: the valid dims of continuous envs
             dims = self._dims[D] = ((np.arange(D) < self.n_valid[:, None]) & self.is_cont[:, None]).view(np.uint8)
         ex_disc, ex_cont = np.empty(m, dtype=np.int32), np.empty((m, D), dtype=np.float32)
         behaviour_logp, explored = np.empty(m, dtype=np.float32), np.empty(m, dtype=np.bool_)
-        explore_mix(draw, eps, _int32(a_disc), a_cont, _float32(logp), _int32(alt_disc), alt_cont,
-                    _float32(alt_logp), self._is_cont_u8[lo:hi], dims[lo:hi], self._log_u_disc[lo:hi],
-                    self._log_u_cont[lo:hi], ex_disc, ex_cont, behaviour_logp, explored.view(np.uint8))
+        explore_mix(
+            draw,
+            eps,
+            _int32(a_disc),
+            a_cont,
+            _float32(logp),
+            _int32(alt_disc),
+            alt_cont,
+            _float32(alt_logp),
+            self._is_cont_u8[lo:hi],
+            dims[lo:hi],
+            self._log_u_disc[lo:hi],
+            self._log_u_cont[lo:hi],
+            ex_disc,
+            ex_cont,
+            behaviour_logp,
+            explored.view(np.uint8),
+        )
         return ex_disc, ex_cont, behaviour_logp, explored
 
 
@@ -104,7 +130,7 @@ def _float32(x) -> np.ndarray:
 
 # -- the exploration-rate message (learner -> workers over Redis pub/sub) -------------------------
 
-_EPS_HEADER = struct.Struct("<4sII")       # magic, first env id, count
+_EPS_HEADER = struct.Struct("<4sII")  # magic, first env id, count
 _EPS_MAGIC = b"EPS1"
 
 

@@ -1,6 +1,7 @@
 """What a worker process asks of the OS: to join its group's cgroup, its CPU affinity and
 scheduling policy; and how much resident memory it has. (To die with its parent, the
 forkserver, which exits when the driver does: `rlpipe.procs.die_with_parent`.)"""
+
 from __future__ import annotations
 
 import os
@@ -19,16 +20,17 @@ def join_cgroups(paths: tuple[str, ...]) -> None:
             f.write(pid)
 
 
-def set_scheduling(cpu_affinity: tuple[int, ...] | None, sched_fifo: int | None,
-                   lifecycle: LifecycleClient) -> None:
+def set_scheduling(cpu_affinity: tuple[int, ...] | None, sched_fifo: int | None, lifecycle: LifecycleClient) -> None:
     if cpu_affinity:
         os.sched_setaffinity(0, cpu_affinity)
     if sched_fifo:
         try:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(sched_fifo))
         except PermissionError:
-            lifecycle.event("worker_spawn", detail={"warning": "worker.sched_fifo needs "
-                                                    "CAP_SYS_NICE; running with the default policy"})
+            lifecycle.event(
+                "worker_spawn",
+                detail={"warning": "worker.sched_fifo needs CAP_SYS_NICE; running with the default policy"},
+            )
 
 
 def rss_mb() -> float:

@@ -4,6 +4,7 @@ publishes obs on its shared-memory board, beats its heartbeat into Redis.
 Started from a forkserver whose preload imported this module (numpy, gymnasium, zmq, redis;
 never torch), so a new worker is a cheap fork of a warm interpreter.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,7 @@ from rlpipe.worker.spec import WorkerSpec
 from rlpipe.worker.stability import StabilityTracker
 from rlpipe.worker.stepper import Stepper
 
-EXIT_RECYCLE = 75          # the worker left on purpose (RSS past worker.max_rss_mb): replace it
+EXIT_RECYCLE = 75  # the worker left on purpose (RSS past worker.max_rss_mb): replace it
 RSS_CHECK_S = 1.0
 
 
@@ -63,11 +64,11 @@ class Worker:
         self.worker_id, self.generation = spec.worker_id, spec.generation
         self.max_rss_mb = spec.worker.max_rss_mb
         self.n = len(spec.type_index)
-        self.id_lo = spec.env_id_offset + spec.env_lo     # global id of this worker's first env
-        self.stopping: list[bool] = []   # non-empty once asked to stop (SIGTERM, STOP, driver gone)
+        self.id_lo = spec.env_id_offset + spec.env_lo  # global id of this worker's first env
+        self.stopping: list[bool] = []  # non-empty once asked to stop (SIGTERM, STOP, driver gone)
         self.exit_code = 0
         self.steps = 0
-        self.built = 0                   # envs built so far, in env order
+        self.built = 0  # envs built so far, in env order
         self.explored_steps = 0
         self.segment: Segment | None = None
         self.views: WorkerViews | None = None
@@ -116,36 +117,48 @@ class Worker:
         layout = WorkerLayout.build(self.n, spec.obs_keys, spec.cont_dim)
         self.views = views = WorkerViews(layout, self.segment, locked=spec.locked_board)
         beat_addr = views.header_addr + H_OS_BEAT_NS
-        self.heartbeat = Heartbeat(spec.redis_url, worker_key(spec.run_id, spec.worker_id),
-                                   spec.heartbeat.redis_interval_s)
-        self.startup_beat = StartupBeat(beat_addr, self.heartbeat, lambda: {
-            "pid": os.getpid(), "generation": spec.generation, "steps": 0, "rss_mb": round(rss_mb(), 1),
-            "ts": time.time()}, min(spec.heartbeat.signal_interval_s, spec.heartbeat.redis_interval_s))
+        self.heartbeat = Heartbeat(
+            spec.redis_url, worker_key(spec.run_id, spec.worker_id), spec.heartbeat.redis_interval_s
+        )
+        self.startup_beat = StartupBeat(
+            beat_addr,
+            self.heartbeat,
+            lambda: {
+                "pid": os.getpid(),
+                "generation": spec.generation,
+                "steps": 0,
+                "rss_mb": round(rss_mb(), 1),
+                "ts": time.time(),
+            },
+            min(spec.heartbeat.signal_interval_s, spec.heartbeat.redis_interval_s),
+        )
         if spec.cgroup_paths:
             # Join the dormant cgroup first thing; the driver may have woken the group meanwhile
             # (it raises H_AWAKE before moving us), so look again and follow it to `active`.
             join_cgroups(spec.cgroup_paths)
             if views.load(H_AWAKE):
                 join_cgroups(spec.active_cgroup_paths)
-        os.setpgrp()                                   # own process group: OS beats, no terminal Ctrl-C
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver coordinates shutdown
+        os.setpgrp()  # own process group: OS beats, no terminal Ctrl-C
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver coordinates shutdown
         stopping = self.stopping
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
         try:
             from setproctitle import setproctitle
+
             setproctitle(f"rlpipe: worker {spec.worker_id}")
         except ImportError:
             pass
 
         views.store(H_PID, os.getpid())
-        self.errors = ErrorLog(views.error_log_buf, create=False)      # the driver initialized it
+        self.errors = ErrorLog(views.error_log_buf, create=False)  # the driver initialized it
         # OS-level beat: the handler stamps CLOCK_MONOTONIC into shared memory. It runs only when
         # this interpreter's main thread is alive and reaching bytecode boundaries (until every
         # env is built, the start-up beat thread stamps it too).
         signal.signal(signal.SIGUSR1, lambda *_: store_u64(beat_addr, time.monotonic_ns()))
         self.zctx = zmq.Context(io_threads=1)
-        self.lifecycle = LifecycleClient(spec.lifecycle_endpoint, self.zctx, worker_id=spec.worker_id,
-                                         generation=spec.generation)
+        self.lifecycle = LifecycleClient(
+            spec.lifecycle_endpoint, self.zctx, worker_id=spec.worker_id, generation=spec.generation
+        )
         set_scheduling(spec.worker.cpu_affinity, spec.worker.sched_fifo, self.lifecycle)
         self.doorbell = DoorbellClient(spec.doorbell_path, spec.worker_id, spec.generation)
 
@@ -156,32 +169,47 @@ class Worker:
         self.ptrs = [s.ctypes.data for s in self.staging]
         self.row_strides = [s.strides[0] for s in self.staging]
         factories = [make_factory(node) for node in spec.type_nodes]
-        self.table = EnvTable(self.id_lo, spec.type_index, spec.type_names, spec.type_specs, factories,
-                              spec.obs_keys, self.staging, spec.seed,
-                              final_staging=[views.results[f"final_{k.name}"] for k in spec.obs_keys],
-                              final_all=spec.final_obs_all_ends)
-        self.stepper = Stepper(self.table, spec.worker.threads, spec.worker.step_timeout_s, views.results,
-                               tick=self.beat)
+        self.table = EnvTable(
+            self.id_lo,
+            spec.type_index,
+            spec.type_names,
+            spec.type_specs,
+            factories,
+            spec.obs_keys,
+            self.staging,
+            spec.seed,
+            final_staging=[views.results[f"final_{k.name}"] for k in spec.obs_keys],
+            final_all=spec.final_obs_all_ends,
+        )
+        self.stepper = Stepper(
+            self.table, spec.worker.threads, spec.worker.step_timeout_s, views.results, tick=self.beat
+        )
         if spec.reward_norm.mode != "off":
-            self.rnorm = RewardNormalizer(n, spec.reward_norm.mode, spec.reward_norm.clip,
-                                          spec.reward_norm.gamma, spec.type_index)
-            try:    # a replaced worker (or a resumed run) continues its predecessor's statistics
+            self.rnorm = RewardNormalizer(
+                n, spec.reward_norm.mode, spec.reward_norm.clip, spec.reward_norm.gamma, spec.type_index
+            )
+            try:  # a replaced worker (or a resumed run) continues its predecessor's statistics
                 saved = self.heartbeat.client.get(self.rnorm_key)
                 if saved:
                     self.rnorm.load(saved)
                 self.spawn_detail["reward_count_restored"] = int(self.rnorm.count.sum())
             except (redis.RedisError, ValueError) as exc:
-                self.lifecycle.event("worker_spawn",
-                                     detail={"warning": f"reward statistics not restored: {exc}"})
+                self.lifecycle.event("worker_spawn", detail={"warning": f"reward statistics not restored: {exc}"})
         if spec.scaling.enabled:
             self.tracker = StabilityTracker(n, window=spec.scaling.window)
             specs = [spec.type_specs[t] for t in spec.type_index]
-            self.explore = EpsilonGreedy(np.array([s.action_kind == CONTINUOUS for s in specs]),
-                                         np.array([s.action_n for s in specs]),
-                                         seed=(spec.seed + 7919 * spec.worker_id if not spec.env_id_offset
-                                               else (spec.seed, spec.worker_id, spec.env_id_offset)))
-            self.feed = EpsilonFeed(self.heartbeat.client, epsilon_channel(spec.run_id, spec.worker_id),
-                                    spec.env_lo, self.explore)
+            self.explore = EpsilonGreedy(
+                np.array([s.action_kind == CONTINUOUS for s in specs]),
+                np.array([s.action_n for s in specs]),
+                seed=(
+                    spec.seed + 7919 * spec.worker_id
+                    if not spec.env_id_offset
+                    else (spec.seed, spec.worker_id, spec.env_id_offset)
+                ),
+            )
+            self.feed = EpsilonFeed(
+                self.heartbeat.client, epsilon_channel(spec.run_id, spec.worker_id), spec.env_lo, self.explore
+            )
 
     # -- wake --------------------------------------------------------------------------------
     def wait_for_wake(self) -> None:
@@ -223,17 +251,18 @@ class Worker:
         spec, built = self.spec, self.built
         self.table.start(built)
         t = spec.type_index[built]
-        self.lifecycle.event("env_create", env_id=self.id_lo + built, env_type=spec.type_names[t],
-                             env_version=spec.type_versions[t])
+        self.lifecycle.event(
+            "env_create", env_id=self.id_lo + built, env_type=spec.type_names[t], env_version=spec.type_versions[t]
+        )
         self.built = built = built + 1
         self.views.store(H_BUILT, built)
         for s, (lo, hi) in enumerate(self.bounds):
-            if hi == built:                  # slice s is complete: publish and ring
+            if hi == built:  # slice s is complete: publish and ring
                 self.report_faults()
                 if not self.publish(lo, hi):
                     self.stopping.append(True)
                     break
-                self.doorbell.ring(s, 0)       # not heard: the loop checks on the driver
+                self.doorbell.ring(s, 0)  # not heard: the loop checks on the driver
         if built == self.n:
             self.views.store(H_READY, self.n)
             self.startup_beat.stop()
@@ -249,8 +278,15 @@ class Worker:
         if explore is not None:
             exec_disc, exec_cont = results["exec_discrete"], results["exec_continuous"]
             ed, ec, blogp, explored = explore.apply(
-                lo, hi, acts["discrete"][lo:hi], acts["continuous"][lo:hi], acts["logp"][lo:hi],
-                acts["alt_discrete"][lo:hi], acts["alt_continuous"][lo:hi], acts["alt_logp"][lo:hi])
+                lo,
+                hi,
+                acts["discrete"][lo:hi],
+                acts["continuous"][lo:hi],
+                acts["logp"][lo:hi],
+                acts["alt_discrete"][lo:hi],
+                acts["alt_continuous"][lo:hi],
+                acts["alt_logp"][lo:hi],
+            )
             exec_disc[lo:hi], exec_cont[lo:hi], results["behaviour_logp"][lo:hi] = ed, ec, blogp
             self.explored_steps += int(explored.sum())
             actions = table.actions(lo, hi, exec_disc, exec_cont)
@@ -261,17 +297,18 @@ class Worker:
         results["reward_raw"][lo:hi] = raw
         if self.rnorm is not None:
             results["reward"][lo:hi] = self.rnorm.normalize(
-                lo, hi, raw, results["terminated"][lo:hi] | results["truncated"][lo:hi])
+                lo, hi, raw, results["terminated"][lo:hi] | results["truncated"][lo:hi]
+            )
         tracker = self.tracker
         if tracker is not None:
             ep_len = results["ep_len"][lo:hi]
             tracker.update(lo, hi, raw, ep_len, cut=results["truncated"][lo:hi].astype(bool) & (ep_len == 0))
             tracker.scores(lo, hi, out=results["score"][lo:hi])
         if not self.publish(lo, hi):
-            return False                   # replaced: a successor owns these env ids now
+            return False  # replaced: a successor owns these env ids now
         self.steps += hi - lo
         views.store(H_STEPS, self.steps)
-        self.doorbell.ring(s, seq + 1)     # not heard: the learner is gone or drowning; the loop checks
+        self.doorbell.ring(s, seq + 1)  # not heard: the learner is gone or drowning; the loop checks
         if table.faults:
             self.report_faults()
         return True
@@ -286,11 +323,17 @@ class Worker:
         spec, table = self.spec, self.table
         for fault in table.faults:
             t = spec.type_index[fault.env_id - self.id_lo]
-            fields = dict(env_id=fault.env_id, env_type=spec.type_names[t],
-                          env_version=spec.type_versions[t])
+            fields = dict(env_id=fault.env_id, env_type=spec.type_names[t], env_version=spec.type_versions[t])
             rec = fault.record
-            self.lifecycle.event(fault.kind, detail={"error_type": rec["error_type"], "message": rec["message"],
-                                                     "stacktrace_hash": rec["stacktrace_hash"]}, **fields)
+            self.lifecycle.event(
+                fault.kind,
+                detail={
+                    "error_type": rec["error_type"],
+                    "message": rec["message"],
+                    "stacktrace_hash": rec["stacktrace_hash"],
+                },
+                **fields,
+            )
             self.lifecycle.event("env_rebuild", **fields)
             self.errors.write(rec)
         table.faults.clear()
@@ -302,12 +345,17 @@ class Worker:
         now = time.monotonic()
         if self.signal_every.due(now):
             os.killpg(0, signal.SIGUSR1)
-            self.views.store(H_LC_DROPPED, self.lifecycle.dropped)    # the driver sums them into faults
+            self.views.store(H_LC_DROPPED, self.lifecycle.dropped)  # the driver sums them into faults
         self.heartbeat.maybe_beat(now, self._beat_fields)
 
     def _beat_fields(self) -> dict:
-        return {"pid": os.getpid(), "generation": self.generation, "steps": self.steps,
-                "rss_mb": round(rss_mb(), 1), "ts": time.time()}
+        return {
+            "pid": os.getpid(),
+            "generation": self.generation,
+            "steps": self.steps,
+            "rss_mb": round(rss_mb(), 1),
+            "ts": time.time(),
+        }
 
     def upkeep(self) -> bool:
         """After each turn: take new exploration rates, sync reward statistics to Redis, and
@@ -318,7 +366,7 @@ class Worker:
             try:
                 self.heartbeat.client.set(self.rnorm_key, self.rnorm.state())
             except redis.RedisError:
-                pass     # the next sync tries again
+                pass  # the next sync tries again
         max_rss_mb = self.max_rss_mb
         if max_rss_mb and self.rss_every.due(time.monotonic()):
             if rss_mb() > max_rss_mb:
@@ -332,18 +380,18 @@ class Worker:
         """Save reward statistics, close envs and sockets, report the exit, unmap the segment."""
         self.startup_beat.stop()
         if self.table is not None and self.table.faults:
-            self.report_faults()    # e.g. the failed builds of an env that ended this worker
+            self.report_faults()  # e.g. the failed builds of an env that ended this worker
         if self.rnorm is not None:
             try:
                 self.heartbeat.client.set(self.rnorm_key, self.rnorm.state())
             except redis.RedisError:
-                pass       # Redis down at exit: the statistics of the last sync stay in Redis
+                pass  # Redis down at exit: the statistics of the last sync stay in Redis
         if self.feed is not None:
             self.feed.close()
         self.stepper.close()
         self.table.close_all()
         exit_detail = {"steps": self.steps, "hung_steps": self.stepper.hung_total}
-        if self.feed is not None:   # exploration rates received over pub/sub, and actions they changed
+        if self.feed is not None:  # exploration rates received over pub/sub, and actions they changed
             exit_detail.update(eps_messages=self.feed.messages, explored_steps=self.explored_steps)
         self.lifecycle.event("worker_exit", detail=exit_detail)
         self.views.store(H_LC_DROPPED, self.lifecycle.dropped)

@@ -35,6 +35,7 @@ for off.) The running returns G are not part of it: they belong to episodes in f
 a restarted worker does not continue. `load()` validates everything and raises ValueError
 with a clear message; a restarted worker (same env-id range) restores it.
 """
+
 from __future__ import annotations
 
 import struct
@@ -42,7 +43,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-MODES = ("per_env", "global", "off", "per_type", "mean_std")   # index = the state's mode code
+MODES = ("per_env", "global", "off", "per_type", "mean_std")  # index = the state's mode code
 RETURN_MODES = ("per_env", "per_type", "global")
 EPS = 1e-8
 
@@ -54,8 +55,7 @@ _HEADER = struct.Struct("<4sBBHII")
 class RewardNormalizer:
     """Running reward statistics for envs [0, n) of one worker (indices are worker-local)."""
 
-    def __init__(self, n: int, mode: str, clip: float | None, gamma: float,
-                 type_index: np.ndarray | None = None):
+    def __init__(self, n: int, mode: str, clip: float | None, gamma: float, type_index: np.ndarray | None = None):
         # mode, clip and gamma have no defaults: a run passes reward_norm.mode, reward_norm.clip
         # and learner.gamma (conf/ holds their one value).
         if mode not in MODES:
@@ -81,7 +81,7 @@ class RewardNormalizer:
         self.count = np.zeros(rows, dtype=np.int64)
         self.mean = np.zeros(rows, dtype=np.float64)
         self.m2 = np.zeros(rows, dtype=np.float64)
-        self.ret = np.zeros(self.n, dtype=np.float64)   # running discounted return per env
+        self.ret = np.zeros(self.n, dtype=np.float64)  # running discounted return per env
 
     # -- hot path ------------------------------------------------------------------------------
     def normalize(self, lo: int, hi: int, rewards: np.ndarray, done: np.ndarray | None = None) -> np.ndarray:
@@ -102,7 +102,7 @@ class RewardNormalizer:
             x -= mean
             x /= std + EPS
         else:
-            g = self.ret[lo:hi]                         # a view: updated in place
+            g = self.ret[lo:hi]  # a view: updated in place
             g *= self.gamma
             g += x
             self.update(lo, hi, g)
@@ -132,14 +132,14 @@ class RewardNormalizer:
         self._chan(seen, nb[seen], means[seen], m2b[seen])
 
     def _per_env(self, lo: int, hi: int, x: np.ndarray) -> None:
-        if x.ndim == 1:                                    # one step: Welford
-            count, mean, m2 = self.count[lo:hi], self.mean[lo:hi], self.m2[lo:hi]   # views
+        if x.ndim == 1:  # one step: Welford
+            count, mean, m2 = self.count[lo:hi], self.mean[lo:hi], self.m2[lo:hi]  # views
             count += 1
             delta = x - mean
             mean += delta / count
             m2 += delta * (x - mean)
             return
-        mb = x.mean(axis=0)                                # a [T, m] block: Chan
+        mb = x.mean(axis=0)  # a [T, m] block: Chan
         self._chan(slice(lo, hi), x.shape[0], mb, ((x - mb) ** 2).sum(axis=0))
 
     def _chan(self, rows, nb, mb, m2b) -> None:
@@ -166,17 +166,27 @@ class RewardNormalizer:
             return {"count": 0.0, "rows_seen": 0.0}
         std = self.std[seen]
         count, mean, var = _combine(self.count[seen], self.mean[seen], self.m2[seen])
-        return {"count": float(count), "rows_seen": float(seen.sum()),
-                "mean_of_means": float(self.mean[seen].mean()), "mean_std": float(std.mean()),
-                "min_std": float(std.min()), "max_std": float(std.max()),
-                "pooled_mean": float(mean), "pooled_std": float(np.sqrt(var))}
+        return {
+            "count": float(count),
+            "rows_seen": float(seen.sum()),
+            "mean_of_means": float(self.mean[seen].mean()),
+            "mean_std": float(std.mean()),
+            "min_std": float(std.min()),
+            "max_std": float(std.max()),
+            "pooled_mean": float(mean),
+            "pooled_std": float(np.sqrt(var)),
+        }
 
     # -- persistence ---------------------------------------------------------------------------
     def state(self) -> bytes:
         """The statistics as one compact bytes value (format in the module docstring)."""
         header = _HEADER.pack(_MAGIC, _VERSION, MODES.index(self.mode), 0, self.n, len(self.count))
-        return header + self.count.astype("<i8").tobytes() + self.mean.astype("<f8").tobytes() \
+        return (
+            header
+            + self.count.astype("<i8").tobytes()
+            + self.mean.astype("<f8").tobytes()
             + self.m2.astype("<f8").tobytes()
+        )
 
     def load(self, data: bytes) -> None:
         """Restore statistics saved by `state()`; ValueError (statistics unchanged) when the
@@ -187,8 +197,10 @@ class RewardNormalizer:
         if n != self.n:
             raise ValueError(f"reward-norm state holds {n} envs, this worker has {self.n}")
         if len(count) != len(self.count):
-            raise ValueError(f"reward-norm state holds {len(count)} statistics rows, this worker "
-                             f"has {len(self.count)} (another type layout)")
+            raise ValueError(
+                f"reward-norm state holds {len(count)} statistics rows, this worker "
+                f"has {len(self.count)} (another type layout)"
+            )
         self.count, self.mean, self.m2 = count, mean, m2
 
     @classmethod
@@ -196,7 +208,7 @@ class RewardNormalizer:
         """A normalizer rebuilt from a state value (the learner uses it for `stats()`); the state
         holds statistics only, so clip and gamma are the caller's (reward_norm.clip, learner.gamma)."""
         mode, n, count, mean, m2 = _parse(data)
-        layout = np.full(n, len(count) - 1) if mode == "per_type" else None   # only the row count matters
+        layout = np.full(n, len(count) - 1) if mode == "per_type" else None  # only the row count matters
         obj = cls(n, mode, clip, gamma, type_index=layout)
         obj.count, obj.mean, obj.m2 = count, mean, m2
         return obj
@@ -229,8 +241,7 @@ def _parse(data: bytes) -> tuple[str, int, np.ndarray, np.ndarray, np.ndarray]:
         raise ValueError(f"reward-norm state must be bytes, got {type(data).__name__}")
     data = bytes(data)
     if len(data) < _HEADER.size:
-        raise ValueError(f"reward-norm state is {len(data)} bytes, shorter than its "
-                         f"{_HEADER.size}-byte header")
+        raise ValueError(f"reward-norm state is {len(data)} bytes, shorter than its {_HEADER.size}-byte header")
     magic, version, mode_code, _pad, n, rows = _HEADER.unpack_from(data)
     if magic != _MAGIC:
         raise ValueError(f"not a reward-norm state (magic {magic!r}, expected {_MAGIC!r})")
@@ -241,15 +252,18 @@ def _parse(data: bytes) -> tuple[str, int, np.ndarray, np.ndarray, np.ndarray]:
     mode = MODES[mode_code]
     expected_rows = {"per_env": n, "mean_std": n, "global": 1, "off": 0}.get(mode, rows)
     if rows != expected_rows or (mode == "per_type" and rows == 0):
-        raise ValueError(f"reward-norm state for mode {mode!r} over {n} envs must have "
-                         f"{expected_rows} rows, has {rows}")
+        raise ValueError(
+            f"reward-norm state for mode {mode!r} over {n} envs must have {expected_rows} rows, has {rows}"
+        )
     if len(data) != _HEADER.size + 24 * rows:
-        raise ValueError(f"reward-norm state is {len(data)} bytes, expected "
-                         f"{_HEADER.size + 24 * rows} for {rows} rows (truncated or padded)")
+        raise ValueError(
+            f"reward-norm state is {len(data)} bytes, expected "
+            f"{_HEADER.size + 24 * rows} for {rows} rows (truncated or padded)"
+        )
     body = np.frombuffer(data, dtype="<f8", offset=_HEADER.size)
     count = np.frombuffer(data, dtype="<i8", count=rows, offset=_HEADER.size).astype(np.int64)
-    mean = body[rows:2 * rows].astype(np.float64)
-    m2 = body[2 * rows:].astype(np.float64)
+    mean = body[rows : 2 * rows].astype(np.float64)
+    m2 = body[2 * rows :].astype(np.float64)
     if (count < 0).any() or not np.isfinite(mean).all() or not np.isfinite(m2).all() or (m2 < 0).any():
         raise ValueError("reward-norm state holds invalid values (negative count or M2, NaN/inf)")
     return mode, int(n), count, mean, m2

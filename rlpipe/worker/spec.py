@@ -13,6 +13,7 @@ dataclasses cannot travel: rlpipe.config sits above the worker layer and imports
 docs/architecture.md "Package layers", so a worker unpickling them would depend on the layer
 above it.)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -26,13 +27,13 @@ from rlpipe.spec import ObsKey
 def twin(cls, section, **derived):
     """A `cls` twin of a config section: each field from the same-named attribute of `section`
     (a dataclass of rlpipe.config), or from `derived` for a value the section does not hold."""
-    return cls(**{f.name: derived[f.name] if f.name in derived else getattr(section, f.name)
-                  for f in fields(cls)})
+    return cls(**{f.name: derived[f.name] if f.name in derived else getattr(section, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
 class WorkerPoolSettings:
     """`worker:` (rlpipe.config.WorkerPoolSpec, `slices` and `cpu_affinity` resolved)."""
+
     slices: int
     threads: int
     step_timeout_s: float | None
@@ -45,6 +46,7 @@ class WorkerPoolSettings:
 @dataclass(frozen=True)
 class HeartbeatSettings:
     """`heartbeat:`, the two beats a worker sends (rlpipe.config.HeartbeatSpec)."""
+
     signal_interval_s: float
     redis_interval_s: float
 
@@ -52,6 +54,7 @@ class HeartbeatSettings:
 @dataclass(frozen=True)
 class ScalingSettings:
     """`scaling:`: score envs and apply the learner's exploration rates (rlpipe.config.ScalingSpec)."""
+
     enabled: bool
     window: int
 
@@ -60,7 +63,8 @@ class ScalingSettings:
 class RewardNormSettings:
     """`reward_norm:` (rlpipe.config.RewardNormSpec), with `gamma` from learner.gamma: the
     return whose std scales rewards."""
-    mode: str                       # per_env | per_type | global | mean_std | off
+
+    mode: str  # per_env | per_type | global | mean_std | off
     clip: float | None
     sync_every: int
     gamma: float
@@ -72,26 +76,26 @@ class WorkerSpec:
     worker_id: int
     generation: int
     env_lo: int
-    type_index: np.ndarray          # env type index of each of this worker's envs
+    type_index: np.ndarray  # env type index of each of this worker's envs
     segment_name: str
-    cgroup_paths: tuple[str, ...]   # cgroup.procs files of the group's dormant cgroup (empty: none)
-    active_cgroup_paths: tuple[str, ...]   # ... and of the active one, for a wake that raced us
+    cgroup_paths: tuple[str, ...]  # cgroup.procs files of the group's dormant cgroup (empty: none)
+    active_cgroup_paths: tuple[str, ...]  # ... and of the active one, for a wake that raced us
     # -- this run: its driver and services
     run_id: str
-    driver_pid: int                 # a worker whose driver is gone stops
-    doorbell_path: str              # the driver's doorbell socket (rlpipe.doorbell)
+    driver_pid: int  # a worker whose driver is gone stops
+    doorbell_path: str  # the driver's doorbell socket (rlpipe.doorbell)
     lifecycle_endpoint: str
-    redis_url: str                  # the live service (embedded, or redis.url)
+    redis_url: str  # the live service (embedded, or redis.url)
     # -- this run: env types and board
     type_names: tuple[str, ...]
-    type_nodes: tuple[dict, ...]    # config node per type (instantiated once per type here)
+    type_nodes: tuple[dict, ...]  # config node per type (instantiated once per type here)
     type_specs: tuple[EnvSpec, ...]
     type_versions: tuple[str, ...]
     obs_keys: tuple[ObsKey, ...]
     cont_dim: int
-    locked_board: bool              # buffer.sync=lock
-    env_id_offset: int              # global id of local env 0 (a torchrun rank's offset; rlpipe.ranks)
-    seed: int                       # run.seed
+    locked_board: bool  # buffer.sync=lock
+    env_id_offset: int  # global id of local env 0 (a torchrun rank's offset; rlpipe.ranks)
+    seed: int  # run.seed
     # -- settings from conf/, by section (built once a run: Fleet.start)
     worker: WorkerPoolSettings
     heartbeat: HeartbeatSettings

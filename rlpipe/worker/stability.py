@@ -32,20 +32,28 @@ episode ends:
   max(2, window // 10)) gets the neutral score `neutral` (default 1.0: the weight and
   epsilon of scaling=off, full weight until there is evidence).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from rlpipe.native.slicestats import tracker_scores, tracker_terms, tracker_update
 
-_NO_CUT = np.zeros(0, dtype=np.uint8)     # no cut reported this step
+_NO_CUT = np.zeros(0, dtype=np.uint8)  # no cut reported this step
 
 
 class StabilityTracker:
     """Ring buffers of the last `window` rewards and last `episodes` episode ends per env."""
 
-    def __init__(self, n: int, window: int, episodes: int = 8, min_steps: int | None = None,
-                 reward_scale: float | np.ndarray = 1.0, neutral: float = 1.0):
+    def __init__(
+        self,
+        n: int,
+        window: int,
+        episodes: int = 8,
+        min_steps: int | None = None,
+        reward_scale: float | np.ndarray = 1.0,
+        neutral: float = 1.0,
+    ):
         # window has no default: a run passes scaling.window (conf/ holds its one value); the
         # others are this module's own constants, no setting of conf/.
         if window < 2 or episodes < 2:
@@ -60,17 +68,16 @@ class StabilityTracker:
         self.inv_scale = 1.0 / scale
         self.neutral = float(neutral)
         self.rewards = np.zeros((n, window), dtype=np.float64)
-        self.pos = np.zeros(n, dtype=np.int64)          # next write column
-        self.filled = np.zeros(n, dtype=np.int64)       # rewards in the window (<= window)
-        self.cur_len = np.zeros(n, dtype=np.int64)      # steps since the env's last episode end
+        self.pos = np.zeros(n, dtype=np.int64)  # next write column
+        self.filled = np.zeros(n, dtype=np.int64)  # rewards in the window (<= window)
+        self.cur_len = np.zeros(n, dtype=np.int64)  # steps since the env's last episode end
         self.lengths = np.zeros((n, episodes), dtype=np.float64)
         self.cuts = np.zeros((n, episodes), dtype=np.bool_)
         self.len_pos = np.zeros(n, dtype=np.int64)
         self.len_filled = np.zeros(n, dtype=np.int64)
-        self._cuts_u8 = self.cuts.view(np.uint8)      # the same memory, as the C kernels take it
+        self._cuts_u8 = self.cuts.view(np.uint8)  # the same memory, as the C kernels take it
 
-    def update(self, lo: int, hi: int, rewards: np.ndarray, ep_len: np.ndarray,
-               cut: np.ndarray | None = None) -> None:
+    def update(self, lo: int, hi: int, rewards: np.ndarray, ep_len: np.ndarray, cut: np.ndarray | None = None) -> None:
         """Record one step of envs [lo, hi): raw rewards [m]; ep_len [m] (> 0 where an episode
         ended normally, with its length); cut [m] bool (episode cut by crash/hang/rebuild:
         `truncated & (ep_len == 0)` in EnvTable's results) or None."""
@@ -82,15 +89,37 @@ class StabilityTracker:
         if ep_len.dtype not in (np.int32, np.int64):
             ep_len = ep_len.astype(np.int64)
         cut = _NO_CUT if cut is None else np.ascontiguousarray(cut, dtype=np.bool_).view(np.uint8)
-        tracker_update(self.rewards, self.pos, self.filled, self.cur_len, self.lengths, self._cuts_u8,
-                       self.len_pos, self.len_filled, lo, rewards, ep_len, cut)
+        tracker_update(
+            self.rewards,
+            self.pos,
+            self.filled,
+            self.cur_len,
+            self.lengths,
+            self._cuts_u8,
+            self.len_pos,
+            self.len_filled,
+            lo,
+            rewards,
+            ep_len,
+            cut,
+        )
 
     def terms(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(reward spread s_r, episode-length cv_L, cut fraction c, has-data mask) per env."""
         self._check(lo, hi)
         spread, len_cv, cut_frac = (np.empty(hi - lo) for _ in range(3))
-        tracker_terms(self.rewards, self.filled, self.lengths, self._cuts_u8, self.len_filled,
-                      self.inv_scale, lo, spread, len_cv, cut_frac)
+        tracker_terms(
+            self.rewards,
+            self.filled,
+            self.lengths,
+            self._cuts_u8,
+            self.len_filled,
+            self.inv_scale,
+            lo,
+            spread,
+            len_cv,
+            cut_frac,
+        )
         return spread, len_cv, cut_frac, self.filled[lo:hi] >= self.min_steps
 
     def scores(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -99,12 +128,23 @@ class StabilityTracker:
         if out is None:
             out = np.empty(hi - lo, dtype=np.float32)
         self._check(lo, hi, out)
-        tracker_scores(self.rewards, self.filled, self.lengths, self._cuts_u8, self.len_filled,
-                       self.inv_scale, lo, self.min_steps, self.neutral, out)
+        tracker_scores(
+            self.rewards,
+            self.filled,
+            self.lengths,
+            self._cuts_u8,
+            self.len_filled,
+            self.inv_scale,
+            lo,
+            self.min_steps,
+            self.neutral,
+            out,
+        )
         return out
 
     def _check(self, lo: int, hi: int, *per_env: np.ndarray) -> None:
         """The C kernels index without bounds checks: the range and the arrays must fit."""
         if not 0 <= lo <= hi <= self.n or any(len(a) != hi - lo for a in per_env):
-            raise ValueError(f"envs [{lo}, {hi}) of a tracker over {self.n} envs, arrays of lengths "
-                             f"{[len(a) for a in per_env]}")
+            raise ValueError(
+                f"envs [{lo}, {hi}) of a tracker over {self.n} envs, arrays of lengths {[len(a) for a in per_env]}"
+            )

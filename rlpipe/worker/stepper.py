@@ -22,6 +22,7 @@ Two ways, picked by `worker.threads`:
 
 Either way the env of a step past its deadline is rebuilt by id. Its neighbours go on.
 """
+
 from __future__ import annotations
 
 import threading
@@ -33,7 +34,7 @@ import numpy as np
 from rlpipe.envs.harness import InlineDeadline, timeout
 from rlpipe.worker.envtable import EnvTable
 
-HUNG = object()        # placeholder result of an abandoned step
+HUNG = object()  # placeholder result of an abandoned step
 
 
 class _Job:
@@ -52,8 +53,8 @@ class _StepThread(threading.Thread):
     def __init__(self, owner: "Stepper", seen_serial: int):
         super().__init__(name="step", daemon=True)
         self.owner = owner
-        self.seen_serial = seen_serial       # the last slice this helper took (see wait_job)
-        self.current: int | None = None      # env index being stepped (read by the main thread)
+        self.seen_serial = seen_serial  # the last slice this helper took (see wait_job)
+        self.current: int | None = None  # env index being stepped (read by the main thread)
         self.started = 0.0
         self.abandoned = False
 
@@ -75,7 +76,7 @@ class _StepThread(threading.Thread):
                 result = table.step_one(i, job.actions[i - job.lo])
                 with lock:
                     if self.abandoned:
-                        return        # the main thread gave up on this step long ago
+                        return  # the main thread gave up on this step long ago
                     self.current = None
                     job.results[i - job.lo] = result
                     job.pending -= 1
@@ -87,26 +88,32 @@ class Stepper:
     """Steps slices of `table`, writing each step's results into `results` (the worker's
     shared result arrays: reward, terminated, truncated, ep_return, ep_len)."""
 
-    def __init__(self, table: EnvTable, threads: int, timeout_s: float | None, results: dict,
-                 tick: Callable[[], None] = lambda: None):
+    def __init__(
+        self,
+        table: EnvTable,
+        threads: int,
+        timeout_s: float | None,
+        results: dict,
+        tick: Callable[[], None] = lambda: None,
+    ):
         self.table = table
         self.timeout_s = timeout_s
         self.results = results
-        self.tick = tick                       # called while the pool steps (heartbeats)
+        self.tick = tick  # called while the pool steps (heartbeats)
         self.closed = False
         # The inline deadline needs the main thread (signal handlers run only there).
         self.inline = threads == 1 and threading.current_thread() is threading.main_thread()
         self.deadline = None
         self.loop = None
-        self.serial = 0                        # step serials are never reused (see InlineDeadline)
+        self.serial = 0  # step serials are never reused (see InlineDeadline)
         if self.inline:
             if timeout_s is not None:
                 self.deadline = InlineDeadline(timeout_s)
                 self.deadline.start()
             armed = self.deadline.armed if self.deadline is not None else np.zeros(1, dtype=np.int64)
             self.loop = table.step_loop(results, armed)
-        self.lock = threading.Lock()           # pool: guards claims, results and abandonment
-        self.posted = threading.Condition(threading.Lock())   # pool: wakes idle helpers per slice
+        self.lock = threading.Lock()  # pool: guards claims, results and abandonment
+        self.posted = threading.Condition(threading.Lock())  # pool: wakes idle helpers per slice
         self.job: _Job | None = None
         self.job_serial = 0
         self.threads = [] if self.inline else [self._spawn() for _ in range(threads)]
@@ -156,7 +163,7 @@ class Stepper:
                         hung.append(t.current)
                         job.results[t.current - lo] = HUNG
                         job.pending -= 1
-                        self.threads[k] = self._spawn()    # takes the rest of this slice
+                        self.threads[k] = self._spawn()  # takes the rest of this slice
                 if job.pending == 0:
                     break
             self.tick()

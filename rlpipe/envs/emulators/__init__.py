@@ -19,6 +19,7 @@ conf/env/<type>.yaml, and those values are light (thousands of these must fit on
   violations (wrong shape, wrong dtype, NaN, missing key, NaN reward) at configured rates.
   obs: any of state/vector/rgb (by parameters).
 """
+
 from rlpipe.envs.emulators.faulty import Faulty
 from rlpipe.envs.emulators.physics_sim import PhysicsSim
 from rlpipe.envs.emulators.unity_sim import UnitySim

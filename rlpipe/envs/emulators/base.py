@@ -1,5 +1,6 @@
 """What the four emulators share: parameter checks, the Emulator base class (parameters in a
 frozen dataclass without defaults, so missing or bad ones fail at plan time)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,6 +30,7 @@ class Emulator(EnvInterface):
     """Parameters live in a frozen dataclass `Params` whose fields have no defaults (the type's
     conf/env node sets each): unknown, missing or bad ones are errors at plan time, through
     describe."""
+
     Params: type
 
     def __init__(self, env_id: int, seed: int, **params):

@@ -2,6 +2,7 @@
 
 One of the four emulators described in rlpipe/envs/emulators/__init__.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,17 +24,18 @@ class InjectedFault(RuntimeError):
 class FaultyParams:
     """The parameters of conf/env/faulty.yaml, checked. No defaults: the YAML node is their one
     home (what each means is said there)."""
-    state_dim: int                        # 0: no state key
-    vector_dim: int                       # 0: no vector key
-    rgb_shape: tuple | list | None        # null: no rgb key (no render)
-    action_kind: str                      # discrete | continuous
+
+    state_dim: int  # 0: no state key
+    vector_dim: int  # 0: no vector key
+    rgb_shape: tuple | list | None  # null: no rgb key (no render)
+    action_kind: str  # discrete | continuous
     action_n: int
     max_steps: int
     reset_error_rate: float
     step_error_rate: float
-    render_error_rate: float              # reset and step both render
+    render_error_rate: float  # reset and step both render
     violation_rate: float
-    violations: tuple | list              # kinds drawn from, uniformly
+    violations: tuple | list  # kinds drawn from, uniformly
 
     def __post_init__(self):
         if self.state_dim < 0 or self.vector_dim < 0:
@@ -50,14 +52,16 @@ class FaultyParams:
         object.__setattr__(self, "violations", tuple(self.violations))
         bad = [v for v in self.violations if v not in VIOLATIONS]
         if bad or not self.violations:
-            raise ValueError(f"violations={list(self.violations)}: allowed kinds are "
-                             f"{', '.join(VIOLATIONS)} (at least one)")
+            raise ValueError(
+                f"violations={list(self.violations)}: allowed kinds are {', '.join(VIOLATIONS)} (at least one)"
+            )
 
 
 class Faulty(Emulator):
     """A random walk that breaks on purpose. The state decays towards the action's direction;
     reward = -mean |state| (in [-1, 0]); truncated after max_steps; rgb (if any) draws the
     state as bars."""
+
     Params = FaultyParams
 
     @classmethod
@@ -97,7 +101,7 @@ class Faulty(Emulator):
         bar_w = max(1, w // self.dim)
         for i, v in enumerate(self.x[: w // bar_w]):
             top = int((1 - (np.tanh(v) + 1) / 2) * (h - 1))
-            f[top:, i * bar_w:(i + 1) * bar_w] = (200, 180, 40, 255)[:f.shape[2]]
+            f[top:, i * bar_w : (i + 1) * bar_w] = (200, 180, 40, 255)[: f.shape[2]]
         return f.copy()
 
     def _obs(self) -> dict[str, np.ndarray]:

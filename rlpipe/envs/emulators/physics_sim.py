@@ -2,6 +2,7 @@
 
 One of the four emulators described in rlpipe/envs/emulators/__init__.py.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,12 +18,13 @@ from rlpipe.envs.emulators.base import Emulator, check_nonneg, check_posint
 class PhysicsParams:
     """The parameters of conf/env/physics_sim.yaml, checked. No defaults: the YAML node is their
     one home (what each means is said there)."""
-    n_masses: int                     # chain length; state is 2 * n_masses, vector n_masses + 2
+
+    n_masses: int  # chain length; state is 2 * n_masses, vector n_masses + 2
     substeps: int
     dt: float
     reward_scale: float
     latency_base_ms: float
-    latency_alpha: float              # the mean latency needs > 1
+    latency_alpha: float  # the mean latency needs > 1
     latency_max_ms: float
     max_steps: int
 
@@ -47,13 +49,15 @@ class PhysicsSim(Emulator):
     has passed: the heavy tail is spent on real work, as in an engine's collision/solver
     passes, and does not change the dynamics.
     """
+
     Params = PhysicsParams
     REST, K, DAMP, MASS, FORCE, G = 0.2, 60.0, 0.6, 1.0, 20.0, 9.81
 
     @classmethod
     def _spec(cls, p: PhysicsParams) -> EnvSpec:
-        return EnvSpec({"state": ((2 * p.n_masses,), "float32"),
-                        "vector": ((p.n_masses + 2,), "float32")}, CONTINUOUS, 2)
+        return EnvSpec(
+            {"state": ((2 * p.n_masses,), "float32"), "vector": ((p.n_masses + 2,), "float32")}, CONTINUOUS, 2
+        )
 
     def __init__(self, env_id: int, seed: int, **params):
         super().__init__(env_id, seed, **params)
@@ -74,8 +78,10 @@ class PhysicsSim(Emulator):
         return tension, unit
 
     def _obs(self, tension: np.ndarray) -> dict[str, np.ndarray]:
-        return {"state": self.pos.astype(np.float32).reshape(-1),
-                "vector": np.concatenate([np.tanh(tension / self.K), self.target]).astype(np.float32)}
+        return {
+            "state": self.pos.astype(np.float32).reshape(-1),
+            "vector": np.concatenate([np.tanh(tension / self.K), self.target]).astype(np.float32),
+        }
 
     def reset(self, env_id: int) -> dict[str, np.ndarray]:
         n = self.p.n_masses
@@ -103,12 +109,12 @@ class PhysicsSim(Emulator):
         h = self.p.dt / self.p.substeps
         for _ in range(self.p.substeps):
             tension, unit = self._tensions(self.pos)
-            f = -tension[:, None] * unit                       # spring on its lower mass
-            f[:-1] += tension[1:, None] * unit[1:]             # ... and on its upper mass
+            f = -tension[:, None] * unit  # spring on its lower mass
+            f[:-1] += tension[1:, None] * unit[1:]  # ... and on its upper mass
             f -= self.DAMP * self.vel
             f[:, 1] -= self.MASS * self.G
             f[-1] += self.FORCE * a
-            self.vel += h * f / self.MASS                      # semi-implicit Euler
+            self.vel += h * f / self.MASS  # semi-implicit Euler
             self.pos += h * self.vel
         self.t += 1
         tension, _ = self._tensions(self.pos)

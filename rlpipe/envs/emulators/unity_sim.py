@@ -2,6 +2,7 @@
 
 One of the four emulators described in rlpipe/envs/emulators/__init__.py.
 """
+
 from __future__ import annotations
 
 import time
@@ -13,14 +14,15 @@ from rlpipe.envs.contract import CONTINUOUS, EnvSpec
 from rlpipe.envs.emulators.base import Emulator, check_nonneg, check_posint
 from rlpipe.envs.image import as_rgb_shape
 
-DEFAULT_RGB = (64, 64, 3)        # used when rgb_shape is null (a buffer without rgb)
-LEAK_CHUNK = 64 * 1024           # memory growth is allocated in chunks of this many bytes
+DEFAULT_RGB = (64, 64, 3)  # used when rgb_shape is null (a buffer without rgb)
+LEAK_CHUNK = 64 * 1024  # memory growth is allocated in chunks of this many bytes
 
 
 # --- drawing helpers ------------------------------------------------------------------------
 
+
 def _disc(radius: int) -> np.ndarray:
-    y, x = np.mgrid[-radius:radius + 1, -radius:radius + 1]
+    y, x = np.mgrid[-radius : radius + 1, -radius : radius + 1]
     return (x * x + y * y) <= radius * radius
 
 
@@ -33,8 +35,8 @@ def _stamp(frame: np.ndarray, mask: np.ndarray, cy: int, cx: int, color) -> None
     y0, x0, y1, x1 = max(y0, 0), max(x0, 0), min(y1, h), min(x1, w)
     if y0 >= y1 or x0 >= x1:
         return
-    m = mask[my0:my0 + (y1 - y0), mx0:mx0 + (x1 - x0)]
-    frame[y0:y1, x0:x1][m] = color[:frame.shape[2]]
+    m = mask[my0 : my0 + (y1 - y0), mx0 : mx0 + (x1 - x0)]
+    frame[y0:y1, x0:x1][m] = color[: frame.shape[2]]
 
 
 def _value_noise(rng: np.random.Generator, h: int, w: int, cells: int) -> np.ndarray:
@@ -53,7 +55,8 @@ def _value_noise(rng: np.random.Generator, h: int, w: int, cells: int) -> np.nda
 class UnityParams:
     """The parameters of conf/env/unity_sim.yaml, checked. No defaults: the YAML node is their
     one home (what each means is said there)."""
-    rgb_shape: tuple | list | None          # null: DEFAULT_RGB
+
+    rgb_shape: tuple | list | None  # null: DEFAULT_RGB
     warmup_ms: float
     leak_bytes_per_step: int
     leak_max_mb: float
@@ -75,18 +78,18 @@ class UnitySim(Emulator):
     action (2): force. reward: -0.05 * distance per step, +1 on reaching the target
     (terminated); truncated after max_steps.
     """
+
     Params = UnityParams
     STATE = 9
 
     @classmethod
     def _spec(cls, p: UnityParams) -> EnvSpec:
-        return EnvSpec({"rgb": (p.rgb_shape, "uint8"), "state": ((cls.STATE,), "float32")},
-                       CONTINUOUS, 2)
+        return EnvSpec({"rgb": (p.rgb_shape, "uint8"), "state": ((cls.STATE,), "float32")}, CONTINUOUS, 2)
 
     def __init__(self, env_id: int, seed: int, **params):
         super().__init__(env_id, seed, **params)
         h, w, c = self.p.rgb_shape
-        self.background = self._warm_up(h, w, c)       # the slow part, like loading a scene
+        self.background = self._warm_up(h, w, c)  # the slow part, like loading a scene
         self.frame = np.empty((h, w, c), dtype=np.uint8)
         scale = min(h, w)
         self._agent_mask = _disc(max(1, scale // 20))
@@ -116,8 +119,7 @@ class UnitySim(Emulator):
 
     def _state(self) -> np.ndarray:
         rel = self.target - self.pos
-        return np.array([*self.pos, *self.vel, *self.target, *rel, self.t / self.p.max_steps],
-                        dtype=np.float32)
+        return np.array([*self.pos, *self.vel, *self.target, *rel, self.t / self.p.max_steps], dtype=np.float32)
 
     def _render(self) -> np.ndarray:
         h, w = self.frame.shape[:2]
@@ -128,6 +130,7 @@ class UnitySim(Emulator):
 
         def px(v):
             return int((v[1] + 1) / 2 * (h - 1)), int((v[0] + 1) / 2 * (w - 1))
+
         _stamp(self.frame, self._target_mask, *px(self.target), (220, 40, 40, 255))
         _stamp(self.frame, self._agent_mask, *px(self.pos), (40, 80, 230, 255))
         return self.frame.copy()
@@ -137,7 +140,7 @@ class UnitySim(Emulator):
             return
         self._leak_pending += self.p.leak_bytes_per_step
         while self._leak_pending >= LEAK_CHUNK and self.leaked_bytes < self._leak_cap:
-            self._leak.append(np.ones(LEAK_CHUNK, dtype=np.uint8))   # touched pages: real RSS
+            self._leak.append(np.ones(LEAK_CHUNK, dtype=np.uint8))  # touched pages: real RSS
             self._leak_pending -= LEAK_CHUNK
             self.leaked_bytes += LEAK_CHUNK
 

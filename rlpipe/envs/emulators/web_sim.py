@@ -2,6 +2,7 @@
 
 One of the four emulators described in rlpipe/envs/emulators/__init__.py.
 """
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,28 @@ import numpy as np
 from rlpipe.envs.contract import DISCRETE, EnvSpec
 from rlpipe.envs.emulators.base import Emulator, check_nonneg, check_posint, check_rate
 
-_WORDS = ("home", "news", "sport", "cart", "login", "search", "offer", "help", "blog", "about",
-          "price", "review", "share", "video", "map", "menu", "account", "order", "faq", "deal")
+_WORDS = (
+    "home",
+    "news",
+    "sport",
+    "cart",
+    "login",
+    "search",
+    "offer",
+    "help",
+    "blog",
+    "about",
+    "price",
+    "review",
+    "share",
+    "video",
+    "map",
+    "menu",
+    "account",
+    "order",
+    "faq",
+    "deal",
+)
 _HREF = re.compile(r'<a href="/page/(\d+)">')
 _HINT = re.compile(r'data-goal-hops="(\d+)"')
 _WORD = re.compile(r"[a-z]{3,}")
@@ -25,13 +46,14 @@ _WORD = re.compile(r"[a-z]{3,}")
 class WebParams:
     """The parameters of conf/env/web_sim.yaml, checked. No defaults: the YAML node is their one
     home (what each means is said there)."""
+
     n_pages: int
-    n_links: int                      # links per page = discrete actions
-    vector_dim: int                   # hashed page features + 4 navigation values
+    n_links: int  # links per page = discrete actions
+    vector_dim: int  # hashed page features + 4 navigation values
     page_kb: float
     max_steps: int
     hang_rate: float
-    hang_s: float | None              # null: until the env is closed
+    hang_s: float | None  # null: until the env is closed
     hang_raises: bool
 
     def __post_init__(self):
@@ -53,6 +75,7 @@ class WebSim(Emulator):
     counts, then hops-to-goal, links found, step fraction, at-goal. reward: -0.01 per step,
     +1 on reaching the goal (terminated); truncated after max_steps.
     """
+
     Params = WebParams
 
     @classmethod
@@ -95,10 +118,13 @@ class WebSim(Emulator):
     def _render_page(self, page: int) -> str:
         words = self.rng.integers(0, len(_WORDS), self.filler_words)
         filler = " ".join(_WORDS[i] for i in words)
-        links = "".join(f'<li><a href="/page/{int(t)}">{_WORDS[int(t) % len(_WORDS)]}</a></li>'
-                        for t in self.links[page])
-        return (f'<html><head><title>page {page}</title></head><body data-goal-hops='
-                f'"{int(self.hops[page])}"><ul>{links}</ul><p>{filler}</p></body></html>')
+        links = "".join(
+            f'<li><a href="/page/{int(t)}">{_WORDS[int(t) % len(_WORDS)]}</a></li>' for t in self.links[page]
+        )
+        return (
+            f"<html><head><title>page {page}</title></head><body data-goal-hops="
+            f'"{int(self.hops[page])}"><ul>{links}</ul><p>{filler}</p></body></html>'
+        )
 
     def _parse(self, html: str) -> np.ndarray:
         d = self.p.vector_dim - 4
@@ -109,8 +135,7 @@ class WebSim(Emulator):
         links = len(_HREF.findall(html))
         hint = _HINT.search(html)
         hops = int(hint.group(1)) if hint else self.p.n_pages
-        nav = [min(hops, 10) / 10.0, links / self.p.n_links, self.t / self.p.max_steps,
-               float(self.page == self.goal)]
+        nav = [min(hops, 10) / 10.0, links / self.p.n_links, self.t / self.p.max_steps, float(self.page == self.goal)]
         return np.concatenate([feats, nav]).astype(np.float32)
 
     def _hang(self) -> None:
@@ -153,7 +178,7 @@ class WebSim(Emulator):
     def close(self, env_id: int) -> None:
         self._closed = True
         sock = self._hang_sock
-        if sock is not None:             # wake a step blocked in _hang (another thread)
+        if sock is not None:  # wake a step blocked in _hang (another thread)
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:

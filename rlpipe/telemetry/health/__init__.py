@@ -19,6 +19,7 @@ Plots (matplotlib, Agg, object API: no pyplot global state, no display):
                               and env faults per worker group (lifecycle)
 - health_resources.png        resources/* (driver, workers, run dir, Redis) over hours
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,7 +47,15 @@ log = logging.getLogger(__name__)
 
 REPORT_NAME = "health_report.md"
 
-__all__ = ["PLOT_GROUPS", "PLOT_MEMORY", "PLOT_RESOURCES", "PLOT_RETURNS", "PLOT_SPS", "REPORT_NAME", "write_health_report"]
+__all__ = [
+    "PLOT_GROUPS",
+    "PLOT_MEMORY",
+    "PLOT_RESOURCES",
+    "PLOT_RETURNS",
+    "PLOT_SPS",
+    "REPORT_NAME",
+    "write_health_report",
+]
 
 
 def write_health_report(run_dir: str | Path) -> Path:
@@ -62,11 +71,13 @@ def write_health_report(run_dir: str | Path) -> Path:
         run.notes.append(f"lifecycle rows could not be read: {type(e).__name__}: {e}")
 
     # plots first, so the sections can link what was drawn
-    for name, draw in ((PLOT_SPS, lambda p: plot_sps(run.scalars, p)),
-                       (PLOT_RETURNS, lambda p: plot_returns(run.scalars, p, run.eval_rounds)),
-                       (PLOT_MEMORY, lambda p: plot_memory(run.scalars, p)),
-                       (PLOT_GROUPS, lambda p: plot_groups(run.scalars, rep.group_faults, p)),
-                       (PLOT_RESOURCES, lambda p: plot_resources(run.scalars, p))):
+    for name, draw in (
+        (PLOT_SPS, lambda p: plot_sps(run.scalars, p)),
+        (PLOT_RETURNS, lambda p: plot_returns(run.scalars, p, run.eval_rounds)),
+        (PLOT_MEMORY, lambda p: plot_memory(run.scalars, p)),
+        (PLOT_GROUPS, lambda p: plot_groups(run.scalars, rep.group_faults, p)),
+        (PLOT_RESOURCES, lambda p: plot_resources(run.scalars, p)),
+    ):
         path = run_dir / name
         try:
             rep.plots[name] = draw(path)
@@ -75,7 +86,7 @@ def write_health_report(run_dir: str | Path) -> Path:
             run.notes.append(f"{name} could not be drawn: {type(e).__name__}: {e}")
             rep.plots[name] = None
         if rep.plots[name] is None and path.exists():
-            path.unlink()          # a stale plot of an earlier report must not pass for this run's
+            path.unlink()  # a stale plot of an earlier report must not pass for this run's
 
     rep.section("Run", rep.identity)
     rep.section("Headline figures", rep.headline)
@@ -95,19 +106,34 @@ def write_health_report(run_dir: str | Path) -> Path:
         log.warning("health report: verdicts failed", exc_info=True)
         run.notes.append(f"verdicts incomplete: {type(e).__name__}: {e}")
 
-    head = [f"# Health report: {run_dir.name}", "",
-            f"Written {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC from this run's files only "
-            f"(never from config).", "",
-            md_table(["input", "state"], [
-                ["`summary.json`", run.summary_note], ["`tb/`", run.tb_note],
-                ["`lifecycle.sqlite`", run.db_note], ["`eval/history.jsonl`", run.eval_note],
+    head = [
+        f"# Health report: {run_dir.name}",
+        "",
+        f"Written {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC from this run's files only "
+        f"(never from config).",
+        "",
+        md_table(
+            ["input", "state"],
+            [
+                ["`summary.json`", run.summary_note],
+                ["`tb/`", run.tb_note],
+                ["`lifecycle.sqlite`", run.db_note],
+                ["`eval/history.jsonl`", run.eval_note],
                 ["`errors_top10.md`", "present" if (run_dir / "errors_top10.md").is_file() else "missing"],
-                ["`checkpoints/`", "present" if (run_dir / "checkpoints").is_dir() else "missing"]], right=set()),
-            ]
+                ["`checkpoints/`", "present" if (run_dir / "checkpoints").is_dir() else "missing"],
+            ],
+            right=set(),
+        ),
+    ]
     passed = sum(1 for _, r, _ in rep.verdicts if r == "yes")
     failed = sum(1 for _, r, _ in rep.verdicts if r == "no")
-    head += ["", "## Verdict", "",
-             f"{passed} check(s) passed, {failed} failed, {len(rep.verdicts) - passed - failed} not applicable.", ""]
+    head += [
+        "",
+        "## Verdict",
+        "",
+        f"{passed} check(s) passed, {failed} failed, {len(rep.verdicts) - passed - failed} not applicable.",
+        "",
+    ]
     mark = {"yes": "✅", "no": "❌", "n/a": "➖"}
     head += [f"- {mark.get(r, '')} {check}: **{r}**: {evidence}" for check, r, evidence in rep.verdicts]
     if run.notes:

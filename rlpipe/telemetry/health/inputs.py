@@ -1,6 +1,7 @@
 """The health report's inputs: the run's own files (summary.json, tb/, lifecycle.sqlite,
 eval/history.jsonl), each read once, with a note saying whether it was present, missing or
 unreadable."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +18,8 @@ log = logging.getLogger(__name__)
 
 RETURN_PREFIX = "charts/episodic_return/"
 MEMORY_TAGS = ("memory/pss_mb", "workers/rss_mb_max", "workers/rss_mb_mean")
-ENV_FAULT_KINDS = ("env_crash", "env_hang", "env_quarantine")   # a failed reset is an env_crash
-EVAL_HISTORY = "eval/history.jsonl"      # evaluation during training: one line per round
+ENV_FAULT_KINDS = ("env_crash", "env_hang", "env_quarantine")  # a failed reset is an env_crash
+EVAL_HISTORY = "eval/history.jsonl"  # evaluation during training: one line per round
 
 
 @dataclass
@@ -57,7 +58,7 @@ def _load_tb(run_dir: Path) -> tuple[dict[str, Series], str]:
         return {}, "missing (tb/ holds no event files)"
     try:
         scalars = read_scalars(tb)
-    except Exception as e:          # a truncated/corrupt event file must not sink the report
+    except Exception as e:  # a truncated/corrupt event file must not sink the report
         log.warning("health report: cannot read %s: %s", tb, e)
         return {}, f"unreadable ({type(e).__name__}: {e})"
     return scalars, f"present ({len(files)} event file(s), {len(scalars)} scalar tag(s))"
@@ -113,7 +114,7 @@ def query(db_path: Path, sql: str, args: tuple = ()) -> list[tuple]:
 
 
 def return_series(scalars: dict[str, Series]) -> dict[str, Series]:
-    return {tag[len(RETURN_PREFIX):]: s for tag, s in sorted(scalars.items()) if tag.startswith(RETURN_PREFIX)}
+    return {tag[len(RETURN_PREFIX) :]: s for tag, s in sorted(scalars.items()) if tag.startswith(RETURN_PREFIX)}
 
 
 def eval_curves(rounds: list[dict]) -> dict[str, tuple[list[int], list[float]]]:

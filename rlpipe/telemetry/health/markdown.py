@@ -1,4 +1,5 @@
 """Markdown formatting of the health report: values (a missing one says so) and tables."""
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,10 @@ def fmt(v: Any, digits: int = 3) -> str:
 
 def md_table(header: list[str], rows: list[list[Any]], right: set[int] | None = None) -> str:
     right = set(range(1, len(header))) if right is None else right
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("--:" if i in right else "---" for i in range(len(header))) + "|"]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("--:" if i in right else "---" for i in range(len(header))) + "|",
+    ]
     for row in rows:
         lines.append("| " + " | ".join(c if isinstance(c, str) else fmt(c) for c in row) + " |")
     return "\n".join(lines)

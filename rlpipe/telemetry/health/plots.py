@@ -4,6 +4,7 @@ Each returns the path it drew, or None when its inputs are missing.
 Every curve is drawn over env steps on the same x range (0 to the run's last logged step), so
 the plots line up when read side by side; every axis label carries its unit; figures are at
 least MIN_WIDTH inches wide, so a run with one env type still has room for its title."""
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ RETURN_LABEL = "episodic return (mean per 2 s window)"
 
 def _figure(**kw):
     from matplotlib.figure import Figure  # object API: Agg canvas on savefig, no pyplot state
+
     return Figure(**kw)
 
 
@@ -45,7 +47,8 @@ def _last_step(scalars: dict[str, Series]) -> int:
 
 def _steps_axis(ax, last_step: int, label: bool = True) -> None:
     from matplotlib.ticker import EngFormatter
-    ax.xaxis.set_major_formatter(EngFormatter(sep=""))       # 250k, 1.5M
+
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 250k, 1.5M
     if last_step > 0:
         ax.set_xlim(0, last_step * 1.02)
     if label:
@@ -99,16 +102,25 @@ def plot_returns(scalars: dict[str, Series], path: Path, eval_rounds: list[dict]
         # x labels under the lowest panel of each column only (the axis is shared)
         _steps_axis(ax, last, label=i + cols >= len(names))
         ax.tick_params(axis="x", labelbottom=True)
-    for ax in axes[len(names):]:
+    for ax in axes[len(names) :]:
         ax.set_visible(False)
-    if evals:     # both curves named in the first panel, even where it holds only one of them
+    if evals:  # both curves named in the first panel, even where it holds only one of them
         from matplotlib.lines import Line2D
-        axes[0].legend([Line2D([], [], color="tab:blue", marker="."),
-                        Line2D([], [], color="tab:orange", marker="o", markersize=4)],
-                       ["training", "eval (deterministic)"], fontsize=7)
+
+        axes[0].legend(
+            [
+                Line2D([], [], color="tab:blue", marker="."),
+                Line2D([], [], color="tab:orange", marker="o", markersize=4),
+            ],
+            ["training", "eval (deterministic)"],
+            fontsize=7,
+        )
     fig.supylabel(RETURN_LABEL + (";\neval: mean of a round's episodes" if evals else ""), fontsize=9)
-    fig.suptitle("Episodic return per env type (TensorBoard charts/episodic_return/<type>"
-                 + (")\nand the deterministic eval rounds (eval/history.jsonl)" if evals else ")"), fontsize=11)
+    fig.suptitle(
+        "Episodic return per env type (TensorBoard charts/episodic_return/<type>"
+        + (")\nand the deterministic eval rounds (eval/history.jsonl)" if evals else ")"),
+        fontsize=11,
+    )
     return _save(fig, path)
 
 
@@ -120,7 +132,7 @@ def plot_memory(scalars: dict[str, Series], path: Path) -> Path | None:
     ax = fig.subplots()
     for tag in present:
         s = scalars[tag]
-        sampled = s.values > 0          # a point logged before the first memory sample reads 0
+        sampled = s.values > 0  # a point logged before the first memory sample reads 0
         ax.plot(s.steps[sampled], s.values[sampled], marker="." if len(s.steps) < 30 else None, label=tag)
     _steps_axis(ax, _last_step(scalars))
     ax.set_ylabel("memory (MiB)")
@@ -130,16 +142,16 @@ def plot_memory(scalars: dict[str, Series], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_groups(scalars: dict[str, Series], group_faults: dict[int, dict[str, int]] | None,
-                path: Path) -> Path | None:
+def plot_groups(scalars: dict[str, Series], group_faults: dict[int, dict[str, int]] | None, path: Path) -> Path | None:
     rets = return_series(scalars)
     has_faults = group_faults is not None and len(group_faults) > 0
     if not rets and not has_faults:
         return None
     rows, cols = _grid(len(rets)) if rets else (0, _PANEL_COLS)
     total_rows = rows + (1 if has_faults else 0)
-    fig = _figure(figsize=(max(MIN_WIDTH, 3.2 * cols), 2.6 * rows + (3.2 if has_faults else 0) + 0.9),
-                  layout="constrained")
+    fig = _figure(
+        figsize=(max(MIN_WIDTH, 3.2 * cols), 2.6 * rows + (3.2 if has_faults else 0) + 0.9), layout="constrained"
+    )
     gs = fig.add_gridspec(total_rows, cols, height_ratios=[1.0] * rows + ([1.2] if has_faults else []))
     for i, (name, s) in enumerate(rets.items()):
         ax = fig.add_subplot(gs[i // cols, i % cols])
@@ -170,6 +182,8 @@ def plot_groups(scalars: dict[str, Series], group_faults: dict[int, dict[str, in
         else:
             ax.text(0.5, 0.5, "no env faults in any group", transform=ax.transAxes, ha="center")
         ax.set_title("Env faults per worker group (lifecycle.sqlite)", fontsize=10)
-    fig.suptitle("Logged return windows per env type (2 s means, not single episodes)\n"
-                 "and env faults per worker group", fontsize=10)
+    fig.suptitle(
+        "Logged return windows per env type (2 s means, not single episodes)\nand env faults per worker group",
+        fontsize=10,
+    )
     return _save(fig, path)

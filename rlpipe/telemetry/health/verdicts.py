@@ -1,5 +1,6 @@
 """The health report's verdicts: yes / no / n/a checks, each with its evidence, drawn from what
 the sections found."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,13 @@ def build_verdicts(report: Report) -> None:
     s, v = report.s, report.verdicts
     if report.run.summary is not None and s.get("active_envs_end") is not None and s.get("env_count"):
         ok = s["active_envs_end"] >= s["env_count"]
-        v.append(("all envs active at end", "yes" if ok else "no",
-                  f"{s['active_envs_end']:,}/{s['env_count']:,} active (summary.json)"))
+        v.append(
+            (
+                "all envs active at end",
+                "yes" if ok else "no",
+                f"{s['active_envs_end']:,}/{s['env_count']:,} active (summary.json)",
+            )
+        )
     else:
         v.append(("all envs active at end", "n/a", "summary.json missing"))
 
@@ -31,18 +37,28 @@ def build_verdicts(report: Report) -> None:
     elif rep["injected"] == 0:
         v.append(("every injected fault recovered", "n/a", "no faults injected"))
     else:
-        v.append(("every injected fault recovered", "yes" if rep["unrecovered"] == 0 else "no",
-                  f"{rep['recovered']}/{rep['injected']} recovered (lifecycle)"))
+        v.append(
+            (
+                "every injected fault recovered",
+                "yes" if rep["unrecovered"] == 0 else "no",
+                f"{rep['recovered']}/{rep['injected']} recovered (lifecycle)",
+            )
+        )
 
     if report.run.db is None:
         v.append(("no worker lost", "n/a", "lifecycle.sqlite missing"))
     else:
         lost = lost_workers(report.run.db)
         n_restarts = (report.life_counts or {}).get("worker_restart", 0)
-        v.append(("no worker lost", "yes" if not lost else "no",
-                  f"{n_restarts} restart(s), each followed by a new generation's worker_ready (lifecycle)"
-                  if not lost else "worker(s) restarted without a replacement that stepped: "
-                  + ", ".join(map(str, lost))))
+        v.append(
+            (
+                "no worker lost",
+                "yes" if not lost else "no",
+                f"{n_restarts} restart(s), each followed by a new generation's worker_ready (lifecycle)"
+                if not lost
+                else "worker(s) restarted without a replacement that stepped: " + ", ".join(map(str, lost)),
+            )
+        )
 
     peak, src = None, None
     if s.get("peak_rss_mb") is not None:
@@ -52,15 +68,17 @@ def build_verdicts(report: Report) -> None:
     if peak is None:
         v.append(("peak memory under 12 GiB", "n/a", "no memory figure"))
     else:
-        v.append(("peak memory under 12 GiB", "yes" if peak < PEAK_MEMORY_LIMIT_MB else "no",
-                  f"{peak:,.1f} MiB ({src})"))
+        v.append(
+            ("peak memory under 12 GiB", "yes" if peak < PEAK_MEMORY_LIMIT_MB else "no", f"{peak:,.1f} MiB ({src})")
+        )
 
     if report.run.summary is not None and s.get("updates") is not None:
         ls = s.get("loss_std")
         finite = ls is None or (isinstance(ls, (int, float)) and math.isfinite(ls))
         ok = s["updates"] > 0 and finite
-        v.append(("learner updated, loss finite", "yes" if ok else "no",
-                  f"{s['updates']:,} update(s), loss_std {fmt(ls)}"))
+        v.append(
+            ("learner updated, loss finite", "yes" if ok else "no", f"{s['updates']:,} update(s), loss_std {fmt(ls)}")
+        )
     else:
         v.append(("learner updated, loss finite", "n/a", "summary.json missing"))
 
@@ -68,9 +86,15 @@ def build_verdicts(report: Report) -> None:
     judged = {k: v for k, v in learned.items() if v != "unknown"}
     if judged:
         missed = sorted(k for k, v in judged.items() if v != "learned")
-        v.append(("every env type learned (above its random return)", "no" if missed else "yes",
-                  f"{len(judged) - len(missed)}/{len(judged)} learned"
-                  + (f"; did not learn: {', '.join(missed)}" if missed else "") + " (summary.json learned)"))
+        v.append(
+            (
+                "every env type learned (above its random return)",
+                "no" if missed else "yes",
+                f"{len(judged) - len(missed)}/{len(judged)} learned"
+                + (f"; did not learn: {', '.join(missed)}" if missed else "")
+                + " (summary.json learned)",
+            )
+        )
     else:
         v.append(("every env type learned (above its random return)", "n/a", "no random-return figures"))
 
@@ -78,8 +102,13 @@ def build_verdicts(report: Report) -> None:
     if sps is not None and len(sps.values) >= 3:
         med = float(np.median(sps.values))
         ok = sps.last >= 0.5 * med
-        v.append(("throughput held up (last sps ≥ half the median)", "yes" if ok else "no",
-                  f"last {sps.last:,.0f}, median {med:,.0f} (TensorBoard charts/sps)"))
+        v.append(
+            (
+                "throughput held up (last sps ≥ half the median)",
+                "yes" if ok else "no",
+                f"last {sps.last:,.0f}, median {med:,.0f} (TensorBoard charts/sps)",
+            )
+        )
     else:
         v.append(("throughput held up (last sps ≥ half the median)", "n/a", "too few charts/sps points"))
 
@@ -91,11 +120,13 @@ def build_verdicts(report: Report) -> None:
 def lost_workers(db: Path) -> list[int]:
     """Workers with a worker_restart row not followed by the `worker_ready` of a newer
     generation (a spawned replacement that never stepped its envs is still a lost worker)."""
-    restarts = query(db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_restart' "
-                         "AND worker_id IS NOT NULL")
-    readies = query(db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_ready' "
-                        "AND worker_id IS NOT NULL")
-    newest: dict[int, tuple[int, float]] = {}     # worker -> (newest generation, its ready ts)
+    restarts = query(
+        db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_restart' AND worker_id IS NOT NULL"
+    )
+    readies = query(
+        db, "SELECT worker_id, generation, ts FROM events WHERE kind = 'worker_ready' AND worker_id IS NOT NULL"
+    )
+    newest: dict[int, tuple[int, float]] = {}  # worker -> (newest generation, its ready ts)
     for w, gen, ts in readies:
         if w not in newest or (gen or 0) >= newest[w][0]:
             newest[w] = (gen or 0, ts)
