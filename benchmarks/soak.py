@@ -146,7 +146,10 @@ def checks(code: int, summary: dict, recovery: dict) -> list[tuple[str, bool, st
             f"{recovery['recovered']}/{recovery['injected']} recovered",
         ),
     ]
-    for name, what in (("driver/rss_mb", "driver RSS"), ("driver/rss_floor_mb", "driver RSS floor")):
+    for name, what in (
+        ("driver/rss_mb", "driver RSS"),
+        ("driver/rss_floor_mb", "driver/rss_anon_floor_mb", "driver RSS floor"),
+    ):
         rss = lr.get(name)
         if rss is None:
             out.append((f"{what} slope <= 1 %/h", False, "no verdict"))

@@ -129,12 +129,15 @@ def test_a_run_charts_its_resources_and_judges_them(short_tmp):
         "resources/run_dir/total_mb",
         "resources/lifecycle/rows",
         "resources/driver/rss_floor_mb",
+        "resources/driver/rss_anon_floor_mb",
         "resources/driver/heap/in_use_mb",
         "resources/driver/heap/free_kept_mb",
     } <= set(tags)
     # the floor: the lowest of the driver's RSS reads between two samples, so never above them
     floor, rss = tags["resources/driver/rss_floor_mb"].values, tags["resources/driver/rss_mb"].values
     assert len(floor) == len(rss) and (0 < floor).all() and (floor <= rss * 1.02).all()
+    anon = tags["resources/driver/rss_anon_floor_mb"].values
+    assert len(anon) == len(floor) and (0 < anon).all() and (anon <= floor).all()
     report = (run_dir / "health_report.md").read_text()
     assert "## Long run" in report and "`driver/rss_mb`" in report
     assert (run_dir / "health_resources.png").is_file()

@@ -217,7 +217,7 @@ class ResourceSampler:
         self.peak_bytes = 0  # the whole run's PSS, its peak and last sample
         self.last_bytes = 0
         self.disk_free_bytes: int | None = None  # in the run dir's file system, last sample
-        self._rss_floor: int | None = None  # the driver's lowest RSS since the last sample
+        self._rss_floor: tuple[int, int] | None = None  # the driver's lowest RSS, anon RSS since the last sample
         self._redis: redis.Redis | None = None
         self._redis_for: str | None = None
         self._lock = threading.Lock()  # the loop's last sample and the thread's
@@ -244,7 +244,8 @@ class ResourceSampler:
         figures.update({f"driver/{name}": value for name, value in heap.figures().items()})
         if "driver/rss_mb" in figures:
             self._read_driver_rss()
-            figures["driver/rss_floor_mb"] = self._rss_floor / MB
+            figures["driver/rss_floor_mb"] = self._rss_floor[0] / MB
+            figures["driver/rss_anon_floor_mb"] = self._rss_floor[1] / MB
             self._rss_floor = None
         try:
             self.disk_free_bytes = shutil.disk_usage(self.run_dir).free
@@ -305,14 +306,18 @@ class ResourceSampler:
     def _read_driver_rss(self) -> None:
         """The driver's RSS from statm (microseconds, unlike smaps_rollup), every interval_s
         between two full samples: their minimum is `driver/rss_floor_mb`, the RSS between the
-        PPO update's transients, which a leak moves and the update's batch does not."""
+        PPO update's transients, which a leak moves and the update's batch does not. Beside it
+        the floor of the anonymous part (`driver/rss_anon_floor_mb`: resident minus file and
+        shared-memory pages), which leaves out the board's pages the driver has touched: a
+        growth of the first but not the second is the board filling up to its nominal size."""
         try:
             with open(f"/proc/{self.root_pid}/statm", "rb") as f:
-                rss = int(f.read().split()[1]) * PAGE
+                fields = f.read().split()
+            rss, shared = int(fields[1]) * PAGE, int(fields[2]) * PAGE
         except (OSError, IndexError, ValueError):
             return
         floor = self._rss_floor  # one read: the main thread's sample may reset it meanwhile
-        self._rss_floor = rss if floor is None else min(floor, rss)
+        self._rss_floor = (rss, rss - shared) if floor is None else (min(floor[0], rss), min(floor[1], rss - shared))
 
     def paced_sample(self) -> None:
         """One sample; the wait before the next is its CPU cost / MAX_CPU_SHARE, at least
