@@ -364,3 +364,13 @@ def test_a_type_that_cannot_be_built_is_a_clear_error_not_a_hang():
             envs.reset()
     finally:
         envs.close()
+
+
+def test_the_vector_keeps_no_cpu_for_a_learner_it_does_not_run():
+    """cpu_affinity=auto would keep a CPU for rlpipe's PPO thread; a vector's learner is the
+    caller's, so its workers get every CPU unless the caller asks otherwise."""
+    from rlpipe.vector.compose import vector_spec
+
+    assert "workers on every CPU" in vector_spec("CartPole-v1", 7000, None, []).layout.describe()
+    pinned = vector_spec("CartPole-v1", 64, None, ["worker.cpu_affinity=learner_core"])
+    assert "kept for the PPO update" in pinned.layout.describe()

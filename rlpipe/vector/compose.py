@@ -39,7 +39,9 @@ def vector_spec(env_id_or_type: str, num_envs: int, seed: int | None, overrides:
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"rlpipe.vector.make: num_envs must be a positive int, got {num_envs!r}")
     register_schema()
-    base = mix_overrides(env_id_or_type) + [f"env_count={num_envs}"]
+    # the caller's learner runs in the caller's process, not in a PPO thread of ours: no CPU is
+    # kept from the workers (cpu_affinity=auto would keep one that nothing ever uses)
+    base = mix_overrides(env_id_or_type) + [f"env_count={num_envs}", "worker.cpu_affinity=null"]
     if seed is not None:
         base.append(f"run.seed={int(seed)}")
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
