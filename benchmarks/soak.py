@@ -43,6 +43,7 @@ RUN_DIR_BUDGET_MB = 2048.0  # the origin system wrote 87 MB of logs in six days
 SHOWN = (
     "driver/rss_mb",
     "driver/rss_floor_mb",
+    "driver/rss_anon_floor_mb",
     "driver/pss_mb",
     "driver/heap/in_use_mb",
     "driver/heap/free_kept_mb",
@@ -148,7 +149,7 @@ def checks(code: int, summary: dict, recovery: dict) -> list[tuple[str, bool, st
     ]
     for name, what in (
         ("driver/rss_mb", "driver RSS"),
-        ("driver/rss_floor_mb", "driver/rss_anon_floor_mb", "driver RSS floor"),
+        ("driver/rss_floor_mb", "driver RSS floor"),
     ):
         rss = lr.get(name)
         if rss is None:
