@@ -14,7 +14,9 @@ projected to six days, the verdict), then the soak's checks:
 - driver RSS, and its floor (the lowest RSS of each sample window, which the PPO update's
   transient batch does not move: the same figure made steadier): slope <= 1 % of its level per
   hour, or, where its noise is larger, the slope's 95 % interval inside +-3 %/h;
-- the largest worker's RSS, the driver's fds and threads, Redis's used memory: flat;
+- the largest worker's RSS less what its envs leak on purpose (unity_sim emulates a leaky
+  simulator, up to `leak_max_mb` per env until a rebuild: `workers/env_leak_mb_sum` shows it),
+  the driver's fds and threads, Redis's used memory: flat;
 - the run dir projected to six days <= 2 GB.
 
 Writes `soak.json` (the table, the checks, the summary's figures) and `soak.png` (the
@@ -53,6 +55,8 @@ SHOWN = (
     "forkserver/rss_mb",
     "redis/rss_mb",
     "workers/rss_mb_max",
+    "workers/rss_less_env_leak_mb_max",
+    "workers/env_leak_mb_sum",
     "workers/rss_mb_sum",
     "workers/count",
     "driver/fds",
@@ -164,7 +168,7 @@ def checks(code: int, summary: dict, recovery: dict) -> list[tuple[str, bool, st
                 f"{rss['slope_pct_per_h']:+.2f} %/h, interval [{lo:+.2f}, {hi:+.2f}]",
             )
         )
-    for name in ("workers/rss_mb_max", "driver/fds", "driver/threads", "redis/used_memory_mb"):
+    for name in ("workers/rss_less_env_leak_mb_max", "driver/fds", "driver/threads", "redis/used_memory_mb"):
         ok, why = flat(name)
         out.append((f"{name} flat", ok, why))
     disk = lr.get("run_dir/total_mb")

@@ -167,3 +167,39 @@ def test_chaos_forgets_the_stopped_workers_that_are_gone():
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_worker_tells_its_envs_emulated_leak_from_its_own_rss(short_tmp):
+    """unity_sim leaks on purpose (touched pages, up to leak_max_mb per env): the worker puts
+    those bytes in its header, and the sampler charts the largest worker's RSS without them,
+    the figure a soak judges flat while the emulated leak grows as designed."""
+    from rlpipe.telemetry.tb_events import read_scalars
+
+    run_dir = short_tmp / "run"
+    out = run_cli(
+        run_dir,
+        "env_mix=images",
+        "~env_mix.types.atari",  # unity_sim alone: no ALE or MiniGrid builds
+        "~env_mix.weights.atari",
+        "~env_mix.types.minigrid",
+        "~env_mix.weights.minigrid",
+        "buffer=small",
+        "env_count=2",
+        "groups.size=2",
+        "learner.cnn_channels=[4,8,8]",
+        "learner.cnn_out=16",
+        "env_mix.types.unity_sim.warmup_ms=10",
+        "env_mix.types.unity_sim.leak_bytes_per_step=131072",  # 2 MiB per env after 16 steps
+        "env_mix.types.unity_sim.leak_max_mb=2.0",
+        "run.total_env_steps=3000",
+        "logging.resources_interval_s=0.5",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    tags = read_scalars(run_dir / "tb")
+    leak = tags["resources/workers/env_leak_mb_sum"].values
+    rss = tags["resources/workers/rss_mb_max"].values
+    own = tags["resources/workers/rss_less_env_leak_mb_max"].values
+    assert leak.max() == pytest.approx(4.0)  # both envs at their cap
+    capped = leak == leak.max()
+    assert np.allclose(rss[capped] - own[capped], 4.0, atol=0.01)  # one worker: the max is it
+    assert (own <= rss).all()

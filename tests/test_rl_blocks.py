@@ -604,3 +604,30 @@ def test_corrupt_checkpoint_falls_back_then_clear_error(tmp_path, caplog):
     assert "2 tried" in msg
     # quarantine=False left the files in place
     assert len(checkpoint_files(tmp_path)) == 2
+
+
+def test_the_cnn_meets_a_bounded_ladder_of_batch_sizes_and_padding_changes_nothing():
+    """oneDNN caches a primitive per input shape: the encoder pads its rows to `padded_rows`
+    so a run of every batch size from 1 to 2,000 shows the conv stack at most 41 shapes,
+    and the padded rows change neither the features nor the gradients of the real ones."""
+    from rlpipe.learner.policy import RgbEncoder, padded_rows
+
+    assert all(n <= padded_rows(n) <= max(8, n * 1.125 + 8) for n in range(1, 9000))
+    torch.manual_seed(0)
+    enc = RgbEncoder((36, 36, 3), (4, 8, 8), 16)
+    shapes = set()
+    enc.conv.register_forward_pre_hook(lambda _m, args: shapes.add(args[0].shape[0]))
+    with torch.no_grad():
+        for n in range(1, 2001, 7):
+            enc(torch.zeros(n, 36, 36, 3, dtype=torch.uint8))
+    assert len(shapes) <= 41, sorted(shapes)  # the ladder up to 2,000 (without it: 286)
+
+    rgb = torch.randint(0, 256, (13, 36, 36, 3), dtype=torch.uint8)
+    out = enc(rgb)
+    out.square().sum().backward()
+    grads = [p.grad.clone() for p in enc.parameters()]
+    enc.zero_grad()
+    ref = enc.fc(enc.conv(rgb.permute(0, 3, 1, 2).float() / 255.0))  # unpadded: 13 rows
+    ref.square().sum().backward()
+    assert out.shape == (13, 16) and torch.allclose(out, ref, atol=1e-6)
+    assert all(torch.allclose(g, p.grad, atol=1e-5) for g, p in zip(grads, enc.parameters()))

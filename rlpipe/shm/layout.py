@@ -6,7 +6,8 @@ replaced writer (killed, or stopped and later continued) has no way into the boa
 learner reads. The header's generation word is also checked by every publish, so a stale
 writer notices and stops.
 
-    header (4096 B)     magic, owner generation, pid, OS heartbeat ns, steps, ready envs, awake
+    header (4096 B)     magic, owner generation, pid, OS heartbeat ns, steps, ready envs, awake,
+                        envs built, lifecycle events dropped, emulated-leak bytes
     ctrl   n x 64 B     per env: seqlock word at +0 | process-shared mutex at +8 (lock board)
     obs    per key      n x 2 slots (A/B) x stride, stride = nbytes rounded up to 64
     results             rewards, end flags, episode stats, score, executed action, behaviour logp,
@@ -31,9 +32,11 @@ CTRL_BYTES = 64
 MAGIC = 0x726C70697065_0002  # "rlpipe" + layout version (2: final-obs rows)
 
 # header word offsets (uint64 each); H_BUILT: envs built so far (the watchdog's start-up
-# progress); H_LC_DROPPED: lifecycle events the worker dropped at its ZMQ high-water mark
-(H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE, H_BUILT, H_LC_DROPPED) = (
-    8 * i for i in range(9)
+# progress); H_LC_DROPPED: lifecycle events the worker dropped at its ZMQ high-water mark;
+# H_ENV_LEAK: the bytes its envs say they leak on purpose (an emulator's `leaked_bytes`), so
+# the driver can tell the worker's own RSS from an emulated leak
+(H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE, H_BUILT, H_LC_DROPPED, H_ENV_LEAK) = (
+    8 * i for i in range(10)
 )
 
 

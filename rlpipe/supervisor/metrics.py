@@ -20,6 +20,7 @@ from rlpipe.envs import random_return
 from rlpipe.files import atomic_write
 from rlpipe.lifecycle import fault_counts
 from rlpipe.protocol import worker_key
+from rlpipe.shm.layout import H_ENV_LEAK
 from rlpipe.supervisor.fleet import Fleet
 from rlpipe.supervisor.resources import ResourceSampler
 from rlpipe.supervisor.runmode import RunMode
@@ -45,7 +46,14 @@ class RunMetrics:
         self.mode = mode
         self.rnorm_keys = reward_stats_keys(spec, run_id)
         self.resources = ResourceSampler(
-            os.getpid(), run_id, run_dir, spec.logging.resources_interval_s, self._process_roles, self._redis_url, t0
+            os.getpid(),
+            run_id,
+            run_dir,
+            spec.logging.resources_interval_s,
+            self._process_roles,
+            self._redis_url,
+            t0,
+            env_leaks=self._env_leaks,
         )
         self.resources_charted_at: float | None = None
         self.learner = None  # learner.central.CentralLearner, once built
@@ -159,6 +167,10 @@ class RunMetrics:
         if proc is not None:
             roles[proc.pid] = "redis"
         return roles
+
+    def _env_leaks(self) -> dict[int, int]:
+        """pid -> the bytes its envs leak on purpose, from each worker's header (sampler thread)."""
+        return {h.proc.pid: h.views.load(H_ENV_LEAK) for h in list(self.fleet.handles) if h.proc is not None}
 
     def _redis_url(self) -> str | None:
         return self.services.redis.url if self.services.redis is not None else None

@@ -119,9 +119,12 @@ def rss_pss_bytes(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
-def process_figures(root_pid: int, roles: dict[int, str]) -> dict[str, float]:
+def process_figures(root_pid: int, roles: dict[int, str], env_leaks: dict[int, int] | None = None) -> dict[str, float]:
     """RSS/PSS (MB), fds and threads per role over `root_pid` and all its descendants; a
-    process not named in `roles` (and not the root) is `other`."""
+    process not named in `roles` (and not the root) is `other`. `env_leaks` (pid -> bytes a
+    worker's envs leak on purpose, H_ENV_LEAK) gives `workers/rss_less_env_leak_mb_max`: the
+    largest worker's RSS without its envs' emulated leak, which is what the engine itself
+    keeps, and which a soak can judge flat while unity_sim leaks as designed."""
     try:
         root = psutil.Process(root_pid)
         pids = [root_pid] + [p.pid for p in root.children(recursive=True)]
@@ -134,16 +137,19 @@ def process_figures(root_pid: int, roles: dict[int, str]) -> dict[str, float]:
         except (FileNotFoundError, ProcessLookupError, PermissionError, psutil.Error):
             continue  # exited (or not ours) between the listing and the read
         role = "driver" if pid == root_pid else roles.get(pid, "other")
-        by_role.setdefault(role, []).append((rss, pss, open_fd_count(pid), thread_count(pid)))
+        leak = env_leaks.get(pid, 0) if env_leaks else 0
+        by_role.setdefault(role, []).append((rss, pss, open_fd_count(pid), thread_count(pid), leak))
     out: dict[str, float] = {"tree/pss_mb": sum(p[1] for procs in by_role.values() for p in procs) / MB}
     for role, procs in by_role.items():
-        rss, pss, fds, threads = (list(col) for col in zip(*procs))
+        rss, pss, fds, threads, leaks = (list(col) for col in zip(*procs))
         if role == "workers":
             out.update(
                 {
                     "workers/count": len(procs),
                     "workers/rss_mb_sum": sum(rss) / MB,
                     "workers/rss_mb_max": max(rss) / MB,
+                    "workers/rss_less_env_leak_mb_max": max(r - k for r, k in zip(rss, leaks)) / MB,
+                    "workers/env_leak_mb_sum": sum(leaks) / MB,
                     "workers/pss_mb_sum": sum(pss) / MB,
                     "workers/pss_mb_max": max(pss) / MB,
                     "workers/fds_max": max(fds),
@@ -202,6 +208,7 @@ class ResourceSampler:
         roles: Callable[[], dict[int, str]],
         redis_url: Callable[[], str | None],
         t0: float | None = None,
+        env_leaks: Callable[[], dict[int, int]] = dict,
     ):
         self.root_pid = root_pid
         self.run_id = run_id
@@ -210,6 +217,7 @@ class ResourceSampler:
         self.wait_s = interval_s
         self.roles = roles
         self.redis_url = redis_url
+        self.env_leaks = env_leaks
         self.t0 = time.monotonic() if t0 is None else t0
         self.history = Thinned(HISTORY_POINTS)  # (seconds since t0, {figure: value})
         self.latest: dict[str, float] = {}
@@ -232,7 +240,7 @@ class ResourceSampler:
             return self._sample()
 
     def _sample(self) -> dict[str, float]:
-        figures = process_figures(self.root_pid, self._roles())
+        figures = process_figures(self.root_pid, self._roles(), self._env_leaks())
         figures["shm/run_mb"] = shm_bytes(self.run_id) / MB
         parts = run_dir_bytes(self.run_dir)
         figures.update({f"run_dir/{part}_mb": b / MB for part, b in parts.items()})
@@ -262,6 +270,12 @@ class ResourceSampler:
         try:
             return self.roles()
         except Exception:  # a handle replaced mid-listing: this sample calls them all other
+            return {}
+
+    def _env_leaks(self) -> dict[int, int]:
+        try:
+            return self.env_leaks()
+        except Exception:  # a segment released mid-listing (a worker replaced): none this sample
             return {}
 
     def _redis_figures(self) -> dict[str, float]:

@@ -139,6 +139,11 @@ class EnvTable:
         for i in range(self.n):
             self._discard(i)
 
+    def leaked_bytes(self) -> int:
+        """What the live envs say they leak on purpose (an emulator's `leaked_bytes`: the
+        unity_sim type emulates a leaky simulator); a rebuild frees its env's part."""
+        return sum(getattr(env, "leaked_bytes", 0) for env in self.envs if env is not None)
+
     def _check_fast(self, t: int, obs: object) -> None:
         """Keys, shapes and dtypes of one obs: the hot-path form of contract.check_obs
         (finiteness is checked once per slice on the staged block, in step_range)."""

@@ -27,6 +27,7 @@ from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.layout import (
     H_AWAKE,
     H_BUILT,
+    H_ENV_LEAK,
     H_GENERATION,
     H_LC_DROPPED,
     H_OS_BEAT_NS,
@@ -367,9 +368,10 @@ class Worker:
                 self.heartbeat.client.set(self.rnorm_key, self.rnorm.state())
             except redis.RedisError:
                 pass  # the next sync tries again
-        max_rss_mb = self.max_rss_mb
-        if max_rss_mb and self.rss_every.due(time.monotonic()):
-            if rss_mb() > max_rss_mb:
+        if self.rss_every.due(time.monotonic()):
+            self.views.store(H_ENV_LEAK, self.table.leaked_bytes())
+            max_rss_mb = self.max_rss_mb
+            if max_rss_mb and rss_mb() > max_rss_mb:
                 self.exit_code = EXIT_RECYCLE
                 self.lifecycle.event("worker_exit", detail={"reason": "rss", "rss_mb": round(rss_mb())})
                 return False
