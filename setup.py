@@ -5,10 +5,14 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+# The C headers an extension includes: a change to one rebuilds it, and an sdist carries them.
+HEADERS = {"board": ("board_rows.h", "board_seqlock.h", "board_lock.h")}
+
 extensions = [
     Extension(
         f"rlpipe.native.{name}",
         [f"rlpipe/native/{name}.pyx"],
+        depends=[f"rlpipe/native/{header}" for header in HEADERS.get(name, ())],
         extra_compile_args=["-O3"],
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

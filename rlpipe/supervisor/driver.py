@@ -18,10 +18,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -30,7 +30,7 @@ import rlpipe
 from rlpipe import heap
 from rlpipe.cadence import Every
 from rlpipe.chaos_faults import FreezeDriver
-from rlpipe.config import RunSpec
+from rlpipe.config import EnvTypeSpec, RunSpec
 from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.budget import check_memory_budget
@@ -69,6 +69,12 @@ def env_version(node: dict, commit: str) -> str:
     """Hash of the type's config + package version + git commit (docs/architecture.md)."""
     text = json.dumps(node, sort_keys=True, default=str) + rlpipe.__version__ + commit
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def env_versions(env_types: Sequence[EnvTypeSpec]) -> dict[str, str]:
+    """Each type's env_version at the checkout's commit, by type name."""
+    commit = git_commit()
+    return {t.name: env_version(t.node, commit) for t in env_types}
 
 
 class Driver:
@@ -127,18 +133,8 @@ class Driver:
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
         self._phase(f"layout: {spec.layout.describe()}")  # what groups.size=auto & co. chose
-        commit = git_commit()
-        versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
-        services.start_redis(
-            spec.redis.url,
-            {
-                "state": "starting",
-                "pid": os.getpid(),
-                "env_count": spec.env_count,
-                "run_dir": str(self.run_dir),
-                **self.mode.redis_fields(),
-            },
-        )
+        versions = env_versions(spec.env_types)
+        services.start_redis(spec.redis.url, spec.env_count, self.mode.redis_fields())
         self._phase(f"redis ({services.redis.mode}) up")
         services.start_lifecycle()
         if spec.run.resume:  # true or auto: the workers' reward statistics must be in Redis before they start

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.slices import SliceRef
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
-from rlpipe.supervisor.driver import env_version, git_commit
+from rlpipe.supervisor.driver import env_versions
 from rlpipe.supervisor.fleet import Fleet, current_refs
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
 from rlpipe.supervisor.workers import stop_workers
@@ -115,18 +114,8 @@ class Engine:
         spec, services, fleet = self.spec, self.services, self.fleet
         sweep_dead_segments()
         sweep_dead_socket_dirs()
-        commit = git_commit()
-        versions = {t.name: env_version(t.node, commit) for t in spec.env_types}
-        services.start_redis(
-            spec.redis.url,
-            {
-                "state": "starting",
-                "pid": os.getpid(),
-                "env_count": spec.env_count,
-                "run_dir": str(self.run_dir),
-                "client": "rlpipe.vector",
-            },
-        )
+        versions = env_versions(spec.env_types)
+        services.start_redis(spec.redis.url, spec.env_count, {"client": "rlpipe.vector"})
         services.start_lifecycle()
         global _started_engines
         self.started = True

@@ -76,6 +76,9 @@ class StabilityTracker:
         self.len_pos = np.zeros(n, dtype=np.int64)
         self.len_filled = np.zeros(n, dtype=np.int64)
         self._cuts_u8 = self.cuts.view(np.uint8)  # the same memory, as the C kernels take it
+        # What tracker_terms and tracker_scores read, in their argument order (the arrays are
+        # only ever written in place, so the tuple stays theirs).
+        self._windows = (self.rewards, self.filled, self.lengths, self._cuts_u8, self.len_filled, self.inv_scale)
 
     def update(self, lo: int, hi: int, rewards: np.ndarray, ep_len: np.ndarray, cut: np.ndarray | None = None) -> None:
         """Record one step of envs [lo, hi): raw rewards [m]; ep_len [m] (> 0 where an episode
@@ -108,18 +111,7 @@ class StabilityTracker:
         """(reward spread s_r, episode-length cv_L, cut fraction c, has-data mask) per env."""
         self._check(lo, hi)
         spread, len_cv, cut_frac = (np.empty(hi - lo) for _ in range(3))
-        tracker_terms(
-            self.rewards,
-            self.filled,
-            self.lengths,
-            self._cuts_u8,
-            self.len_filled,
-            self.inv_scale,
-            lo,
-            spread,
-            len_cv,
-            cut_frac,
-        )
+        tracker_terms(*self._windows, lo, spread, len_cv, cut_frac)
         return spread, len_cv, cut_frac, self.filled[lo:hi] >= self.min_steps
 
     def scores(self, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -128,18 +120,7 @@ class StabilityTracker:
         if out is None:
             out = np.empty(hi - lo, dtype=np.float32)
         self._check(lo, hi, out)
-        tracker_scores(
-            self.rewards,
-            self.filled,
-            self.lengths,
-            self._cuts_u8,
-            self.len_filled,
-            self.inv_scale,
-            lo,
-            self.min_steps,
-            self.neutral,
-            out,
-        )
+        tracker_scores(*self._windows, lo, self.min_steps, self.neutral, out)
         return out
 
     def _check(self, lo: int, hi: int, *per_env: np.ndarray) -> None:

@@ -15,6 +15,11 @@ from rlpipe.telemetry.health.sections import Report
 PEAK_MEMORY_LIMIT_MB = 12 * 1024
 
 
+def verdict(check: str, ok: bool, evidence: str) -> tuple[str, str, str]:
+    """A verdict the report could decide: yes when `ok`, else no."""
+    return check, "yes" if ok else "no", evidence
+
+
 def build_verdicts(report: Report) -> None:
     """Append the report's checks to `report.verdicts`, each (check, yes|no|n/a, evidence);
     what is appended before a failure stays."""
@@ -22,11 +27,7 @@ def build_verdicts(report: Report) -> None:
     if report.run.summary is not None and s.get("active_envs_end") is not None and s.get("env_count"):
         ok = s["active_envs_end"] >= s["env_count"]
         v.append(
-            (
-                "all envs active at end",
-                "yes" if ok else "no",
-                f"{s['active_envs_end']:,}/{s['env_count']:,} active (summary.json)",
-            )
+            verdict("all envs active at end", ok, f"{s['active_envs_end']:,}/{s['env_count']:,} active (summary.json)")
         )
     else:
         v.append(("all envs active at end", "n/a", "summary.json missing"))
@@ -38,9 +39,9 @@ def build_verdicts(report: Report) -> None:
         v.append(("every injected fault recovered", "n/a", "no faults injected"))
     else:
         v.append(
-            (
+            verdict(
                 "every injected fault recovered",
-                "yes" if rep["unrecovered"] == 0 else "no",
+                rep["unrecovered"] == 0,
                 f"{rep['recovered']}/{rep['injected']} recovered (lifecycle)",
             )
         )
@@ -51,9 +52,9 @@ def build_verdicts(report: Report) -> None:
         lost = lost_workers(report.run.db)
         n_restarts = (report.life_counts or {}).get("worker_restart", 0)
         v.append(
-            (
+            verdict(
                 "no worker lost",
-                "yes" if not lost else "no",
+                not lost,
                 f"{n_restarts} restart(s), each followed by a new generation's worker_ready (lifecycle)"
                 if not lost
                 else "worker(s) restarted without a replacement that stepped: " + ", ".join(map(str, lost)),
@@ -68,17 +69,13 @@ def build_verdicts(report: Report) -> None:
     if peak is None:
         v.append(("peak memory under 12 GiB", "n/a", "no memory figure"))
     else:
-        v.append(
-            ("peak memory under 12 GiB", "yes" if peak < PEAK_MEMORY_LIMIT_MB else "no", f"{peak:,.1f} MiB ({src})")
-        )
+        v.append(verdict("peak memory under 12 GiB", peak < PEAK_MEMORY_LIMIT_MB, f"{peak:,.1f} MiB ({src})"))
 
     if report.run.summary is not None and s.get("updates") is not None:
         ls = s.get("loss_std")
         finite = ls is None or (isinstance(ls, (int, float)) and math.isfinite(ls))
         ok = s["updates"] > 0 and finite
-        v.append(
-            ("learner updated, loss finite", "yes" if ok else "no", f"{s['updates']:,} update(s), loss_std {fmt(ls)}")
-        )
+        v.append(verdict("learner updated, loss finite", ok, f"{s['updates']:,} update(s), loss_std {fmt(ls)}"))
     else:
         v.append(("learner updated, loss finite", "n/a", "summary.json missing"))
 
@@ -87,9 +84,9 @@ def build_verdicts(report: Report) -> None:
     if judged:
         missed = sorted(k for k, v in judged.items() if v != "learned")
         v.append(
-            (
+            verdict(
                 "every env type learned (above its random return)",
-                "no" if missed else "yes",
+                not missed,
                 f"{len(judged) - len(missed)}/{len(judged)} learned"
                 + (f"; did not learn: {', '.join(missed)}" if missed else "")
                 + " (summary.json learned)",
@@ -103,9 +100,9 @@ def build_verdicts(report: Report) -> None:
         med = float(np.median(sps.values))
         ok = sps.last >= 0.5 * med
         v.append(
-            (
+            verdict(
                 "throughput held up (last sps ≥ half the median)",
-                "yes" if ok else "no",
+                ok,
                 f"last {sps.last:,.0f}, median {med:,.0f} (TensorBoard charts/sps)",
             )
         )
@@ -114,7 +111,7 @@ def build_verdicts(report: Report) -> None:
 
     d = report.run.run_dir / "checkpoints"
     n = len([p for p in d.glob("ckpt_*.pt")]) if d.is_dir() else 0
-    v.append(("checkpoint written", "yes" if n else "no", f"{n} file(s) in checkpoints/"))
+    v.append(verdict("checkpoint written", n > 0, f"{n} file(s) in checkpoints/"))
 
 
 def lost_workers(db: Path) -> list[int]:
