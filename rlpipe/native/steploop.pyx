@@ -102,7 +102,7 @@ cdef class StepLoop:
     cdef object check_obs
     cdef object violation
     cdef object timeout_exc
-    cdef Py_ssize_t env_lo
+    cdef Py_ssize_t id_lo  # global id of the table's first env (EnvTable.id_lo)
     cdef double[::1] ep_return
     cdef int64_t[::1] ep_len
     cdef float[::1] r_reward
@@ -126,7 +126,7 @@ cdef class StepLoop:
         self.check_obs = check_obs
         self.violation = violation
         self.timeout_exc = timeout_exc
-        self.env_lo = table.env_lo
+        self.id_lo = table.id_lo
         self.ep_return = table.ep_return
         self.ep_len = table.ep_len
         self.r_reward = results["reward"]
@@ -212,7 +212,7 @@ cdef class StepLoop:
         cdef Py_ssize_t env_id
         for j in range(hi - lo):
             i = lo + j
-            env_id = self.env_lo + i
+            env_id = self.id_lo + i
             serial += 1
             try:
                 self.armed[0] = serial

@@ -38,11 +38,13 @@ class EnvFault:
 
 
 class EnvTable:
-    """Envs [env_lo, env_lo + n) of one worker, writing into staging rows for the board."""
+    """Envs [id_lo, id_lo + n) of one worker, writing into staging rows for the board. `id_lo`
+    is the global id of its first env (with a rank's offset under torchrun): the id every env,
+    fault and lifecycle event is named by; the rows are local (0..n)."""
 
     def __init__(
         self,
-        env_lo: int,
+        id_lo: int,
         type_index: np.ndarray,
         names: tuple[str, ...],
         specs: tuple[EnvSpec, ...],
@@ -53,7 +55,7 @@ class EnvTable:
         final_staging: list[np.ndarray] | None = None,
         final_all: bool = False,
     ):
-        self.env_lo = env_lo
+        self.id_lo = id_lo
         self.n = len(type_index)
         self.type_index = type_index
         self.names = names
@@ -98,7 +100,7 @@ class EnvTable:
 
     def _build(self, i: int):
         t = self.type_index[i]
-        env_id = self.env_lo + i
+        env_id = self.id_lo + i
         # A rebuilt env gets a fresh seed so it does not replay the episode that broke it.
         seed = self.seed + env_id + 1_000_003 * int(self.rebuilds[i])
         return harness.build(self.factories[t], env_id, seed)
@@ -109,7 +111,7 @@ class EnvTable:
 
     def _fault(self, i: int, exc: BaseException) -> None:
         kind = "env_quarantine" if isinstance(exc, ContractViolation) else "env_crash"
-        env_id = self.env_lo + i
+        env_id = self.id_lo + i
         self.faults.append(EnvFault(env_id, kind, error_record(env_id, self.names[self.type_index[i]], exc)))
 
     def start(self, i: int) -> None:
@@ -117,7 +119,7 @@ class EnvTable:
         for _attempt in range(MAX_BUILD_ATTEMPTS):
             try:
                 self.envs[i] = self._build(i)
-                self._write(i, harness.reset(self.specs[self.type_index[i]], self.envs[i], self.env_lo + i))
+                self._write(i, harness.reset(self.specs[self.type_index[i]], self.envs[i], self.id_lo + i))
                 break
             except Exception as exc:  # the env is broken, not the worker: record and rebuild
                 self._fault(i, exc)
@@ -125,7 +127,7 @@ class EnvTable:
                 self.rebuilds[i] += 1
         else:
             raise RuntimeError(
-                f"env {self.env_lo + i} ({self.names[self.type_index[i]]}) failed to "
+                f"env {self.id_lo + i} ({self.names[self.type_index[i]]}) failed to "
                 f"build {MAX_BUILD_ATTEMPTS} times in a row: {self.faults[-1].record['message']}"
             )
         self.ep_return[i] = 0.0
@@ -133,7 +135,7 @@ class EnvTable:
 
     def _discard(self, i: int) -> None:
         env, self.envs[i] = self.envs[i], None
-        harness.close(env, self.env_lo + i)
+        harness.close(env, self.id_lo + i)
 
     def close_all(self) -> None:
         for i in range(self.n):
@@ -160,7 +162,7 @@ class EnvTable:
         final) with length 0 when no episode finished at this step; `final`: the end obs of a
         time-limit truncation was written to the env's final-obs rows."""
         t = self.type_index[i]
-        env_id = self.env_lo + i
+        env_id = self.id_lo + i
         try:
             t0 = time.perf_counter()
             obs, reward, terminated, truncated, _info = self.envs[i].step(env_id, action)
@@ -247,7 +249,7 @@ class EnvTable:
         """Env i's step ran past the deadline; a new env takes the id. An interrupted step
         (the inline deadline raised inside it) left its env idle, so it is closed; an abandoned
         one's thread keeps the old env object (never closed here, it may still be inside step)."""
-        env_id = self.env_lo + i
+        env_id = self.id_lo + i
         self.hangs += 1
         self.faults.append(EnvFault(env_id, "env_hang", error_record(env_id, self.names[self.type_index[i]], exc)))
         if interrupted:
