@@ -1,135 +1,120 @@
-"""The doorbells between the driver and its workers: one AF_UNIX SOCK_SEQPACKET connection per
-worker process, carrying the fixed frames of `rlpipe.protocol` (RING up, ACT down).
+"""The doorbells between the driver and its workers: futex words in shared memory
+(`rlpipe.native.bell`), no socket.
 
-Why not ZMQ (which the lifecycle feed still uses): a ZMQ send hands the frame to the sender's
-IO thread, which writes it to the socket, where the receiver's IO thread reads it and wakes the
-receiving thread: four threads and three wakeups per doorbell, on a machine where a hundred
-workers already share two cores. A SEQPACKET send is one system call that wakes the receiver
-directly, keeps frame boundaries, and is reliable and ordered per connection.
-`benchmarks/doorbell.py` runs the two transports in the same loop; what it measured is in
-docs/benchmarks.md.
+Driver -> worker ("act"): the driver writes a slice's actions, stores `seq + 1` in the
+slice's act word in the worker's segment and rings the worker's bell (a line of that
+segment's header). Worker -> driver ("done"): the worker publishes a slice, stores `seq + 1`
+in its done word and rings the driver's bell, one page (`rlpipe_<run>_bell`) that every
+worker maps. A ring is an atomic add, plus one FUTEX_WAKE when the other side sleeps; a wait
+is one FUTEX_WAIT. The SEQPACKET connection per worker this replaced cost nine system calls
+per round trip (poll and recv before each frame, a second recv to find the socket empty, a
+kernel buffer per send); this costs two. `benchmarks/doorbell.py` runs both in the same
+loop; what it measured is in docs/benchmarks.md.
 
-A worker connects at start and says HELLO (its id and generation) first, so the driver can
-reach it (a STOP) before its first ring; a connection closes when either side's process
-goes, which each side reads as the other gone.
+What the sockets also told, said otherwise: STOP is a word of the worker's header (with its
+bell rung); a worker sees its driver gone when a wait times out (worker.doorbell_timeout_s)
+and the driver's pid is gone; the driver sees a worker gone by its process (the watchdog).
+A replaced generation's segment leaves the driver's scan before the new one is made, so its
+late rings are read by nobody.
 """
 
 from __future__ import annotations
 
-import select
-import socket
-from pathlib import Path
+import numpy as np
 
-from rlpipe.protocol import ACT, HELLO_SLICE, RING, STOP_SLICE
+from rlpipe.native.bell import BELL_BYTES, STOP, RingBoard, WorkerBell, ring, wake
+from rlpipe.shm.layout import H_PID, H_STOP, WorkerViews
+from rlpipe.shm.segment import Segment, segment_name
 
-SOCKET_NAME = "doorbell.sock"  # in the run's socket dir
-FRAME_MAX = 64  # bigger than any frame: a short read would mean a foreign peer
-SEND_TIMEOUT_S = 1.0  # a worker's ring waits this long for room (a drowning driver), then gives up
+BELL_PART = "bell"  # the driver's bell page: rlpipe_<run>_bell
+BELL_PAGE_BYTES = 4096
+STOP_SLICE = STOP  # DoorbellClient.take's slice once the driver has asked the worker to stop
 
 
 class DoorbellServer:
-    """The driver's end: a listening socket and every worker's connection, in one epoll set."""
+    """The driver's end: its bell page, and the done words of every worker's current segment
+    as slots (worker k's slices are slots [slot_lo, slot_lo + slices))."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        path.unlink(missing_ok=True)  # a killed driver's (a resumed run, a restarted rank)
-        self.listener.bind(str(path))
-        self.listener.listen(4096)
-        self.listener.setblocking(False)
-        self.epoll = select.epoll()
-        self.epoll.register(self.listener.fileno(), select.EPOLLIN)
-        self.conns: dict[int, socket.socket] = {}
+    def __init__(self, run_id: str, n_slots: int):
+        self.segment = Segment.create(segment_name(run_id, BELL_PART), BELL_PAGE_BYTES)
+        self.name = self.segment.name
+        bell = np.frombuffer(self.segment.buf, dtype=np.uint8, count=BELL_BYTES)  # keeps the page mapped
+        self.board = RingBoard(self.segment.base, n_slots, bell)
 
-    def poll(self, timeout_ms: int) -> list[tuple[socket.socket, bytes]]:
-        """Frames the workers sent, waiting up to `timeout_ms` for the first (new connections
-        are taken in on the way; a closed one is dropped)."""
-        frames: list[tuple[socket.socket, bytes]] = []
-        for fd, _events in self.epoll.poll(timeout_ms / 1000.0):
-            if fd == self.listener.fileno():
-                self._accept()
-                continue
-            conn = self.conns.get(fd)
-            while conn is not None:
-                try:
-                    data = conn.recv(FRAME_MAX)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    data = b""
-                if not data:  # the worker process is gone
-                    self._drop(fd)
-                    break
-                frames.append((conn, data))
-        return frames
+    def attach(self, worker_id: int, slot_lo: int, n_slices: int, views: WorkerViews) -> None:
+        """A new generation's segment: its slices' rings are read from now on."""
+        self.board.attach(worker_id, slot_lo, n_slices, views.done_addr, views.done_words)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except BlockingIOError:
-                return
-            conn.setblocking(False)
-            self.conns[conn.fileno()] = conn
-            self.epoll.register(conn.fileno(), select.EPOLLIN)
+    def detach(self, worker_id: int, slot_lo: int, n_slices: int) -> None:
+        """Before a segment goes: its slices are read no more."""
+        if self.board is not None:  # closed: nothing is read anyway
+            self.board.detach(worker_id, slot_lo, n_slices)
 
-    def _drop(self, fd: int) -> None:
-        conn = self.conns.pop(fd)
-        self.epoll.unregister(fd)
-        conn.close()
+    def take(self, timeout_ms: int) -> list[tuple[int, int, int]]:
+        """(worker id, slice, seq) of every ring since the last call, waiting up to `timeout_ms`
+        for the first."""
+        return self.board.take(timeout_ms)
 
     def close(self) -> None:
-        for fd in list(self.conns):
-            self._drop(fd)
-        self.epoll.close()
-        self.listener.close()
-        self.path.unlink(missing_ok=True)
+        if self.segment is None:
+            return
+        self.board.close()
+        self.board = None
+        self.segment.unlink()
+        self.segment.close()
+        self.segment = None
 
 
-def send_act(conn: socket.socket | None, slice_index: int, seq: int) -> bool:
-    """Ring a worker: the actions of step `seq` of a slice are written (STOP_SLICE: stop).
-    False when it cannot take it now: not connected yet, gone, or its queue is full."""
-    if conn is None:
+def send_act(views: WorkerViews | None, slice_index: int, seq: int) -> bool:
+    """Ring a worker: the actions of step `seq` of a slice are written. False with no segment."""
+    if views is None:
         return False
-    try:
-        conn.send(ACT.pack(slice_index, seq))
-        return True
-    except OSError:  # BlockingIOError (full), BrokenPipeError, a closed socket
+    ring(views.act_addr + 8 * slice_index, seq + 1, views.bell_addr)
+    return True
+
+
+def send_stop(views: WorkerViews | None) -> bool:
+    """Ask a worker to stop; False when it cannot hear it yet (no segment, or its process has
+    not attached: it has no SIGTERM handler of its own before then either)."""
+    if views is None or not views.load(H_PID):
         return False
+    ring(views.header_addr + H_STOP, 1, views.bell_addr)
+    return True
+
+
+def wake_worker(views: WorkerViews) -> None:
+    """Ring a worker's bell with nothing new: it wakes and looks at its header (a revoked
+    generation leaves at once rather than at its next wait's timeout)."""
+    wake(views.bell_addr)
 
 
 class DoorbellClient:
-    """A worker's end: one connection to the driver."""
+    """A worker's end: its act and done words and bell, and the driver's bell page."""
 
-    def __init__(self, path: str, worker_id: int, generation: int):
-        self.worker_id, self.generation = worker_id, generation
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.connect(path)
-        self.sock.settimeout(SEND_TIMEOUT_S)
-        self.poller = select.poll()
-        self.poller.register(self.sock.fileno(), select.POLLIN)
-        self.ring(HELLO_SLICE, 0)
+    def __init__(self, bell_segment: str, views: WorkerViews, n_slices: int):
+        self.segment = Segment.attach(bell_segment)
+        driver_bell = np.frombuffer(self.segment.buf, dtype=np.uint8, count=BELL_BYTES)
+        self.bell = WorkerBell(
+            views.act_addr,
+            views.done_addr,
+            views.header_addr + H_STOP,
+            views.bell_addr,
+            self.segment.base,
+            n_slices,
+            (views.act_words, views.done_words, driver_bell),
+        )
 
-    def ring(self, slice_index: int, seq: int) -> bool:
-        """Tell the driver step `seq` of a slice is published; False if it could not be told
-        (gone, or no room for SEND_TIMEOUT_S): the caller's loop checks on the driver."""
-        try:
-            self.sock.send(RING.pack(self.worker_id, slice_index, self.generation, seq))
-            return True
-        except OSError:  # TimeoutError, BrokenPipeError, ConnectionResetError
-            return False
+    def take(self, timeout_ms: int) -> tuple[int, int] | None:
+        """The next (slice, seq) to step, (STOP_SLICE, 0) once asked to stop, or None when
+        nothing came within `timeout_ms` (0: do not wait; a signal can end a wait early)."""
+        return self.bell.take(timeout_ms)
 
-    def wait(self, timeout_ms: int) -> bool:
-        """Whether a frame (or the driver's hang-up) is waiting, within `timeout_ms`."""
-        return bool(self.poller.poll(timeout_ms))
-
-    def recv(self) -> tuple[int, int]:
-        """The next (slice, seq); (STOP_SLICE, 0) once the driver has hung up."""
-        try:
-            data = self.sock.recv(FRAME_MAX)
-        except OSError:
-            data = b""
-        return ACT.unpack(data) if data else (STOP_SLICE, 0)
+    def ring(self, slice_index: int, seq: int) -> None:
+        """Tell the driver step `seq` of a slice is published."""
+        self.bell.ring(slice_index, seq)
 
     def close(self) -> None:
-        self.sock.close()
+        self.bell = None
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
