@@ -1,7 +1,7 @@
 """What the driver, the learner and the workers agree on, in one place: how a worker's envs
 split into slices, what the learner may use of a worker to serve its slices, and the names of
 the Redis keys and channels they share (the doorbells, words in shared memory, are
-`rlpipe.doorbell`'s). Every side imports these; none spells them out."""
+`rlpipe.shm.doorbell`'s). Every side imports these; none spells them out."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The driver/worker doorbells (rlpipe.doorbell over rlpipe.native.bell): act down and done
+"""The driver/worker doorbells (rlpipe.shm.doorbell over rlpipe.native.bell): act down and done
 up through words in the worker's segment, a wait that sleeps in the kernel until a ring (in
 another process too) and no longer than its timeout, STOP, a replaced generation's rings
 going unread, signals handled during a wait, and no fd but the mappings' at either end."""
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from rlpipe.doorbell import STOP_SLICE, DoorbellClient, DoorbellServer, send_act, send_stop, wake_worker
+from rlpipe.shm.doorbell import STOP_SLICE, DoorbellClient, DoorbellServer, send_act, send_stop, wake_worker
 from rlpipe.shm.layout import H_PID, WorkerLayout, WorkerViews
 from rlpipe.shm.segment import Segment, new_run_id, segment_name
 from rlpipe.spec import ObsKey

@@ -173,7 +173,7 @@ class WorkerViews:
         self.results = {name: view(spec) for name, spec in layout.results.items()}
         self.actions = {name: view(spec) for name, spec in layout.actions.items()}
         self.error_log_buf = np.frombuffer(buf, dtype=np.uint8, count=ERROR_LOG_BYTES, offset=layout.error_log_off)
-        # the doorbell words (rlpipe.doorbell); the views also keep the mapping alive for the
+        # the doorbell words (rlpipe.shm.doorbell); the views also keep the mapping alive for the
         # native code that holds their addresses
         self.act_words = np.frombuffer(buf, dtype=np.uint64, count=n, offset=layout.act_off)
         self.done_words = np.frombuffer(buf, dtype=np.uint64, count=n, offset=layout.done_off)

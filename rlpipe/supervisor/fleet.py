@@ -15,11 +15,11 @@ from typing import Callable
 import redis
 
 from rlpipe.config import RunSpec
-from rlpipe.doorbell import DoorbellServer
 from rlpipe.envs.registry import MixPlan, preload_modules
 from rlpipe.learner.slices import SliceRef
 from rlpipe.procs import cpu_seconds, parent_pid
 from rlpipe.protocol import epsilon_channel, slice_bounds
+from rlpipe.shm.doorbell import DoorbellServer
 from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos

@@ -11,9 +11,9 @@ import time
 import numpy as np
 
 from rlpipe.config import RunSpec
-from rlpipe.doorbell import DoorbellServer, send_act, send_stop, wake_worker
 from rlpipe.envs.registry import MixPlan
 from rlpipe.protocol import reward_stats_key, slice_bounds
+from rlpipe.shm.doorbell import DoorbellServer, send_act, send_stop, wake_worker
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
 from rlpipe.shm.segment import Segment, segment_name

@@ -16,13 +16,13 @@ import redis
 import zmq
 
 from rlpipe.cadence import Every
-from rlpipe.doorbell import STOP_SLICE, DoorbellClient
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
 from rlpipe.lifecycle import LifecycleClient
 from rlpipe.native.board import store_u64
 from rlpipe.procs import die_with_parent, pid_alive
 from rlpipe.protocol import epsilon_channel, reward_stats_key, slice_bounds, worker_key
+from rlpipe.shm.doorbell import STOP_SLICE, DoorbellClient
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.layout import (
     H_AWAKE,
