@@ -7,8 +7,9 @@ segment's header). Worker -> driver ("done"): the worker publishes a slice, stor
 in its done word and rings the driver's bell, one page (`rlpipe_<run>_bell`) that every
 worker maps. A ring is an atomic add, plus one FUTEX_WAKE when the other side sleeps; a wait
 is one FUTEX_WAIT. The SEQPACKET connection per worker this replaced cost nine system calls
-per round trip (poll and recv before each frame, a second recv to find the socket empty, a
-kernel buffer per send); this costs two. `benchmarks/doorbell.py` runs both in the same
+per round trip (the worker's poll for a frame and, its socket having a send timeout, Python's
+poll before each recv and send; the driver's second recv to find a socket empty; a kernel
+buffer per send); this costs about two. `benchmarks/doorbell.py` runs both in the same
 loop; what it measured is in docs/benchmarks.md.
 
 What the sockets also told, said otherwise: STOP is a word of the worker's header (with its
