@@ -24,7 +24,12 @@ What a ring carries is one uint64 word per slice in the worker's segment (rlpipe
 There is one request in flight per slice (the driver answers a ring, the worker rings the
 next step only once it has stepped), so a word never has to hold two: a new value is a new
 ring. The driver scans the done words of every worker's current segment (`RingBoard`), so a
-replaced generation's late ring lands in a segment nobody reads.
+replaced generation's late ring lands in a segment nobody reads. A worker's STOP is a header
+word it looks at before its act words.
+
+A wait also ends at its timeout, or at a signal (whose Python handler runs before the wait
+returns: a worker's OS beat, a driver's SIGTERM), so a caller looks around (is its driver
+alive, its generation current) at least that often.
 """
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
@@ -148,11 +153,13 @@ cdef class WorkerBell:
         cdef uint32_t seen
         if s == self.n_slices and timeout_ms != 0:
             seen = rl_bell_arm(self.bell)
-            s = self._scan()
-            if s == self.n_slices:
-                _sleep(self.bell, seen, timeout_ms)
+            try:
                 s = self._scan()
-            rl_bell_disarm(self.bell)
+                if s == self.n_slices:
+                    _sleep(self.bell, seen, timeout_ms)
+                    s = self._scan()
+            finally:  # a signal handler's exception too: the driver stops waking us for nothing
+                rl_bell_disarm(self.bell)
         if s == SCAN_STOP:
             return (STOP, 0)
         if s == self.n_slices:
@@ -233,11 +240,13 @@ cdef class RingBoard:
         cdef uint32_t seen
         if not out and timeout_ms != 0:
             seen = rl_bell_arm(self.bell)
-            out = self._scan()
-            if not out:
-                _sleep(self.bell, seen, timeout_ms)
+            try:
                 out = self._scan()
-            rl_bell_disarm(self.bell)
+                if not out:
+                    _sleep(self.bell, seen, timeout_ms)
+                    out = self._scan()
+            finally:
+                rl_bell_disarm(self.bell)
         return out
 
     def close(self):
