@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import load_benchmark
 from rlpipe.shm.doorbell import STOP_SLICE, DoorbellClient, DoorbellServer, send_act, send_stop, wake_worker
 from rlpipe.shm.layout import H_PID, WorkerLayout, WorkerViews
 from rlpipe.shm.segment import Segment, new_run_id, segment_name
@@ -236,3 +237,16 @@ def test_each_end_holds_only_its_mappings_fds():
     fx.close()
     fx.server.close()  # a second close does nothing
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_benchmark_runs_both_transports_in_its_loop(short_tmp):
+    """benchmarks/doorbell.py's SEQPACKET and futex rows, tiny: each counts round trips and
+    the CPU they took (figures printed by the script, never asserted on here)."""
+    bench = load_benchmark("doorbell")
+    bench.WARMUP_S = 0.2
+    for name, run in (("seqpacket", bench._seqpacket), ("futex", bench._futex)):
+        d = short_tmp / name
+        d.mkdir()
+        row = run(2, 0, 0.5, str(d))
+        assert row["round_trips_per_s"] > 0 and row["env_steps_per_s"] == 0, (name, row)
+        assert row["cpu_us_per_round_trip"] > 0, (name, row)
