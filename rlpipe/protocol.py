@@ -1,26 +1,16 @@
-"""What the driver, the learner and the workers agree on, in one place: the doorbell frames
-they send (small fixed structs, never pickles; the sockets are `rlpipe.doorbell`'s), how a
-worker's envs split into slices, what the learner may use of a worker to serve its slices,
-and the names of the Redis keys and channels they share. Every side imports these; none spells them out."""
+"""What the driver, the learner and the workers agree on, in one place: how a worker's envs
+split into slices, what the learner may use of a worker to serve its slices, and the names of
+the Redis keys and channels they share (the doorbells, words in shared memory, are
+`rlpipe.shm.doorbell`'s). Every side imports these; none spells them out."""
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
 
     from rlpipe.shm.layout import WorkerViews
-
-# --- doorbell frames -------------------------------------------------------------------------
-
-# worker -> learner: "slice `slice` of worker `worker` (generation) has published step `seq`"
-RING = struct.Struct("<IIIQ")
-HELLO_SLICE = 0xFFFFFFFF  # a RING with this slice: a worker's first frame on its connection
-# learner -> worker: "actions for step `seq` of slice `slice` are in the action arrays"
-ACT = struct.Struct("<IQ")
-STOP_SLICE = 0xFFFFFFFF
 
 
 def slice_bounds(n_envs: int, slices: int) -> list[tuple[int, int]]:
@@ -44,7 +34,8 @@ class SliceSource(Protocol):
     views: WorkerViews  # the current generation's shared memory
 
     def ring(self, slice_index: int, seq: int) -> bool:
-        """Tell the worker the actions of step `seq` of a slice are written; False if no peer."""
+        """Tell the worker the actions of step `seq` of a slice are written; False if it has
+        no segment."""
 
 
 # --- Redis key names -------------------------------------------------------------------------

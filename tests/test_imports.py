@@ -18,7 +18,6 @@ BASE = (
     "rlpipe",
     "rlpipe.spec",
     "rlpipe.protocol",
-    "rlpipe.doorbell",
     "rlpipe.redis_client",
     "rlpipe.files",
     "rlpipe.procs",

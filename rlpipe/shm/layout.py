@@ -14,6 +14,9 @@ writer notices and stops.
                         final obs of time-limit truncations (one row per env and key)
     actions             policy action (discrete i32, continuous f32[cont_dim]), logp, alternative
     error log (1 MiB)  the worker's ERROR records, pulled by the driver's aggregator
+    doorbell words      per slice (n words, slices <= envs): act (driver -> worker), done
+                        (worker -> driver); the worker's bell is a line of the header
+                        (rlpipe.native.bell)
 """
 
 from __future__ import annotations
@@ -29,15 +32,29 @@ from rlpipe.spec import ObsKey
 ALIGN = 64
 HEADER_BYTES = 4096
 CTRL_BYTES = 64
-MAGIC = 0x726C70697065_0002  # "rlpipe" + layout version (2: final-obs rows)
+MAGIC = 0x726C70697065_0003  # "rlpipe" + layout version (3: futex doorbells)
 
 # header word offsets (uint64 each); H_BUILT: envs built so far (the watchdog's start-up
 # progress); H_LC_DROPPED: lifecycle events the worker dropped at its ZMQ high-water mark;
 # H_ENV_LEAK: the bytes its envs say they leak on purpose (an emulator's `leaked_bytes`), so
-# the driver can tell the worker's own RSS from an emulated leak
-(H_MAGIC, H_GENERATION, H_PID, H_OS_BEAT_NS, H_STEPS, H_READY, H_AWAKE, H_BUILT, H_LC_DROPPED, H_ENV_LEAK) = (
-    8 * i for i in range(10)
-)
+# the driver can tell the worker's own RSS from an emulated leak; H_STOP: nonzero once the
+# driver asks the worker to stop (with its bell rung)
+(
+    H_MAGIC,
+    H_GENERATION,
+    H_PID,
+    H_OS_BEAT_NS,
+    H_STEPS,
+    H_READY,
+    H_AWAKE,
+    H_BUILT,
+    H_LC_DROPPED,
+    H_ENV_LEAK,
+    H_STOP,
+) = (8 * i for i in range(11))
+# the worker's bell (rlpipe.native.bell): a cache line of its own, away from the words above
+# that the worker writes on every step
+H_BELL = 1024
 
 
 def align(n: int) -> int:
@@ -55,6 +72,8 @@ class WorkerLayout:
     results: dict  # field -> (offset, dtype, per-env shape)
     actions: dict
     error_log_off: int  # ERROR_LOG_BYTES of JSON error records (rlpipe.shm.errorlog)
+    act_off: int  # per slice: uint64 `seq + 1` of the step whose actions are written (driver)
+    done_off: int  # per slice: uint64 `seq + 1` of the step published (worker)
     size: int
 
     @classmethod
@@ -114,8 +133,23 @@ class WorkerLayout:
         )
         log_off = off
         off += ERROR_LOG_BYTES
+        # one word per slice, sized for the most slices a worker can have (one per env); each
+        # array on lines of its own, as each has one writer
+        act_off, done_off = off, off + align(n_envs * 8)
+        off = done_off + align(n_envs * 8)
         return cls(
-            n_envs, obs_keys, cont_dim, ctrl_off, tuple(key_offsets), tuple(strides), results, actions, log_off, off
+            n_envs,
+            obs_keys,
+            cont_dim,
+            ctrl_off,
+            tuple(key_offsets),
+            tuple(strides),
+            results,
+            actions,
+            log_off,
+            act_off,
+            done_off,
+            off,
         )
 
 
@@ -139,6 +173,12 @@ class WorkerViews:
         self.results = {name: view(spec) for name, spec in layout.results.items()}
         self.actions = {name: view(spec) for name, spec in layout.actions.items()}
         self.error_log_buf = np.frombuffer(buf, dtype=np.uint8, count=ERROR_LOG_BYTES, offset=layout.error_log_off)
+        # the doorbell words (rlpipe.shm.doorbell); the views also keep the mapping alive for the
+        # native code that holds their addresses
+        self.act_words = np.frombuffer(buf, dtype=np.uint64, count=n, offset=layout.act_off)
+        self.done_words = np.frombuffer(buf, dtype=np.uint64, count=n, offset=layout.done_off)
+        self.act_addr, self.done_addr = segment.base + layout.act_off, segment.base + layout.done_off
+        self.bell_addr = segment.base + H_BELL
         self.board = BoardView(
             segment.base,
             layout.ctrl_off,
@@ -160,3 +200,4 @@ class WorkerViews:
 
     def release(self) -> None:
         self.header = self.results = self.actions = self.board = self.error_log_buf = None
+        self.act_words = self.done_words = None

@@ -200,7 +200,7 @@ class Driver:
                 poll_ms = 10
                 if held and learner.updating and learner.backlogged:
                     # everything waits for the running update: return the moment it ends
-                    # rather than at the end of a doorbell poll (doorbells keep in the socket)
+                    # rather than at the end of a doorbell poll (rings keep in their done words)
                     marks.phase = "waiting for the PPO update (backlog held)"
                     learner.wait_update(0.01)
                     poll_ms = 0

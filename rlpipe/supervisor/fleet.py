@@ -15,11 +15,11 @@ from typing import Callable
 import redis
 
 from rlpipe.config import RunSpec
-from rlpipe.doorbell import SOCKET_NAME as DOORBELL_SOCKET, DoorbellServer
 from rlpipe.envs.registry import MixPlan, preload_modules
 from rlpipe.learner.slices import SliceRef
 from rlpipe.procs import cpu_seconds, parent_pid
-from rlpipe.protocol import HELLO_SLICE, RING, epsilon_channel
+from rlpipe.protocol import epsilon_channel, slice_bounds
+from rlpipe.shm.doorbell import DoorbellServer
 from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
@@ -88,7 +88,7 @@ class Fleet:
         self.versions: dict[str, str] = {}
         self.sections: dict = {}  # every WorkerSpec's conf/ sections (built in start)
         self.ctx = None  # the multiprocessing context workers start from
-        self.doorbells: DoorbellServer | None = None  # every worker's doorbell connection
+        self.doorbells: DoorbellServer | None = None  # the driver's bell and every worker's done words
         self.handles: list[WorkerHandle] = []
         self.by_id: dict[int, WorkerHandle] = {}
         self.n_slices = 0
@@ -116,7 +116,6 @@ class Fleet:
         spec, services = self.spec, self.services
         self.plan, self.versions = plan, versions
         self.sections = worker_sections(spec)
-        self.doorbells = DoorbellServer(services.sock_dir / DOORBELL_SOCKET)
         multiprocessing_temp_dir(self.run_id)
         self.ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
         g = spec.groups
@@ -138,8 +137,10 @@ class Fleet:
             if spec.chaos.enabled
             else None
         )
+        slices = [len(slice_bounds(hi - lo, spec.worker.slices)) for lo, hi in ranges]
+        self.doorbells = DoorbellServer(self.run_id, sum(slices))  # before any worker's segment
         for k, (lo, hi) in enumerate(ranges):
-            h = WorkerHandle(k, lo, hi, spec, plan, self.run_id)
+            h = WorkerHandle(k, lo, hi, spec, plan, self.run_id, self.doorbells, sum(slices[:k]))
             h.awake = self.schedule.awake[k]
             h.on_retire = self._retire
             self.handles.append(h)
@@ -179,7 +180,7 @@ class Fleet:
             cont_dim=plan.actions.cont_dim,
             locked_board=spec.buffer.sync == "lock",
             seed=spec.run.seed,
-            doorbell_path=str(self.doorbells.path),
+            doorbell_segment=self.doorbells.name,
             lifecycle_endpoint=services.endpoint(LIFECYCLE_ENDPOINT),
             redis_url=services.redis.url,
             driver_pid=os.getpid(),
@@ -267,16 +268,10 @@ class Fleet:
         """The doorbells rung since the last turn (waiting up to `poll_ms` for the first): the
         awake workers' slices to serve. A dormant group's rings are parked until its wake."""
         refs: list[SliceRef] = []
-        for conn, frame in self.doorbells.poll(poll_ms):
-            if len(frame) != RING.size:
-                continue  # not one of our workers
-            w, s, gen, seq = RING.unpack(frame)
-            h = self.by_id.get(w)
-            if h is None or gen != h.generation:
-                continue  # a replaced generation's late doorbell
-            if s == HELLO_SLICE:
-                h.conn = conn  # the driver can ring (or stop) this process from now on
-                continue
+        by_id = self.by_id
+        for w, s, seq in self.doorbells.take(poll_ms):  # the current generations' rings only
+            h = by_id[w]
+            gen = h.generation
             ref = SliceRef(h, s, seq, gen)
             if not h.awake:
                 h.parked.append(ref)  # dormant: built, not stepped until its wake

@@ -18,7 +18,6 @@ import redis
 import zmq
 
 from rlpipe.cadence import Every
-from rlpipe.doorbell import SOCKET_NAME as DOORBELL_SOCKET
 from rlpipe.lifecycle import LifecycleWriter
 from rlpipe.procs import pid_alive
 from rlpipe.protocol import run_key
@@ -36,7 +35,7 @@ REDIS_CHECK_S = 5.0  # how often a dead embedded Redis is looked for
 
 REDIS_SOCKET = "redis.sock"  # the embedded redis-server's, in the run's socket dir
 LIFECYCLE_ENDPOINT = "lifecycle"  # the lifecycle feed's ZMQ endpoint name (`Services.endpoint`)
-SOCKET_NAMES = (f"{LIFECYCLE_ENDPOINT}.ipc", REDIS_SOCKET, DOORBELL_SOCKET)  # every socket of the run
+SOCKET_NAMES = (f"{LIFECYCLE_ENDPOINT}.ipc", REDIS_SOCKET)  # every socket of the run
 
 
 def socket_dir(run_dir: Path, run_id: str) -> Path:

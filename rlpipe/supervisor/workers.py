@@ -1,4 +1,4 @@
-"""Worker processes as seen from the driver: segment, doorbell socket, process, generation."""
+"""Worker processes as seen from the driver: segment, doorbell words, process, generation."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import time
 import numpy as np
 
 from rlpipe.config import RunSpec
-from rlpipe.doorbell import send_act
 from rlpipe.envs.registry import MixPlan
-from rlpipe.protocol import STOP_SLICE, reward_stats_key, slice_bounds
+from rlpipe.protocol import reward_stats_key, slice_bounds
+from rlpipe.shm.doorbell import DoorbellServer, send_act, send_stop, wake_worker
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
 from rlpipe.shm.segment import Segment, segment_name
@@ -44,7 +44,17 @@ def reward_stats_keys(spec: RunSpec, run_id: str) -> list[str]:
 
 
 class WorkerHandle:
-    def __init__(self, worker_id: int, env_lo: int, env_hi: int, spec: RunSpec, plan: MixPlan, run_id: str):
+    def __init__(
+        self,
+        worker_id: int,
+        env_lo: int,
+        env_hi: int,
+        spec: RunSpec,
+        plan: MixPlan,
+        run_id: str,
+        doorbells: DoorbellServer,
+        slot_lo: int,
+    ):
         self.worker_id = worker_id
         self.env_lo, self.env_hi = env_lo, env_hi
         self.n = env_hi - env_lo
@@ -55,7 +65,8 @@ class WorkerHandle:
         self.bounds = slice_bounds(self.n, spec.worker.slices)
         # env type index of each slice's envs (the learner's per-round lookups, made once)
         self.slice_types = [plan.env_type[env_lo + lo : env_lo + hi].astype(np.int64) for lo, hi in self.bounds]
-        self.conn = None  # this generation's doorbell connection, from its HELLO
+        self.doorbells = doorbells  # reads the done words of this handle's current segment
+        self.slot_lo = slot_lo  # its slices' first slot there
         self.generation = 0
         self.segment: Segment | None = None
         self.views: WorkerViews | None = None
@@ -72,8 +83,11 @@ class WorkerHandle:
     def _new_segment(self) -> None:
         """A fresh segment per generation: a replaced writer keeps only a dead mapping."""
         old = self.segment
+        n_slices = len(self.bounds)
         if old is not None:
+            self.doorbells.detach(self.worker_id, self.slot_lo, n_slices)  # its late rings go unread
             self.views.store(H_GENERATION, self.generation)  # revoke: the old writer's publishes fail
+            wake_worker(self.views)  # a writer still waiting for actions sees it now
             if self.on_retire is not None:
                 self.on_retire(self)  # last chance to read the old error log
             self.error_log.release()
@@ -86,6 +100,7 @@ class WorkerHandle:
         self.error_log = ErrorLog(self.views.error_log_buf, create=True)
         if self.spec.buffer.sync == "lock":
             self.views.board.init_locks(self.n)
+        self.doorbells.attach(self.worker_id, self.slot_lo, n_slices, self.views)
         if old is not None:
             old.unlink()
             old.close()
@@ -95,7 +110,6 @@ class WorkerHandle:
         self.generation += 1
         self._new_segment()
         self.views.store(H_AWAKE, int(self.awake))
-        self.conn = None  # the new process says HELLO on its own
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
 
@@ -113,12 +127,12 @@ class WorkerHandle:
         self.spawned_wall = time.time()
 
     def ring(self, slice_index: int, seq: int) -> bool:
-        # False: no live peer; the watchdog deals with the worker, not the learner
-        return send_act(self.conn, slice_index, seq)
+        # a dead worker's ring goes unanswered; the watchdog deals with the worker, not the learner
+        return send_act(self.views, slice_index, seq)
 
     def request_stop(self) -> bool:
-        """STOP over the doorbell; False if the worker cannot hear it (not connected yet)."""
-        return send_act(self.conn, STOP_SLICE, 0)
+        """STOP over the doorbell; False if the worker cannot hear it (not attached yet)."""
+        return send_stop(self.views)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
@@ -141,7 +155,8 @@ class WorkerHandle:
                     pass
 
     def close(self) -> None:
-        self.conn = None  # the doorbell server closes the connections
+        if self.segment is not None:
+            self.doorbells.detach(self.worker_id, self.slot_lo, len(self.bounds))
         if self.error_log is not None:
             self.error_log.release()
             self.error_log = None

@@ -217,7 +217,7 @@ class Engine:
                 acts["continuous"][lo:hi] = cont[a:b]
             self.held.discard(key)
             self.flight.add(key)
-            # False: the peer is gone; the fleet replaces it and its new generation rings
+            # a gone worker leaves it unanswered: the fleet replaces it and its new generation rings
             h.ring(ref.slice_index, ref.seq)
 
     def hand_out(self, keys) -> None:

@@ -16,13 +16,13 @@ import redis
 import zmq
 
 from rlpipe.cadence import Every
-from rlpipe.doorbell import DoorbellClient
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
 from rlpipe.lifecycle import LifecycleClient
 from rlpipe.native.board import store_u64
 from rlpipe.procs import die_with_parent, pid_alive
-from rlpipe.protocol import STOP_SLICE, epsilon_channel, reward_stats_key, slice_bounds, worker_key
+from rlpipe.protocol import epsilon_channel, reward_stats_key, slice_bounds, worker_key
+from rlpipe.shm.doorbell import STOP_SLICE, DoorbellClient
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.layout import (
     H_AWAKE,
@@ -161,7 +161,7 @@ class Worker:
             spec.lifecycle_endpoint, self.zctx, worker_id=spec.worker_id, generation=spec.generation
         )
         set_scheduling(spec.worker.cpu_affinity, spec.worker.sched_fifo, self.lifecycle)
-        self.doorbell = DoorbellClient(spec.doorbell_path, spec.worker_id, spec.generation)
+        self.doorbell = DoorbellClient(spec.doorbell_segment, views, len(self.bounds))
 
     # -- build: what stepping needs (envs themselves are built one by one in the loop) --------
     def build(self) -> None:
@@ -218,7 +218,8 @@ class Worker:
         are built only then, so a hundred dormant groups cost next to nothing."""
         doorbell, views, stopping = self.doorbell, self.views, self.stopping
         while not views.load(H_AWAKE) and not stopping:
-            if doorbell.wait(100) and doorbell.recv()[0] == STOP_SLICE:
+            act = doorbell.take(100)
+            if act is not None and act[0] == STOP_SLICE:  # (no actions come before a first ring)
                 stopping.append(True)
             elif not pid_alive(self.spec.driver_pid):
                 stopping.append(True)
@@ -232,11 +233,12 @@ class Worker:
         generation, driver_pid = self.generation, self.spec.driver_pid
         timeout_ms = int(self.spec.worker.doorbell_timeout_s * 1000)
         while not stopping:
-            if self.built < n and not doorbell.wait(0):
+            act = doorbell.take(0 if self.built < n else timeout_ms)
+            if act is None and self.built < n:
                 self.build_next_env()
                 continue
-            if doorbell.wait(timeout_ms):
-                s, seq = doorbell.recv()
+            if act is not None:
+                s, seq = act
                 if s == STOP_SLICE or not self.step_slice(s, seq):
                     break
             elif not pid_alive(driver_pid):
@@ -263,7 +265,7 @@ class Worker:
                 if not self.publish(lo, hi):
                     self.stopping.append(True)
                     break
-                self.doorbell.ring(s, 0)  # not heard: the loop checks on the driver
+                self.doorbell.ring(s, 0)
         if built == self.n:
             self.views.store(H_READY, self.n)
             self.startup_beat.stop()
@@ -309,7 +311,7 @@ class Worker:
             return False  # replaced: a successor owns these env ids now
         self.steps += hi - lo
         views.store(H_STEPS, self.steps)
-        self.doorbell.ring(s, seq + 1)  # not heard: the learner is gone or drowning; the loop checks
+        self.doorbell.ring(s, seq + 1)
         if table.faults:
             self.report_faults()
         return True

@@ -83,7 +83,7 @@ class WorkerSpec:
     # -- this run: its driver and services
     run_id: str
     driver_pid: int  # a worker whose driver is gone stops
-    doorbell_path: str  # the driver's doorbell socket (rlpipe.doorbell)
+    doorbell_segment: str  # the driver's bell page (rlpipe.shm.doorbell)
     lifecycle_endpoint: str
     redis_url: str  # the live service (embedded, or redis.url)
     # -- this run: env types and board
