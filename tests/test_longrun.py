@@ -192,7 +192,7 @@ def test_a_worker_tells_its_envs_emulated_leak_from_its_own_rss(short_tmp):
         "env_mix.types.unity_sim.leak_bytes_per_step=131072",  # 2 MiB per env after 16 steps
         "env_mix.types.unity_sim.leak_max_mb=2.0",
         "run.total_env_steps=null",
-        "run.duration_s=22",  # resources/ are charted every 10 s
+        "run.duration_s=30",  # resources/ are charted every 10 s, from the start-up on
         "logging.resources_interval_s=0.5",
     )
     assert out.returncode == 0, out.stderr[-3000:]
