@@ -18,6 +18,7 @@ measure a checkout other than the one .venv installs).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -100,6 +101,28 @@ def make_puffer(thunk, n: int, *, batch_size: int | None = None, zero_copy: bool
 # --- a child and everything it starts ----------------------------------------------------------
 
 
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when `parent` dies (PR_SET_PDEATHSIG): for a child
+    whose parent is SIGKILLed, where no `finally` runs. Run in the child, right after the
+    fork; `parent` is read before it (after, it may already be init's pid)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the prctl took: no signal will come
+        os._exit(1)
+
+
+def forks_die_with_their_parent() -> None:
+    """From now on every process forked here, and by those, dies with the process that forked
+    it (die_with_parent through os.register_at_fork; each fork's parent read before it)."""
+    forking = [0]
+
+    def before():
+        forking[0] = os.getpid()
+
+    os.register_at_fork(before=before, after_in_child=lambda: die_with_parent(forking[0]))
+
+
 def session_pids(sid: int) -> list[int]:
     """Live (not zombie) processes of session `sid`, from /proc."""
     pids = []
@@ -138,10 +161,19 @@ def end_session(sid: int, deadline_s: float = 10.0) -> None:
 def run_in_own_session(cmd: list[str], timeout: float) -> tuple[int | None, str, str]:
     """Run `cmd` in a session of its own: (its exit status, None past `timeout`; its stdout;
     its stderr). Every process of that session (PufferLib's workers among them) is killed and
-    gone before this returns, whatever the child did. Its output goes to files, not pipes: a
-    worker that inherited a pipe would hold it open after the child exits."""
+    gone before this returns, whatever the child did; the child dies with this process if this
+    one is SIGKILLed (its own children too where it calls forks_die_with_their_parent, as
+    engine_sps.py's PufferLib child does). Its output goes to files, not pipes: a worker that
+    inherited a pipe would hold it open after the child exits."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
         try:
             returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -27,7 +27,8 @@ wrapper: conf/env/cartpole.yaml sets neither make_kwargs nor wrappers):
   envs (EnvPool-style)`: zero_copy off, so a recv returns the first half of the workers back
   while the other half steps (baselines.puffer_half_batch; one worker has no such row). Each
   half of its windows runs in a child process in a session of its own, killed whole when it
-  ends (PufferLib's workers outlive a parent that dies: baselines.run_in_own_session).
+  ends, and which with its workers dies with this script even when it is SIGKILLed (PufferLib's
+  workers outlive a parent that dies: baselines.run_in_own_session).
 
 Each baseline figure is the median of 1-second windows of the same random-action loop (actions
 drawn with numpy for the batch a step returns), half taken before the engine runs of that
@@ -84,6 +85,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # baselines, shared with vector_sps.py
 
 from baselines import (  # noqa: E402
+    forks_die_with_their_parent,
     gym_thunk,
     make_puffer,
     puffer_half_batch,
@@ -344,6 +346,7 @@ def puffer_plan(n: int, row: str) -> dict | str:
 
 def puffer_windows(n: int, plan: dict, seconds: float) -> list[float]:
     """PUFFER_ROWS' windows, in this process: the child puffer_windows_in_child starts."""
+    forks_die_with_their_parent()  # PufferLib's workers die with this child, even SIGKILLed
     envs = make_puffer(make_env, n, batch_size=plan["batch"], zero_copy=plan["zero_copy"])
     try:
         envs.reset(seed=0)

@@ -4,18 +4,22 @@ layout resolved for the machine), `70` is the layout before auto, the 350x5 layo
 CPU or learner_core, and a malformed layout or mode is refused with the flag and what is
 allowed. Its PufferLib rows: one worker per CPU, the EnvPool-style batch half the workers'
 envs (none with one worker), skipped on one line that says how to install where pufferlib does
-not import (as under .venv), and their child leaves no process behind, hung or exited."""
+not import (as under .venv), and their child leaves no process behind, hung or exited, nor do
+its workers once it is SIGKILLed."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
-from conftest import compose_cfg, load_benchmark
+from conftest import REPO, compose_cfg, load_benchmark
 from rlpipe.config import run_spec
 from rlpipe.protocol import slice_bounds
 
@@ -147,3 +151,33 @@ def test_a_child_in_its_own_session_leaves_no_process_behind(parent_sleep):
     assert returncode == (None if parent_sleep else 0)
     assert time.monotonic() - t0 < 10.0
     assert gone(sleeper) and baselines.session_pids(child) == []
+
+
+def test_a_fork_after_forks_die_with_their_parent_is_killed_with_its_parent():
+    """PufferLib's workers when their child is SIGKILLed: a sleeper forked after
+    forks_die_with_their_parent goes with the process that forked it."""
+    script = (
+        f"import os, sys, time\nsys.path.insert(0, {str(REPO / 'benchmarks')!r})\n"
+        "from baselines import forks_die_with_their_parent\n"
+        "forks_die_with_their_parent()\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(w, b'1')\n"  # past the fork's hooks: its parent may go now
+        "    time.sleep(600)\n"
+        "os.read(r, 1)\n"
+        "print(pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    with tempfile.TemporaryFile("w+") as out:  # not a pipe: the sleeper would hold it open
+        subprocess.run([sys.executable, "-c", script], stdout=out, timeout=30)
+        out.seek(0)
+        sleeper = int(out.read())
+    try:
+        deadline = time.monotonic() + 5.0
+        while not gone(sleeper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(sleeper)
+    finally:
+        if not gone(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
