@@ -1,10 +1,14 @@
 """Env-steps/s of the full engine on CartPole (random actions, and PPO training with
-learner.backlog=hold and drop), beside Gymnasium's SyncVectorEnv and AsyncVectorEnv on the
-same envs, all in one run.
+learner.backlog=hold and drop), beside Gymnasium's SyncVectorEnv and AsyncVectorEnv and
+PufferLib's Multiprocessing on the same envs, all in one run.
 
     python benchmarks/engine_sps.py [--counts 1000 7000] [--ppo-counts 1000 7000]
                                     [--layouts auto 70] [--ppo-modes hold drop hold+null drop+null]
-                                    [--seconds 60] [--json] [hydra overrides for the engine...]
+                                    [--seconds 60] [--no-puffer] [--json]
+                                    [hydra overrides for the engine...]
+
+With the PufferLib rows, run it with the bench venv's python (benchmarks/baselines.py says
+how to make it): `PYTHONPATH=<checkout> /tmp/rlv-bench-venv/bin/python benchmarks/engine_sps.py`.
 
 Baselines are built exactly as the engine's adapter builds its envs
 (rlpipe.envs.classic.make_gym: `gym.make("CartPole-v1", disable_env_checker=True)`, no
@@ -15,10 +19,22 @@ wrapper: conf/env/cartpole.yaml sets neither make_kwargs nor wrappers):
   counts this machine can hold: per-env private memory is measured on a 16-env probe and the
   count is skipped (the reason printed) when it would need more than half of MemAvailable,
   more file descriptors than RLIMIT_NOFILE's hard limit, or more processes than RLIMIT_NPROC.
+* PufferLib's `Multiprocessing` (`pufferlib-core`; on by default where it imports, `--no-puffer`
+  leaves it out, and where it does not import one line says so and how to install it), each
+  env the same CartPole in PufferLib's GymnasiumPufferEnv, one worker process per CPU (it
+  refuses more than the physical cores; the most that divide the count), two rows:
+  `zero-copy, batch = all envs` (recv returns every env, read in place) and `batch = half the
+  envs (EnvPool-style)`: zero_copy off, so a recv returns the first half of the workers back
+  while the other half steps (baselines.puffer_half_batch; one worker has no such row). Each
+  half of its windows runs in a child process in a session of its own, killed whole when it
+  ends, and which with its workers dies with this script even when it is SIGKILLed (PufferLib's
+  workers outlive a parent that dies: baselines.run_in_own_session).
 
-Each baseline figure is the median of 1-second windows, half taken before the engine runs of
-that count and half after (the machine is shared and its speed drifts: both sides of every
-ratio see the drift; the halves are printed).
+Each baseline figure is the median of 1-second windows of the same random-action loop (actions
+drawn with numpy for the batch a step returns), half taken before the engine runs of that
+count and half after (the machine is shared and its speed drifts: both sides of every ratio
+see the drift; the halves are printed). A random-action engine row's notes also give its
+ratio to PufferLib's better row of that count (JSON `env_over_puffer_best`).
 
 Engine figures come from the run's own TensorBoard charts (one sample per 2 s): the windows
 in which every env was active (`envs/active` == env_count), the first such one dropped.
@@ -65,13 +81,26 @@ import numpy as np
 
 from rlpipe.telemetry.tb_events import read_scalars
 
-REPO = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # baselines, shared with vector_sps.py
+
+from baselines import (  # noqa: E402
+    forks_die_with_their_parent,
+    gym_thunk,
+    make_puffer,
+    puffer_half_batch,
+    puffer_missing,
+    puffer_workers,
+    run_in_own_session,
+)
+
+REPO = HERE.parent
 GYM_ID = "CartPole-v1"
 
 
-def make_env():
-    """As GymnasiumEnv builds CartPole (rlpipe.envs.classic.make_gym with the cartpole conf)."""
-    return gym.make(GYM_ID, disable_env_checker=True)
+# as GymnasiumEnv builds CartPole (rlpipe.envs.classic.make_gym with the cartpole conf), for
+# every baseline: SyncVectorEnv, AsyncVectorEnv and, each in its GymnasiumPufferEnv, PufferLib
+make_env = gym_thunk(GYM_ID)
 
 
 class NotSteady(RuntimeError):
@@ -205,16 +234,17 @@ def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
 # --- the baselines ----------------------------------------------------------------------------
 
 
-def vector_windows(envs, n: int, seconds: float) -> list[float]:
-    """Env-steps/s of a vector env over CartPole, in 1-second windows."""
+def vector_windows(envs, batch: int, seconds: float) -> list[float]:
+    """Env-steps/s of a vector env over CartPole, in 1-second windows; `batch`: the envs a step
+    returns (and takes actions for): every env but in PufferLib's EnvPool-style row."""
     rng = np.random.default_rng(0)
     windows = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t, steps = time.perf_counter(), 0
         while time.perf_counter() - t < 1.0:
-            envs.step(rng.integers(0, 2, n))
-            steps += n
+            envs.step(rng.integers(0, 2, batch))
+            steps += batch
         windows.append(steps / (time.perf_counter() - t))
     return windows
 
@@ -292,6 +322,63 @@ def async_reachable(n: int, probe: dict) -> str | None:
     return None
 
 
+PUFFER_ROWS = {
+    "puffer_all": "PufferLib Multiprocessing, zero-copy, batch = all envs",
+    "puffer_half": "PufferLib Multiprocessing, batch = half the envs (EnvPool-style)",
+}
+PUFFER_SLACK_S = 120.0  # a child's import of torch and its build of 7,000 envs, on a loaded machine
+
+
+class BaselineFailed(RuntimeError):
+    """A baseline gave no windows (its child exited, raised or hung)."""
+
+
+def puffer_plan(n: int, row: str) -> dict | str:
+    """How PUFFER_ROWS[row] runs n envs, or why it cannot."""
+    workers = puffer_workers(n)
+    if row == "puffer_all":
+        return {"workers": workers, "batch": n, "zero_copy": True}
+    batch = puffer_half_batch(n, workers)
+    if batch is None:
+        return f"one PufferLib worker at {n} envs on this machine: no batch smaller than every env"
+    return {"workers": workers, "batch": batch, "zero_copy": False}
+
+
+def puffer_windows(n: int, plan: dict, seconds: float) -> list[float]:
+    """PUFFER_ROWS' windows, in this process: the child puffer_windows_in_child starts."""
+    forks_die_with_their_parent()  # PufferLib's workers die with this child, even SIGKILLed
+    envs = make_puffer(make_env, n, batch_size=plan["batch"], zero_copy=plan["zero_copy"])
+    try:
+        envs.reset(seed=0)
+        return vector_windows(envs, plan["batch"], seconds)
+    finally:
+        envs.close()
+
+
+def puffer_windows_in_child(n: int, plan: dict, seconds: float) -> list[float]:
+    """puffer_windows in a child of its own session; every process it started is gone after."""
+    spec = json.dumps({"n": n, "plan": plan, "seconds": seconds})
+    limit = seconds + PUFFER_SLACK_S
+    returncode, stdout, stderr = run_in_own_session([sys.executable, __file__, "--puffer-child", spec], limit)
+    if returncode is None:
+        raise BaselineFailed(f"no result {limit:.0f} s after its start (killed)")
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("[")]
+    if returncode != 0 or not lines:
+        last = stderr.strip().splitlines()[-1:] or [f"no windows printed (exit {returncode})"]
+        raise BaselineFailed(f"exit {returncode}: {last[0][:200]}")
+    return json.loads(lines[-1])
+
+
+def puffer_rows_asked(flag: bool | None) -> str | None:
+    """None if the PufferLib rows run, else why not (--puffer: on where it imports)."""
+    if flag is False:
+        return "not asked (--no-puffer)"
+    missing = puffer_missing()
+    if missing and flag:
+        raise SystemExit(f"--puffer: {missing}")
+    return missing
+
+
 def halves(before: list[float], after: list[float]) -> dict:
     return {
         "env_sps_median": statistics.median(before + after),
@@ -337,6 +424,14 @@ def main() -> int:
     ap.add_argument("--sync-seconds", type=float, default=16.0, help="split before/after the engine")
     ap.add_argument("--async-seconds", type=float, default=8.0, help="split before/after the engine")
     ap.add_argument(
+        "--puffer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="PufferLib Multiprocessing rows (default: where pufferlib imports)",
+    )
+    ap.add_argument("--puffer-seconds", type=float, default=16.0, help="per row, split before/after the engine")
+    ap.add_argument("--puffer-child", help=argparse.SUPPRESS)  # puffer_windows_in_child's child
+    ap.add_argument(
         "--layouts",
         nargs="+",
         default=["auto", "70"],
@@ -352,6 +447,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for the engine")
     args = ap.parse_args()
+    if args.puffer_child:
+        spec = json.loads(args.puffer_child)
+        print(json.dumps(puffer_windows(spec["n"], spec["plan"], spec["seconds"])), flush=True)
+        return 0
     ppo_counts = args.counts if args.ppo_counts is None else args.ppo_counts
     async_counts = args.counts if args.async_counts is None else args.async_counts
     ppo_seconds = args.ppo_seconds or args.seconds
@@ -361,6 +460,10 @@ def main() -> int:
         mode_overrides(mode)
     results: dict = {"load_start": os.getloadavg(), "cpus": os.cpu_count(), "counts": {}}
     errors: list[str] = []
+    puffer_skip = puffer_rows_asked(args.puffer)
+    results["puffer"] = {"skipped": puffer_skip} if puffer_skip else {"rows": list(PUFFER_ROWS)}
+    if puffer_skip and args.puffer is None:
+        print(f"PufferLib rows: skipped ({puffer_skip})", flush=True)
     probe = async_probe() if async_counts else None
     if probe:
         results["async_probe"] = probe
@@ -374,6 +477,15 @@ def main() -> int:
         async_skip = async_reachable(n, probe) if n in async_counts else "not asked (--async-counts)"
         sync_b = sync_windows(n, args.sync_seconds / 2)
         async_b = async_windows(n, args.async_seconds / 2) if async_skip is None else None
+        puffer_plans = {} if puffer_skip else {row: puffer_plan(n, row) for row in PUFFER_ROWS}
+        puffer_b: dict = {}
+        for key, plan in puffer_plans.items():
+            if isinstance(plan, dict):
+                try:
+                    puffer_b[key] = puffer_windows_in_child(n, plan, args.puffer_seconds / 2)
+                except BaselineFailed as exc:
+                    puffer_plans[key] = f"FAILED before the engine: {exc}"
+                    errors.append(f"{PUFFER_ROWS[key]} at {n} envs: {exc}")
         runs = {}
         for layout in args.layouts:
             for mode in ["random"] + (args.ppo_modes if n in ppo_counts else []):
@@ -387,6 +499,17 @@ def main() -> int:
                 except NotSteady as exc:
                     errors.append(f"{exc} ({layout_name(layout)})")
                     runs[mode, layout] = None
+        puffer: dict = {}
+        for key in reversed(list(puffer_b)):  # the mirror of the order before
+            plan = puffer_plans[key]
+            try:
+                puffer[key] = {
+                    **plan,
+                    **halves(puffer_b[key], puffer_windows_in_child(n, plan, args.puffer_seconds / 2)),
+                }
+            except BaselineFailed as exc:
+                puffer_plans[key] = f"FAILED after the engine: {exc}"
+                errors.append(f"{PUFFER_ROWS[key]} at {n} envs: {exc}")
         async_a = async_windows(n, args.async_seconds / 2) if async_skip is None else None
         sync = halves(sync_b, sync_windows(n, args.sync_seconds / 2))
         asy = halves(async_b, async_a) if async_skip is None else None
@@ -409,6 +532,22 @@ def main() -> int:
             )
         else:
             print(f"{n:>6}  {'AsyncVectorEnv (shared memory)':<64} {'skipped':>11}  {async_skip}", flush=True)
+        for key, name in PUFFER_ROWS.items() if puffer_plans else ():
+            if key not in puffer:
+                row[key] = {"skipped": puffer_plans[key]}
+                print(f"{n:>6}  {name:<64} {'skipped':>11}  {puffer_plans[key]}", flush=True)
+                continue
+            r = row[key] = puffer[key]
+            p_sps = r["env_sps_median"]
+            r["env_over_sync"], r["env_over_async"] = ratio(p_sps, s_sps), ratio(p_sps, a_sps)
+            print(
+                f"{n:>6}  {name:<64} {fmt(p_sps, width=11)} {fmt(None)} {fmt(r['env_over_sync'], '.2f', 7)}x "
+                f"{fmt(r['env_over_async'], '.2f', 7)}{'x' if a_sps else ' '}  before "
+                f"{r['median_before']:,.0f}, after {r['median_after']:,.0f}; {r['workers']} workers of "
+                f"{n // r['workers']} envs, batch {r['batch']}",
+                flush=True,
+            )
+        puffer_best = max((r["env_sps_median"] for r in puffer.values()), default=None)
         for (mode, layout), r in runs.items():
             name = f"{mode_name(mode)}, {layout_name(layout)}"
             key = f"engine_{mode}@{layout}"
@@ -419,6 +558,8 @@ def main() -> int:
             env = r["env_sps_median"] if mode == "random" else r["env_sps_mean"]
             r["env_over_sync"] = ratio(env, s_sps)
             r["env_over_async"] = ratio(env, a_sps)
+            if mode == "random" and puffer_best:
+                r["env_over_puffer_best"] = ratio(env, puffer_best)
             if mode != "random":
                 r["trained_over_sync"] = ratio(r["trained_per_s"], s_sps)
                 r["trained_over_env"] = ratio(r["trained_per_s"], r["env_sps_mean"])
@@ -426,6 +567,7 @@ def main() -> int:
             trained = None if mode == "random" else r["trained_per_s"]
             note = (
                 f"median of {r['windows']} windows"
+                + (f", {r['env_over_puffer_best']:.2f}x PufferLib's best" if r.get("env_over_puffer_best") else "")
                 if mode == "random"
                 else f"mean over {r['windows']} windows ({r['window_s']} s), trained/Sync "
                 f"{r['trained_over_sync']}x, {r['updates']} updates"

@@ -7,12 +7,10 @@ forever once (benchmarks/vector_faults.py).
                                     [--async-max 256] [--fault-envs 1000] [--fault-seconds 600]
                                     [--skip-sps] [--skip-faults] [--json] [rlpipe overrides...]
 
-PufferLib's `Multiprocessing` (the `pufferlib-core` wheel; its metadata pins another torch, so
-it lives in a bench venv: `python3 -m venv /tmp/rlv-bench-venv && /tmp/rlv-bench-venv/bin/pip
-install --no-deps pufferlib-core`, plus a .pth line naming rlpipe's .venv site-packages for
-numpy, gymnasium, psutil and rlpipe:
-`import site; site.addsitedir('<repo>/.venv/lib/python3.11/site-packages')`; run this script with that venv's python) is the `puffer`
-backend, skipped where it does not import.
+PufferLib's `Multiprocessing` (the `pufferlib-core` wheel, in a bench venv:
+benchmarks/baselines.py says how; run this script with that venv's python) is the `puffer`
+backend, one worker per CPU and the batch every env (baselines.make_puffer, as engine_sps.py
+builds its zero-copy row), skipped where it does not import.
 
 Every backend builds its envs the same way: `gym.make(id, disable_env_checker=True)`, no
 wrapper (what rlpipe's adapter does, rlpipe/envs/classic.py). Actions are drawn once per step
@@ -31,11 +29,8 @@ rlpipe.vector runs with worker.step_timeout_s=2 (the trial's deadline).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,22 +39,16 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # vector_faults, here and (inherited) in every worker
+sys.path.insert(0, str(HERE))  # baselines and vector_faults, here and (inherited) in every worker
+
+from baselines import gym_thunk, make_puffer, puffer_missing, run_in_own_session  # noqa: E402
+
 ENV_ID = "CartPole-v1"
 FAULTY_ID = "vector_faults:FaultyCartPole-v0"
 RAISE_EVERY = 10_000
 HANG_AT = 200
 BACKENDS = ("rlpipe_sync", "rlpipe_async", "gym_sync", "gym_async", "puffer")
 START_SLACK_S = 60.0  # a trial's start-up allowance (1,000 AsyncVectorEnv processes, a loaded machine)
-
-
-def gym_thunk(env_id: str, **kwargs):
-    import gymnasium as gym
-
-    def make():
-        return gym.make(env_id, disable_env_checker=True, **kwargs)
-
-    return make
 
 
 def build(backend: str, env_id: str, n: int, seed: int, make_kwargs: dict | None = None, overrides: tuple = ()):
@@ -75,23 +64,7 @@ def build(backend: str, env_id: str, n: int, seed: int, make_kwargs: dict | None
     import gymnasium as gym
 
     if backend == "puffer":
-        import psutil
-        import pufferlib.emulation
-        import pufferlib.vector
-
-        thunk = gym_thunk(env_id, **make_kwargs)
-
-        def creator(buf=None, seed=0):
-            return pufferlib.emulation.GymnasiumPufferEnv(env_creator=thunk, buf=buf, seed=seed)
-
-        # its default layout: one worker per physical core (more is refused without
-        # overwork=True), each stepping num_envs / workers envs; the batch is every env
-        workers = min(n, psutil.cpu_count(logical=False) or 1)
-        while n % workers:
-            workers -= 1
-        return pufferlib.vector.make(
-            creator, backend=pufferlib.vector.Multiprocessing, num_envs=n, num_workers=workers, batch_size=n, seed=seed
-        )
+        return make_puffer(gym_thunk(env_id, **make_kwargs), n, seed=seed)
     fns = [gym_thunk(env_id, **make_kwargs) for _ in range(n)]
     if backend == "gym_sync":
         return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -205,26 +178,18 @@ def trial_in_child(backend: str, n: int, seconds: float, hang_limit: float) -> d
         "--hang-limit",
         str(hang_limit),
     ]
-    # its own session: a hung backend's worker processes (PufferLib's outlive their parent) are
-    # killed with it
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=seconds + hang_limit + START_SLACK_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    # its own session, killed whole at the end: a hung backend's worker processes (PufferLib's
+    # outlive their parent) go with it
+    limit = seconds + hang_limit + START_SLACK_S
+    returncode, stdout, stderr = run_in_own_session(cmd, timeout=limit)
+    if returncode is None:
         return {
             "backend": backend,
             "envs": n,
             "outcome": "hung",
             "after_s": None,
-            "error": f"no result {seconds + hang_limit + START_SLACK_S:.0f} s after its start: a step never returned",
+            "error": f"no result {limit:.0f} s after its start: a step never returned",
         }
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the trial is left
-        except ProcessLookupError:
-            pass
     lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     if not lines:
         return {"backend": backend, "envs": n, "outcome": "raised", "error": stderr.strip().splitlines()[-1:]}
@@ -263,11 +228,9 @@ def main(argv=None) -> int:
     )
     rows, survival = [], []
     if "puffer" in args.backends:
-        if importlib.util.find_spec("pufferlib") is None:
-            print(
-                "puffer: skipped (pufferlib is not importable here: run this script with the bench "
-                "venv's python, docs/benchmarks.md)"
-            )
+        missing = puffer_missing()
+        if missing:
+            print(f"puffer: skipped ({missing})")
             args.backends = [b for b in args.backends if b != "puffer"]
     if not args.skip_sps:
         for n in args.counts:

@@ -2,13 +2,24 @@
 layout resolved for the machine), `70` is the layout before auto, the 350x5 layout keeps the
 70-env slices (so PPO batches keep their size), the PPO modes name conf/'s affinity, every
 CPU or learner_core, and a malformed layout or mode is refused with the flag and what is
-allowed."""
+allowed. Its PufferLib rows: one worker per CPU, the EnvPool-style batch half the workers'
+envs (none with one worker), skipped on one line that says how to install where pufferlib does
+not import (as under .venv), and their child leaves no process behind, hung or exited, nor do
+its workers once it is SIGKILLed."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
 import pytest
 
-from conftest import compose_cfg, load_benchmark
+from conftest import REPO, compose_cfg, load_benchmark
 from rlpipe.config import run_spec
 from rlpipe.protocol import slice_bounds
 
@@ -68,3 +79,105 @@ def test_the_resolved_layout_is_printed_from_the_summary():
 def test_a_malformed_layout_names_the_flag_and_the_form(bad):
     with pytest.raises(SystemExit, match=r"--layouts: .* is not auto, GROUP_SIZE or GROUP_SIZExSLICES"):
         load_benchmark("engine_sps").layout_overrides(bad)
+
+
+@pytest.fixture
+def cpus(monkeypatch):
+    """Usable CPUs and physical cores, as PufferLib's worker count reads them."""
+
+    def set_cpus(usable: int, physical: int):
+        monkeypatch.setattr("os.sched_getaffinity", lambda _pid: set(range(usable)))
+        monkeypatch.setattr("psutil.cpu_count", lambda logical=True: usable if logical else physical)
+
+    return set_cpus
+
+
+def test_puffer_rows_run_one_worker_per_cpu_and_half_the_workers_a_batch(cpus):
+    bench = load_benchmark("engine_sps")
+    cpus(2, 2)
+    assert bench.puffer_plan(7000, "puffer_all") == {"workers": 2, "batch": 7000, "zero_copy": True}
+    assert bench.puffer_plan(7000, "puffer_half") == {"workers": 2, "batch": 3500, "zero_copy": False}
+    # 1,001 = 7 x 11 x 13: one worker divides it, and one worker has no smaller batch
+    assert bench.puffer_plan(1001, "puffer_all")["workers"] == 1
+    assert "one PufferLib worker at 1001 envs" in bench.puffer_plan(1001, "puffer_half")
+    cpus(16, 8)  # PufferLib refuses more workers than physical cores
+    assert bench.puffer_plan(1000, "puffer_half") == {"workers": 8, "batch": 500, "zero_copy": False}
+    cpus(16, 16)
+    assert bench.puffer_plan(1000, "puffer_half") == {"workers": 10, "batch": 500, "zero_copy": False}
+    cpus(3, 4)  # a cgroup's 3 CPUs: 3 workers, a batch of one worker's envs
+    assert bench.puffer_plan(3000, "puffer_half") == {"workers": 3, "batch": 1000, "zero_copy": False}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pufferlib") is not None, reason="pufferlib imports here")
+def test_without_pufferlib_its_rows_are_skipped_on_one_line_that_says_how_to_install():
+    bench = load_benchmark("engine_sps")
+    reason = bench.puffer_rows_asked(None)
+    assert reason.startswith("pufferlib not importable: ModuleNotFoundError: No module named 'pufferlib'; ")
+    assert "--no-deps pufferlib-core" in reason and "\n" not in reason
+    with pytest.raises(SystemExit, match=r"^--puffer: pufferlib not importable"):
+        bench.puffer_rows_asked(True)  # asked for by name: an error, not a skip
+    assert bench.puffer_rows_asked(False) == "not asked (--no-puffer)"
+
+
+FORK_A_SLEEPER = (
+    "import os, sys, time\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    time.sleep(600)\n"
+    "print(os.getpid(), pid, flush=True)\n"
+    "time.sleep({parent_sleep})\n"
+)
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("parent_sleep", [600, 0])
+def test_a_child_in_its_own_session_leaves_no_process_behind(parent_sleep):
+    """A child that hangs (killed at its timeout) or exits at once, each leaving a forked
+    sleeper that holds its stdout (as PufferLib's workers do): both come back, the sleeper
+    gone, and the exited one without waiting for the timeout."""
+    baselines = load_benchmark("baselines")
+    t0 = time.monotonic()
+    returncode, stdout, _ = baselines.run_in_own_session(
+        [sys.executable, "-c", FORK_A_SLEEPER.format(parent_sleep=parent_sleep)], timeout=3.0 if parent_sleep else 30.0
+    )
+    child, sleeper = map(int, stdout.split())
+    assert returncode == (None if parent_sleep else 0)
+    assert time.monotonic() - t0 < 10.0
+    assert gone(sleeper) and baselines.session_pids(child) == []
+
+
+def test_a_fork_after_forks_die_with_their_parent_is_killed_with_its_parent():
+    """PufferLib's workers when their child is SIGKILLed: a sleeper forked after
+    forks_die_with_their_parent goes with the process that forked it."""
+    script = (
+        f"import os, sys, time\nsys.path.insert(0, {str(REPO / 'benchmarks')!r})\n"
+        "from baselines import forks_die_with_their_parent\n"
+        "forks_die_with_their_parent()\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(w, b'1')\n"  # past the fork's hooks: its parent may go now
+        "    time.sleep(600)\n"
+        "os.read(r, 1)\n"
+        "print(pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    with tempfile.TemporaryFile("w+") as out:  # not a pipe: the sleeper would hold it open
+        subprocess.run([sys.executable, "-c", script], stdout=out, timeout=30)
+        out.seek(0)
+        sleeper = int(out.read())
+    try:
+        deadline = time.monotonic() + 5.0
+        while not gone(sleeper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(sleeper)
+    finally:
+        if not gone(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
