@@ -229,10 +229,13 @@ def test_driver_kill9_leaves_nothing_and_next_run_sweeps(short_tmp):
     wait_stepping(run_dir, {0: 1, 1: 1})
     proc.kill()
     proc.wait()
-    # Workers exit once they see their driver gone, Redis dies with it (PR_SET_PDEATHSIG).
-    wait_for(lambda: not workers_of(proc.pid) and not redis_of(run_dir), 4 + 1 + 5, "the run's processes to die")
+    # Looked at once: from here any run's start or teardown sweeps what the dead driver left,
+    # and another test's run may start or end beside this one (pytest-xdist). Workers only map
+    # the segments; the driver alone creates and removes them (rlpipe.shm.segment).
     leftovers = run_leftovers(proc.pid)
     assert leftovers, "a kill -9 cannot clean up; the next run must"
+    # Workers exit once they see their driver gone, Redis dies with it (PR_SET_PDEATHSIG).
+    wait_for(lambda: not workers_of(proc.pid) and not redis_of(run_dir), 4 + 1 + 5, "the run's processes to die")
     out = run_cli(short_tmp / "next", "env_count=8", "run.total_env_steps=2000")
     assert out.returncode == 0, out.stderr[-3000:]
     assert run_leftovers(proc.pid) == []

@@ -167,13 +167,15 @@ def restart_loop(
     restart_codes: set[int],
     most: int = 4,
     ended: Callable[[Generation], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[Generation]:
-    """Start `cmd`, `act` on its first start once a checkpoint exists, and start `cmd` again,
-    unchanged, while it ends with one of `restart_codes` (systemd's Restart=on-failure), at
-    most `most` times in all; `ended(generation)` as each one ends, before the next starts."""
+    """Start `cmd` (in `env`), `act` on its first start once a checkpoint exists, and start
+    `cmd` again, unchanged, while it ends with one of `restart_codes` (systemd's
+    Restart=on-failure), at most `most` times in all; `ended(generation)` as each one ends,
+    before the next starts."""
     gens: list[Generation] = []
     while len(gens) < most:
-        proc = start(cmd)
+        proc = start(cmd, env=env)
         try:
             deadline = threading.Timer(120, proc.kill)  # a hung start fails the test, not the suite
             deadline.start()
@@ -381,12 +383,21 @@ def test_restart_loop_after_sigkill_resumes_and_leaves_nothing_of_the_dead_run(s
     step target with every env active, and nothing of the killed run is left."""
     run_dir, total = long_run_dir(short_tmp), 60000
     cmd = rlpipe_cmd(run_dir, *RUN, f"run.total_env_steps={total}", "run.resume=auto")
-    pymp_before = set(Path(tempfile.gettempdir()).glob("pymp-*"))
-    gens = restart_loop(cmd, run_dir, lambda p: p.send_signal(signal.SIGKILL), {-signal.SIGKILL})
+    # The runs' temp dir is one of their own: a `pymp-*` dir in it can only be theirs (in the
+    # shared /tmp, another test's multiprocessing, on the other xdist worker, makes them too).
+    temp_dir = short_tmp / "temp"
+    temp_dir.mkdir()
+    gens = restart_loop(
+        cmd,
+        run_dir,
+        lambda p: p.send_signal(signal.SIGKILL),
+        {-signal.SIGKILL},
+        env={**os.environ, "TMPDIR": str(temp_dir)},
+    )
     assert [g.code for g in gens] == [-signal.SIGKILL, 0], gens[-1].err[-3000:]
     assert_resumed_to_the_end(run_dir, gens, total)
     assert_nothing_left(gens[0])
-    assert set(Path(tempfile.gettempdir()).glob("pymp-*")) <= pymp_before
+    assert list(temp_dir.glob("pymp-*")) == []
 
 
 def test_restart_loop_after_a_stall_resumes_and_does_not_freeze_again(stall_restarts):
