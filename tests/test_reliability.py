@@ -335,8 +335,8 @@ LOADED_SLACK_S = 10.0  # the driver's 1 s supervise turns stretch when 2 cores r
 
 
 def test_worker_frozen_while_building_is_replaced(short_tmp):
-    """SIGSTOP one second into a slow build (unity_sim warm-up, 8 x 0.6 s): judged on
-    heartbeat.timeout_s, not on startup_timeout_s (300 s), and its envs all step by the end."""
+    """SIGSTOP one second into a slow build (unity_sim warm-up, 8 x 0.4 s of CPU work): judged
+    on heartbeat.timeout_s, not on startup_timeout_s (300 s), and its envs all step by the end."""
     run_dir = short_tmp / "run"
     timeout_s, grace_s, scan_s = 4, 1, 0.5
     proc = start(
@@ -344,7 +344,7 @@ def test_worker_frozen_while_building_is_replaced(short_tmp):
         "env_mix=cartpole",
         "+env@env_mix.types.unity_sim=unity_sim",
         "+env_mix.weights.unity_sim=1.0",
-        "env_mix.types.unity_sim.warmup_ms=600",
+        "env_mix.types.unity_sim.warmup_ms=400",
         "env_count=16",
         "groups.size=16",
         "run.duration_s=150",
