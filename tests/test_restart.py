@@ -30,9 +30,11 @@ from rlpipe.supervisor.stall import EXIT_STALL, STACKS_FILE
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 ENVS = 64
 # Short rollouts and a checkpoint every second, so one exists long before the kill or the
-# freeze (10 s after the first step); the probe of random returns plays for the whole run, so
+# freeze (8 s after the first step); the probe of random returns plays for the whole run, so
 # it is alive when the driver dies. The stall timeout is 8 s: on this 2-core machine under
-# load the first PPO update alone took 4 s (an update with backlog=hold serves nothing).
+# load the first PPO update alone took 4 s (an update with backlog=hold serves nothing). With
+# the freeze 4 s in, every start froze before its first checkpoint in a suite on two xdist
+# workers on a loaded machine (another test's run beside it).
 RUN = [
     f"env_count={ENVS}",
     "run.duration_s=120",
@@ -41,7 +43,7 @@ RUN = [
     "logging.random_return_episodes=100000",
     "logging.random_return_budget_s=120",
 ]
-FREEZE = ["chaos.freeze_driver_at_s=4", "run.stall_timeout_s=8"]  # frozen well before 120k steps on a quiet machine
+FREEZE = ["chaos.freeze_driver_at_s=8", "run.stall_timeout_s=8"]  # frozen well before 160k steps on a quiet machine
 
 
 def long_run_dir(base: Path) -> Path:
@@ -268,13 +270,13 @@ def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts_fresh(shor
 
 @pytest.fixture(scope="module")
 def stall_restarts():
-    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 4 s in, to a step
-    target of 120k; what the first start left when it ended, before the restart, is kept for
+    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 8 s in, to a step
+    target of 160k; what the first start left when it ended, before the restart, is kept for
     the stall detector's own checks."""
     import shutil
 
     base = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
-    run_dir, total = long_run_dir(base), 120000
+    run_dir, total = long_run_dir(base), 160000
     cmd = rlpipe_cmd(run_dir, *RUN, f"run.total_env_steps={total}", "run.resume=auto", *FREEZE)
     first: dict = {}
 
