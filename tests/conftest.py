@@ -19,6 +19,25 @@ from rlpipe.config import conf_dir, register_schema
 REPO = Path(__file__).resolve().parent.parent
 register_schema()
 
+# Fixtures that make one real run for several tests (session or module scope). Under
+# pytest-xdist each worker would make its own copy of a run its tests need, so the tests that
+# read one run are one xdist group (`--dist loadgroup`, pyproject.toml): they go to one worker,
+# and the run is made once, as without xdist. `signalled_run` makes one run per signal, and
+# the tests of each signal are a group of their own (the tests' `sig` parameter).
+SHARED_RUNS = ("cartpole_multirun", "signalled_run", "chaos_run", "stall_restarts")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        shared = [name for name in SHARED_RUNS if name in item.fixturenames]
+        assert len(shared) <= 1, f"{item.nodeid} reads two shared runs {shared}: they cannot be one group"
+        if shared:
+            group = shared[0]
+            if group == "signalled_run":
+                group += f"-{signal.Signals(item.callspec.params['sig']).name}"
+            item.add_marker(pytest.mark.xdist_group(group))
+
 
 def compose_cfg(overrides: list[str] | None = None):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):

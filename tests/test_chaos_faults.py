@@ -166,7 +166,9 @@ def test_a_redis_pause_in_a_real_run_is_healed_in_the_recovery_report(short_tmp)
         run_dir,
         "env_count=16",
         "groups.size=8",
-        "run.duration_s=30",
+        # chaos is quiet for the last 12 s (timeout_s + term_grace_s + 2 scans) and the longest
+        # worker start seen: 24 s leaves a start of 8 s before the pause is due at 4 s
+        "run.duration_s=24",
         "run.total_env_steps=null",
         "chaos.pause_redis_at_s=4",
         "heartbeat.timeout_s=10",

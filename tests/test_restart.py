@@ -30,9 +30,11 @@ from rlpipe.supervisor.stall import EXIT_STALL, STACKS_FILE
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 ENVS = 64
 # Short rollouts and a checkpoint every second, so one exists long before the kill or the
-# freeze (10 s after the first step); the probe of random returns plays for the whole run, so
+# freeze (8 s after the first step); the probe of random returns plays for the whole run, so
 # it is alive when the driver dies. The stall timeout is 8 s: on this 2-core machine under
-# load the first PPO update alone took 4 s (an update with backlog=hold serves nothing).
+# load the first PPO update alone took 4 s (an update with backlog=hold serves nothing). With
+# the freeze 4 s in, every start froze before its first checkpoint in a suite on two xdist
+# workers on a loaded machine (another test's run beside it).
 RUN = [
     f"env_count={ENVS}",
     "run.duration_s=120",
@@ -41,7 +43,7 @@ RUN = [
     "logging.random_return_episodes=100000",
     "logging.random_return_budget_s=120",
 ]
-FREEZE = ["chaos.freeze_driver_at_s=4", "run.stall_timeout_s=8"]  # frozen well before 120k steps on a quiet machine
+FREEZE = ["chaos.freeze_driver_at_s=8", "run.stall_timeout_s=8"]  # frozen well before 160k steps on a quiet machine
 
 
 def long_run_dir(base: Path) -> Path:
@@ -167,13 +169,15 @@ def restart_loop(
     restart_codes: set[int],
     most: int = 4,
     ended: Callable[[Generation], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[Generation]:
-    """Start `cmd`, `act` on its first start once a checkpoint exists, and start `cmd` again,
-    unchanged, while it ends with one of `restart_codes` (systemd's Restart=on-failure), at
-    most `most` times in all; `ended(generation)` as each one ends, before the next starts."""
+    """Start `cmd` (in `env`), `act` on its first start once a checkpoint exists, and start
+    `cmd` again, unchanged, while it ends with one of `restart_codes` (systemd's
+    Restart=on-failure), at most `most` times in all; `ended(generation)` as each one ends,
+    before the next starts."""
     gens: list[Generation] = []
     while len(gens) < most:
-        proc = start(cmd)
+        proc = start(cmd, env=env)
         try:
             deadline = threading.Timer(120, proc.kill)  # a hung start fails the test, not the suite
             deadline.start()
@@ -266,13 +270,13 @@ def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts_fresh(shor
 
 @pytest.fixture(scope="module")
 def stall_restarts():
-    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 4 s in, to a step
-    target of 120k; what the first start left when it ended, before the restart, is kept for
+    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 8 s in, to a step
+    target of 160k; what the first start left when it ended, before the restart, is kept for
     the stall detector's own checks."""
     import shutil
 
     base = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
-    run_dir, total = long_run_dir(base), 120000
+    run_dir, total = long_run_dir(base), 160000
     cmd = rlpipe_cmd(run_dir, *RUN, f"run.total_env_steps={total}", "run.resume=auto", *FREEZE)
     first: dict = {}
 
@@ -381,12 +385,21 @@ def test_restart_loop_after_sigkill_resumes_and_leaves_nothing_of_the_dead_run(s
     step target with every env active, and nothing of the killed run is left."""
     run_dir, total = long_run_dir(short_tmp), 60000
     cmd = rlpipe_cmd(run_dir, *RUN, f"run.total_env_steps={total}", "run.resume=auto")
-    pymp_before = set(Path(tempfile.gettempdir()).glob("pymp-*"))
-    gens = restart_loop(cmd, run_dir, lambda p: p.send_signal(signal.SIGKILL), {-signal.SIGKILL})
+    # The runs' temp dir is one of their own: a `pymp-*` dir in it can only be theirs (in the
+    # shared /tmp, another test's multiprocessing, on the other xdist worker, makes them too).
+    temp_dir = short_tmp / "temp"
+    temp_dir.mkdir()
+    gens = restart_loop(
+        cmd,
+        run_dir,
+        lambda p: p.send_signal(signal.SIGKILL),
+        {-signal.SIGKILL},
+        env={**os.environ, "TMPDIR": str(temp_dir)},
+    )
     assert [g.code for g in gens] == [-signal.SIGKILL, 0], gens[-1].err[-3000:]
     assert_resumed_to_the_end(run_dir, gens, total)
     assert_nothing_left(gens[0])
-    assert set(Path(tempfile.gettempdir()).glob("pymp-*")) <= pymp_before
+    assert list(temp_dir.glob("pymp-*")) == []
 
 
 def test_restart_loop_after_a_stall_resumes_and_does_not_freeze_again(stall_restarts):
