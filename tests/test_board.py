@@ -566,3 +566,35 @@ def test_attach_detach_leaves_no_resource_tracker_trace(tmp_path):
     finally:
         if name.startswith("rlpipe_"):
             (SHM_DIR / name).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def small_shm(tmp_path, monkeypatch):
+    """A real 1 MiB tmpfs standing in for /dev/shm (root only: mount)."""
+    import rlpipe.shm.segment as segment
+
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    monkeypatch.setattr(segment, "SHM_DIR", mnt)
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_segment_is_allocated_whole_and_a_full_shm_is_a_clear_error(small_shm):
+    """Every page of a segment exists from its creation (its /dev/shm bytes are its size, not
+    what has been written so far), and a segment /dev/shm cannot hold is a SharedMemoryFull
+    (a ConfigError: exit 2) naming the directory and the bytes, with nothing left behind."""
+    from rlpipe.shm.segment import SharedMemoryFull
+    from rlpipe.spec import ConfigError
+
+    seg = Segment.create("rlpipe_1-abc_w0g1", 256 * 1024)
+    assert (small_shm / seg.name).stat().st_blocks * 512 >= 256 * 1024  # allocated, not sparse
+    seg.close()
+    with pytest.raises(
+        SharedMemoryFull, match=r"cannot hold the shared-memory segment rlpipe_1-abc_w1g1 \(4\.0 MiB"
+    ) as exc:
+        Segment.create("rlpipe_1-abc_w1g1", 4 * 2**20)
+    assert isinstance(exc.value, ConfigError) and str(small_shm) in str(exc.value)
+    assert sorted(p.name for p in small_shm.iterdir()) == ["rlpipe_1-abc_w0g1"]  # the failed one is gone
