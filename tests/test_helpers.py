@@ -95,7 +95,7 @@ def test_the_resource_sampler_spends_at_most_its_share_of_a_core(monkeypatch, tm
     cost / MAX_CPU_SHARE after each sample (never less than its interval)."""
     from rlpipe.supervisor import resources
 
-    def costly(_pid: int, _roles) -> dict:  # burns ~20 ms of this thread's CPU, like a big run
+    def costly(_pid: int, _roles, _env_leaks) -> dict:  # burns ~20 ms of this thread's CPU, like a big run
         end = time.thread_time() + 0.02
         while time.thread_time() < end:
             pass
@@ -106,6 +106,6 @@ def test_the_resource_sampler_spends_at_most_its_share_of_a_core(monkeypatch, tm
     sampler.paced_sample()
     assert sampler.peak_bytes == 123 << 20
     assert sampler.wait_s >= 0.02 / resources.MAX_CPU_SHARE  # >= 2 s between samples
-    monkeypatch.setattr(resources, "process_figures", lambda _pid, _roles: {"tree/pss_mb": 1.0})
+    monkeypatch.setattr(resources, "process_figures", lambda _pid, _roles, _env_leaks: {"tree/pss_mb": 1.0})
     sampler.paced_sample()  # a cheap sample: the interval again
     assert sampler.wait_s == 0.5 and sampler.peak_bytes == 123 << 20 and sampler.last_bytes == 1 << 20
