@@ -362,7 +362,14 @@ def test_day5_composes_to_its_chaos_schedule_and_tightened_heartbeats():
 
 
 def test_over_budget_config_is_refused_with_the_arithmetic(short_tmp):
-    out = run_cli(short_tmp / "run", "+stage=day4", "buffer=seed", "learner.rollout_len=64", timeout=120)
+    out = run_cli(
+        short_tmp / "run",
+        "+stage=day4",
+        "buffer=seed",
+        "env_mix.types.minigrid.view=rgb",  # seed's vector (64) is too short for day4's symbolic MiniGrid
+        "learner.rollout_len=64",
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert "rollout storage env_count 7000 x learner.rollout_len 64" in out.stderr

@@ -73,7 +73,9 @@ def check_fits(type_name: str, spec: EnvSpec, board_keys: tuple[ObsKey, ...]) ->
         elif int(np.prod(shape)) > int(np.prod(board.shape)):
             raise ConfigError(
                 f"env type '{type_name}' produces {key} of {int(np.prod(shape))} values "
-                f"but buffer.keys.{key}.shape holds {int(np.prod(board.shape))}"
+                f"but buffer.keys.{key}.shape holds {int(np.prod(board.shape))}; let the board "
+                f"grow to fit (buffer=auto), give buffer.keys.{key}.shape at least "
+                f"{int(np.prod(shape))} values, or set env_mix.types.{type_name} to produce fewer"
             )
 
 

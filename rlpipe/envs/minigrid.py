@@ -14,7 +14,8 @@ for every env, so the worker segments grow 11.8 MB (368.8 -> 380.6 MB: two 640 B
 final-obs row per env), the learner's batch buffer and the workers' staging 7.3 MB, and the
 vector rollouts 16.1 MB (1,820 producing envs x T 16 x 588 B); the rgb rollouts shrink by
 165 MB (323.4 -> 158.3 MB: 805 rgb envs instead of 1,645), and the CNN sees 805 rows a round
-instead of 1,645. day4's own buffer=small is fixed (vector 16): symbolic needs buffer=auto.
+instead of 1,645. That is why +stage=day4 picks symbolic and buffer=auto; a fixed board
+(buffer=small: vector 16, buffer=seed: 64) needs view=rgb.
 
 Both are GymnasiumEnv (rlpipe/envs/classic.py) with MiniGrid's wrappers. The agent's direction
 and the mission text are left out of both (the view is already egocentric; a DoorKey mission
