@@ -24,6 +24,7 @@ in row order at the end; a batch of one type skips the permutation.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -143,10 +144,14 @@ class TypedLinear(nn.Module):
             nn.init.orthogonal_(self.weight.data[t], std)
 
     def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
-        parts = [F.linear(x[a:b], self.weight[t], self.bias[t]) for t, a, b in order.segments]
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat(parts) if parts else x.new_zeros(0, self.weight.shape[1])
+        if not order.segments:
+            return x.new_zeros(0, self.weight.shape[1])
+        # split and unbind: in training, one backward op each (a cat, a stack) where a slice per
+        # segment and type made a zero-filled gradient of the whole x and weight per segment
+        rows = x.split([b - a for _, a, b in order.segments])
+        weight, bias = self.weight.unbind(), self.bias.unbind()
+        parts = [F.linear(r, weight[t], bias[t]) for r, (t, _, _) in zip(rows, order.segments)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class Tower(nn.Module):
@@ -219,6 +224,17 @@ class RgbEncoder(nn.Module):
         return self.fc(self.conv(x)[:n])
 
 
+def _key_rows(has: torch.Tensor, n_rows: int, name: str) -> torch.Tensor:
+    """The samples whose type produces a key; a key's rows are one per sample or one per
+    such sample, and nothing else."""
+    rows = has.nonzero(as_tuple=True)[0]
+    if n_rows not in (len(has), len(rows)):
+        raise ValueError(
+            f"obs key {name!r}: {n_rows} rows for {len(has)} samples, {len(rows)} of them of types that produce it"
+        )
+    return rows
+
+
 class Policy(nn.Module):
     def __init__(
         self,
@@ -272,24 +288,33 @@ class Policy(nn.Module):
                 for name in self.key_names
             ]
             return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        # A key may come with one row per sample, or (a PPO batch, ppo.concat_blocks) with rows
+        # for the samples whose type produces it only, in sample order: the same features.
         mask = self.key_mask[types]  # [B, n_keys]
         parts = []
         for j, name in enumerate(self.key_names):
+            x = obs[name]
             if name == "rgb":
-                parts.append(self._rgb_features(obs[name], mask[:, j] > 0))
-            else:
-                parts.append(obs[name].float().reshape(len(types), -1) * mask[:, j : j + 1])
+                parts.append(self._rgb_features(x, mask[:, j] > 0))
+            elif len(x) == len(types):
+                parts.append(x.float().reshape(len(types), -1) * mask[:, j : j + 1])
+            else:  # the masked rows are the zeros the board holds there (x * 1 is x)
+                width = math.prod(x.shape[1:])
+                part = torch.zeros(len(types), width, device=x.device)
+                part[_key_rows(mask[:, j] > 0, len(x), name)] = x.float().reshape(len(x), width)
+                parts.append(part)
         return torch.cat(parts, dim=1)
 
     def _rgb_features(self, rgb: torch.Tensor, has_rgb: torch.Tensor | None) -> torch.Tensor:
         """The CNN runs only on rows whose env type renders rgb (has_rgb None: every row): in
-        a mixed run most rows would feed it zeros, and the CNN is the policy's dominant cost."""
+        a mixed run most rows would feed it zeros, and the CNN is the policy's dominant cost.
+        `rgb` holds a row per sample, or the rows of the samples with rgb only."""
         if has_rgb is None or bool(has_rgb.all()):
             return self.rgb(rgb)
-        out = torch.zeros(len(rgb), self.rgb.out, device=rgb.device)
-        rows = has_rgb.nonzero(as_tuple=True)[0]
+        out = torch.zeros(len(has_rgb), self.rgb.out, device=rgb.device)
+        rows = _key_rows(has_rgb, len(rgb), "rgb")
         if len(rows):
-            out[rows] = self.rgb(rgb[rows])
+            out[rows] = self.rgb(rgb[rows] if len(rgb) == len(has_rgb) else rgb)
         return out
 
     # -- heads (all on type-sorted rows) -------------------------------------------------------
