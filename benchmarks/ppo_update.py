@@ -10,7 +10,9 @@ through `SliceRollout` (the learner's `key_rows`, actions and values from the po
 obs of the board's keys and dtypes, random rewards and episode ends) until `update_envs x
 rollout_len` samples are ready, and `concat_blocks` makes the batch as `CentralLearner` does.
 The policy, the fused Adam and the per-type settings are built from the composed config as the
-learner builds them, with `learner.torch_threads` threads.
+learner builds them, with `learner.torch_threads` threads, and with the driver's C heap
+settings (`run.mmap_threshold_mb`: every large tensor a mapping of its own, its pages faulted
+in anew; `run.trim_after_update`, timed with the update).
 
 With `--baseline-rev`, `rlpipe/learner/ppo.py` and `rlpipe/learner/policy.py` of that revision
 are loaded from git; both start from the same weights and train on the same blocks, one
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -36,6 +39,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from inference_round import module_at_rev, stage_plan  # noqa: E402
 
+from rlpipe import heap  # noqa: E402
 from rlpipe.learner.rollout import SliceRollout, key_rows  # noqa: E402
 from rlpipe.learner.type_settings import TypeSettings  # noqa: E402
 
@@ -88,6 +92,11 @@ def stage_blocks(spec, plan, policy, slice_envs: int, seed: int = 0) -> tuple[li
     return blocks, types
 
 
+def _faults() -> int:
+    """Page faults of this thread so far (minor: a fresh mapping's pages touched)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
 class Contender:
     """One revision's policy, optimizer and update on the shared blocks."""
 
@@ -100,20 +109,24 @@ class Contender:
         self.per_type = TypeSettings.of(lc, spec.env_types)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
         self.blocks, self.types = blocks, types
-        self.times = {"batch_cpu_s": [], "cpu_s": [], "wall_s": []}
+        self.trim = spec.run.trim_after_update
+        self.times = {"batch_cpu_s": [], "cpu_s": [], "wall_s": [], "faults": []}
 
     def update(self):
         """One update as the learner runs it: the batch made (in the driver's thread), then
         trained on (in the update's)."""
         c0 = time.thread_time()
         batch = self.ppo.concat_blocks(self.blocks, self.types, "cpu")
-        c1, w1 = time.thread_time(), time.perf_counter()
+        c1, w1, f1 = time.thread_time(), time.perf_counter(), _faults()
         stats = self.ppo.ppo_update(
             self.policy, self.optimizer, batch, self.cfg, self.generator, per_type=self.per_type
         )
+        if self.trim:
+            heap.trim()  # as the learner's update thread does after each update
         self.times["batch_cpu_s"].append(c1 - c0)
         self.times["cpu_s"].append(time.thread_time() - c1)
         self.times["wall_s"].append(time.perf_counter() - w1)
+        self.times["faults"].append(_faults() - f1)
         return stats
 
 
@@ -133,6 +146,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     spec, plan = stage_plan(args.overrides)
+    heap.configure(spec.run.mmap_threshold_mb, spec.run.malloc_arena_max)  # the driver's C heap
     lc = spec.learner
     torch.set_num_threads(lc.torch_threads)
     revs = [None] + ([args.baseline_rev] if args.baseline_rev else [])
@@ -164,7 +178,7 @@ def main() -> None:
     for name, row in rows.items():
         print(
             f"  {name}: median update thread CPU {row['cpu_s']:.3f} s, wall {row['wall_s']:.3f} s; "
-            f"batch (driver thread) CPU {row['batch_cpu_s']:.3f} s"
+            f"{row['faults']:,.0f} page faults; batch (driver thread) CPU {row['batch_cpu_s']:.3f} s"
         )
     if args.baseline_rev:
         base = rows[args.baseline_rev]

@@ -106,3 +106,28 @@ def test_a_key_with_rows_for_other_samples_is_refused(day4):
     obs = {**batch["obs"], "rgb": batch["obs"]["rgb"][1:]}
     with pytest.raises(ValueError, match="obs key 'rgb': .* rows for"):
         policy.evaluate(obs, batch["types"], batch["a_disc"], batch["a_cont"])
+
+
+def test_prepared_images_encode_as_the_frames_do_bit_for_bit():
+    """ImageRows (images converted once, rows picked by index, one padded buffer for every
+    call): the features and the gradients of the raw frames' path, call after call."""
+    from rlpipe.learner.rgb_encoder import ImageRows, RgbEncoder
+
+    torch.manual_seed(0)
+    enc = RgbEncoder((36, 36, 3), (4, 8, 8), 16)
+    frames = torch.randint(0, 256, (40, 36, 36, 3), dtype=torch.uint8)
+    images = enc.inputs(frames)
+    prepared = ImageRows(images, torch.arange(len(frames)))
+    for n in (29, 11, 29):
+        idx = torch.randperm(len(frames))[:n]
+        grads = []
+        for x in (frames[idx], prepared[idx]):
+            if prepared.padded.buffer is not None:  # what a call leaves there is never read
+                prepared.padded.buffer.fill_(float("nan"))
+            enc.zero_grad()
+            out = enc(x)
+            out.square().sum().backward()
+            grads.append((out.detach(), [p.grad.clone() for p in enc.parameters()]))
+        (a, ga), (b, gb) = grads
+        assert torch.equal(a, b) and all(torch.equal(x, y) for x, y in zip(ga, gb))
+    assert prepared.padded.buffer is not None and prepared[idx].padded is prepared.padded

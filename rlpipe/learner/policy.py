@@ -36,6 +36,7 @@ from torch.nn import functional as F
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.popart import PopArt
+from rlpipe.learner.rgb_encoder import ImageRows, RgbEncoder, layer_init
 
 MASKED_LOGIT = -1e9
 
@@ -127,12 +128,6 @@ class Tanh(nn.Module):
         return _tanh_in_place(x)
 
 
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
-    return layer
-
-
 class TypedLinear(nn.Module):
     """One Linear layer per env type, applied to type-sorted rows segment by segment."""
 
@@ -170,58 +165,6 @@ class Tower(nn.Module):
 
     def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
         return self.out(self.trunk(self.act(self.inp(x, order))), order)
-
-
-PAD_FLOOR = 8  # the smallest batch the CNN runs at
-
-
-def padded_rows(n: int) -> int:
-    """The batch size the CNN runs at for `n` rows: the next of a fixed ladder of sizes
-    (multiples of 8, each at most 1/8 above the one before: 46 sizes up to 8,000 rows).
-
-    Why: oneDNN, torch's CPU convolution, builds and caches a primitive (JIT code and
-    buffers, about 1 MB here) for every input shape it meets, up to 1,024 of them. The rgb
-    rows of an inference round or a minibatch number anything from 1 to thousands, so a
-    days-long driver met a new shape every few rounds and its RSS climbed for hours (1,200
-    rounds of random sizes: +400 MB, against flat with this ladder). Padded rows are zeros
-    whose outputs are cut off before anything reads them, so no value or gradient changes.
-    """
-    size = PAD_FLOOR
-    while size < n:
-        size = max(size + 8, -(-size * 9 // 8) // 8 * 8)
-    return size
-
-
-class RgbEncoder(nn.Module):
-    """Nature-CNN-sized conv stack for HxWxC uint8 or float images; the conv layers see only
-    the batch sizes of `padded_rows`."""
-
-    def __init__(self, shape: tuple[int, int, int], channels: tuple[int, int, int] = (32, 64, 64), out: int = 256):
-        super().__init__()
-        h, w, c = shape
-        c1, c2, c3 = channels
-        self.conv = nn.Sequential(
-            layer_init(nn.Conv2d(c, c1, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(c1, c2, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(c2, c3, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
-        with torch.no_grad():
-            n = self.conv(torch.zeros(1, c, h, w)).shape[1]
-        self.fc = nn.Sequential(layer_init(nn.Linear(n, out)), nn.ReLU())
-        self.out = out
-
-    def forward(self, rgb: torch.Tensor) -> torch.Tensor:
-        n, h, w, c = rgb.shape
-        x = torch.empty(padded_rows(n), c, h, w, device=rgb.device)
-        x[n:] = 0.0
-        x[:n] = rgb.permute(0, 3, 1, 2)  # one copy: the layout change and the cast to float
-        if rgb.dtype == torch.uint8:
-            x[:n] /= 255.0
-        return self.fc(self.conv(x)[:n])
 
 
 def _key_rows(has: torch.Tensor, n_rows: int, name: str) -> torch.Tensor:
@@ -311,7 +254,7 @@ class Policy(nn.Module):
         `rgb` holds a row per sample, or the rows of the samples with rgb only."""
         if has_rgb is None or bool(has_rgb.all()):
             return self.rgb(rgb)
-        out = torch.zeros(len(has_rgb), self.rgb.out, device=rgb.device)
+        out = torch.zeros(len(has_rgb), self.rgb.out, device=has_rgb.device)
         rows = _key_rows(has_rgb, len(rgb), "rgb")
         if len(rows):
             out[rows] = self.rgb(rgb[rows] if len(rgb) == len(has_rgb) else rgb)
@@ -409,6 +352,14 @@ class Policy(nn.Module):
         value = self.popart.denormalize(self._value_normalized(feat, order), st)
         a_disc, a_cont, logp, value, alt_logp = (order.unsort(x) for x in (a_disc, a_cont, logp, value, alt_logp))
         return ActOut(a_disc, a_cont, logp, value, alt_disc, alt_cont, alt_logp)
+
+    def prepared_obs(self, obs: dict[str, torch.Tensor]) -> dict:
+        """`obs` as a PPO update hands its minibatches to `evaluate`: the rgb rows converted
+        for the CNN once (ImageRows), not in every minibatch of every epoch."""
+        rgb = obs.get("rgb")
+        if self.rgb is None or rgb is None:
+            return obs
+        return {**obs, "rgb": ImageRows(self.rgb.inputs(rgb), torch.arange(len(rgb), device=rgb.device))}
 
     def evaluate(self, obs, types, a_disc, a_cont):
         """(log-prob, entropy, *normalized* value) of the given actions, with gradients: what

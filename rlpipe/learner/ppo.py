@@ -155,9 +155,10 @@ def ppo_update(
     ret = policy.popart.normalize(batch["ret"], types).float()
     old_value = policy.popart.normalize(batch["value"], types).float()
     present = batch.get("obs_present", {})
-    compact = CompactKeys(batch["obs"], present)
+    obs = policy.prepared_obs(batch["obs"])
+    compact = CompactKeys(obs, present)
     rows = {
-        "obs": {k: v for k, v in batch["obs"].items() if k not in present},
+        "obs": {k: v for k, v in obs.items() if k not in present},
         "types": types,
         "a_disc": batch["a_disc"],
         "a_cont": batch["a_cont"],
