@@ -8,7 +8,9 @@ for one policy over many env types:
 - advantages (computed in return space by GAE) are normalized per type over the whole
   batch (adv_norm=per_type), or per minibatch over all rows (batch, CleanRL's way);
 - every sample is trained on each epoch: the batch is cut into ceil(n / minibatch_size)
-  near-equal minibatches, none dropped;
+  near-equal minibatches, none dropped; an obs key that some types lack holds rows for the
+  other samples only (`concat_blocks`' `obs_present`), and stays so through the shuffles, and
+  rgb is converted for the CNN once an update (Policy.prepared_obs), not once a minibatch;
 - each sample's loss terms weighted by its env's stability weight when scaling is on;
 - per-type settings (`per_type`, rlpipe/learner/type_settings.py): each row's entropy bonus
   is its type's ent_coef, each type's PopArt statistics move with its popart_beta (GAE's
@@ -235,7 +237,7 @@ class CompactKeys:
     """The obs keys a batch holds for some samples only (concat_blocks' `obs_present`), cut
     into an epoch's minibatches: a minibatch gets the rows of its samples that have one, in
     the minibatch's sample order (what Policy.features takes), gathered once an epoch from
-    those rows alone."""
+    those rows alone (rgb: only their indices, `ImageRows`; the CNN's input copies the pixels)."""
 
     def __init__(self, obs: dict[str, torch.Tensor], present: dict[str, torch.Tensor]):
         self.obs = {k: obs[k] for k in present}
