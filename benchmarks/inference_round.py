@@ -35,22 +35,34 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from rlpipe.config import conf_dir, register_schema, run_spec  # noqa: E402
 from rlpipe.envs.registry import plan_mix  # noqa: E402
 
+POLICY = "rlpipe/learner/policy.py"
 
-def policy_class(rev: str | None):
+
+def module_at_rev(rev: str | None, path: str):
+    """The module at `path` (relative to the repository) of git revision `rev`, loaded under a
+    name of its own; None: this tree's, imported as usual."""
     if rev is None:
-        from rlpipe.learner.policy import Policy
-
-        return Policy
+        return importlib.import_module(path.removesuffix(".py").replace("/", "."))
     source = subprocess.run(
-        ["git", "show", f"{rev}:rlpipe/learner/policy.py"], cwd=REPO, capture_output=True, text=True, check=True
+        ["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-    with tempfile.TemporaryDirectory(prefix="rlpipe_policy_") as tmp:  # gone once loaded
-        path = Path(tmp) / f"policy_{rev}.py"
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"policy_{rev}", path)
+    name = f"{Path(path).stem}_{rev}"
+    with tempfile.TemporaryDirectory(prefix="rlpipe_rev_") as tmp:  # gone once loaded
+        file = Path(tmp) / f"{name}.py"
+        file.write_text(source)
+        spec = importlib.util.spec_from_file_location(name, file)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # where dataclasses look their module up
         spec.loader.exec_module(module)
-    return module.Policy
+    return module
+
+
+def stage_plan(overrides: list[str]):
+    """The run spec and mix plan of the composed config."""
+    register_schema()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        spec = run_spec(compose(config_name="config", overrides=overrides))
+    return spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
 
 
 def main() -> None:
@@ -60,10 +72,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    register_schema()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        spec = run_spec(compose(config_name="config", overrides=args.overrides))
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
+    spec, plan = stage_plan(args.overrides)
     lc = spec.learner
     torch.set_num_threads(lc.torch_threads)
     rng = np.random.default_rng(0)
@@ -76,9 +85,9 @@ def main() -> None:
             else rng.normal(size=shape).astype(k.dtype)
         )
     types = torch.from_numpy(plan.env_type.astype(np.int64))
-    contenders = {"current": policy_class(None)}
+    contenders = {"current": module_at_rev(None, POLICY).Policy}
     if args.baseline_rev:
-        contenders[args.baseline_rev] = policy_class(args.baseline_rev)
+        contenders[args.baseline_rev] = module_at_rev(args.baseline_rev, POLICY).Policy
     policies = {
         name: cls(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out) for name, cls in contenders.items()
     }

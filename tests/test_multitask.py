@@ -447,10 +447,11 @@ def test_stability_weights_reach_the_ppo_loss():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_rollouts_store_a_key_only_for_the_envs_that_produce_it_and_the_batch_is_unchanged():
+def test_rollouts_store_a_key_only_for_the_envs_that_produce_it_and_the_batch_keeps_it_so():
     """SliceRollout's key_rows: rgb kept for the rgb envs of a mixed slice only, and the PPO
-    batch concat_blocks makes is the one full storage made, bit for bit (the board holds zeros
-    in the other envs' rgb rows)."""
+    batch concat_blocks makes holds those rows alone, with a mask of the samples they belong
+    to: spread back over zeros (what the board holds in the other envs' rgb rows) they are the
+    full storage's batch, bit for bit."""
     from rlpipe.learner.ppo import concat_blocks
 
     T, n = 5, 6
@@ -481,6 +482,13 @@ def test_rollouts_store_a_key_only_for_the_envs_that_produce_it_and_the_batch_is
     types = [np.zeros(len(b["adv"]), np.int64) for b in blocks]
     whole = concat_blocks([blocks[0], blocks[1]], types[:2], "cpu")
     mixed = concat_blocks([blocks[0], blocks[2]], [types[0], types[2]], "cpu")
-    for key in ("rgb", "state"):
-        assert torch.equal(whole["obs"][key], mixed["obs"][key]), key
+    assert whole["obs_present"] == {} and set(mixed["obs_present"]) == {"rgb"}
+    present = mixed["obs_present"]["rgb"]
+    expected = np.concatenate([np.ones(2 * T, bool), np.isin(np.arange(T * n) % n, rgb_envs)])
+    assert np.array_equal(present.numpy(), expected)  # the whole block's rows, then the rgb envs'
+    assert len(mixed["obs"]["rgb"]) == int(present.sum())
+    spread = torch.zeros_like(whole["obs"]["rgb"])
+    spread[present] = mixed["obs"]["rgb"]
+    assert torch.equal(spread, whole["obs"]["rgb"])
+    assert torch.equal(whole["obs"]["state"], mixed["obs"]["state"])
     assert torch.equal(whole["adv"], mixed["adv"])

@@ -610,7 +610,7 @@ def test_the_cnn_meets_a_bounded_ladder_of_batch_sizes_and_padding_changes_nothi
     """oneDNN caches a primitive per input shape: the encoder pads its rows to `padded_rows`
     so a run of every batch size from 1 to 2,000 shows the conv stack at most 41 shapes,
     and the padded rows change neither the features nor the gradients of the real ones."""
-    from rlpipe.learner.policy import RgbEncoder, padded_rows
+    from rlpipe.learner.rgb_encoder import RgbEncoder, padded_rows
 
     assert all(n <= padded_rows(n) <= max(8, n * 1.125 + 8) for n in range(1, 9000))
     torch.manual_seed(0)

@@ -24,6 +24,7 @@ in row order at the end; a batch of one type skips the permutation.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -35,6 +36,7 @@ from torch.nn import functional as F
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.popart import PopArt
+from rlpipe.learner.rgb_encoder import ImageRows, RgbEncoder, layer_init
 
 MASKED_LOGIT = -1e9
 
@@ -126,12 +128,6 @@ class Tanh(nn.Module):
         return _tanh_in_place(x)
 
 
-def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
-    return layer
-
-
 class TypedLinear(nn.Module):
     """One Linear layer per env type, applied to type-sorted rows segment by segment."""
 
@@ -143,10 +139,14 @@ class TypedLinear(nn.Module):
             nn.init.orthogonal_(self.weight.data[t], std)
 
     def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
-        parts = [F.linear(x[a:b], self.weight[t], self.bias[t]) for t, a, b in order.segments]
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat(parts) if parts else x.new_zeros(0, self.weight.shape[1])
+        if not order.segments:
+            return x.new_zeros(0, self.weight.shape[1])
+        # split and unbind: in training, one backward op each (a cat, a stack) where a slice per
+        # segment and type made a zero-filled gradient of the whole x and weight per segment
+        rows = x.split([b - a for _, a, b in order.segments])
+        weight, bias = self.weight.unbind(), self.bias.unbind()
+        parts = [F.linear(r, weight[t], bias[t]) for r, (t, _, _) in zip(rows, order.segments)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class Tower(nn.Module):
@@ -167,56 +167,15 @@ class Tower(nn.Module):
         return self.out(self.trunk(self.act(self.inp(x, order))), order)
 
 
-PAD_FLOOR = 8  # the smallest batch the CNN runs at
-
-
-def padded_rows(n: int) -> int:
-    """The batch size the CNN runs at for `n` rows: the next of a fixed ladder of sizes
-    (multiples of 8, each at most 1/8 above the one before: 46 sizes up to 8,000 rows).
-
-    Why: oneDNN, torch's CPU convolution, builds and caches a primitive (JIT code and
-    buffers, about 1 MB here) for every input shape it meets, up to 1,024 of them. The rgb
-    rows of an inference round or a minibatch number anything from 1 to thousands, so a
-    days-long driver met a new shape every few rounds and its RSS climbed for hours (1,200
-    rounds of random sizes: +400 MB, against flat with this ladder). Padded rows are zeros
-    whose outputs are cut off before anything reads them, so no value or gradient changes.
-    """
-    size = PAD_FLOOR
-    while size < n:
-        size = max(size + 8, -(-size * 9 // 8) // 8 * 8)
-    return size
-
-
-class RgbEncoder(nn.Module):
-    """Nature-CNN-sized conv stack for HxWxC uint8 or float images; the conv layers see only
-    the batch sizes of `padded_rows`."""
-
-    def __init__(self, shape: tuple[int, int, int], channels: tuple[int, int, int] = (32, 64, 64), out: int = 256):
-        super().__init__()
-        h, w, c = shape
-        c1, c2, c3 = channels
-        self.conv = nn.Sequential(
-            layer_init(nn.Conv2d(c, c1, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(c1, c2, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(c2, c3, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
+def _key_rows(has: torch.Tensor, n_rows: int, name: str) -> torch.Tensor:
+    """The samples whose type produces a key; a key's rows are one per sample or one per
+    such sample, and nothing else."""
+    rows = has.nonzero(as_tuple=True)[0]
+    if n_rows not in (len(has), len(rows)):
+        raise ValueError(
+            f"obs key {name!r}: {n_rows} rows for {len(has)} samples, {len(rows)} of them of types that produce it"
         )
-        with torch.no_grad():
-            n = self.conv(torch.zeros(1, c, h, w)).shape[1]
-        self.fc = nn.Sequential(layer_init(nn.Linear(n, out)), nn.ReLU())
-        self.out = out
-
-    def forward(self, rgb: torch.Tensor) -> torch.Tensor:
-        n, h, w, c = rgb.shape
-        x = torch.empty(padded_rows(n), c, h, w, device=rgb.device)
-        x[n:] = 0.0
-        x[:n] = rgb.permute(0, 3, 1, 2)  # one copy: the layout change and the cast to float
-        if rgb.dtype == torch.uint8:
-            x[:n] /= 255.0
-        return self.fc(self.conv(x)[:n])
+    return rows
 
 
 class Policy(nn.Module):
@@ -272,24 +231,33 @@ class Policy(nn.Module):
                 for name in self.key_names
             ]
             return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        # A key may come with one row per sample, or (a PPO batch, ppo.concat_blocks) with rows
+        # for the samples whose type produces it only, in sample order: the same features.
         mask = self.key_mask[types]  # [B, n_keys]
         parts = []
         for j, name in enumerate(self.key_names):
+            x = obs[name]
             if name == "rgb":
-                parts.append(self._rgb_features(obs[name], mask[:, j] > 0))
-            else:
-                parts.append(obs[name].float().reshape(len(types), -1) * mask[:, j : j + 1])
+                parts.append(self._rgb_features(x, mask[:, j] > 0))
+            elif len(x) == len(types):
+                parts.append(x.float().reshape(len(types), -1) * mask[:, j : j + 1])
+            else:  # the masked rows are the zeros the board holds there (x * 1 is x)
+                width = math.prod(x.shape[1:])
+                part = torch.zeros(len(types), width, device=x.device)
+                part[_key_rows(mask[:, j] > 0, len(x), name)] = x.float().reshape(len(x), width)
+                parts.append(part)
         return torch.cat(parts, dim=1)
 
     def _rgb_features(self, rgb: torch.Tensor, has_rgb: torch.Tensor | None) -> torch.Tensor:
         """The CNN runs only on rows whose env type renders rgb (has_rgb None: every row): in
-        a mixed run most rows would feed it zeros, and the CNN is the policy's dominant cost."""
+        a mixed run most rows would feed it zeros, and the CNN is the policy's dominant cost.
+        `rgb` holds a row per sample, or the rows of the samples with rgb only."""
         if has_rgb is None or bool(has_rgb.all()):
             return self.rgb(rgb)
-        out = torch.zeros(len(rgb), self.rgb.out, device=rgb.device)
-        rows = has_rgb.nonzero(as_tuple=True)[0]
+        out = torch.zeros(len(has_rgb), self.rgb.out, device=has_rgb.device)
+        rows = _key_rows(has_rgb, len(rgb), "rgb")
         if len(rows):
-            out[rows] = self.rgb(rgb[rows])
+            out[rows] = self.rgb(rgb[rows] if len(rgb) == len(has_rgb) else rgb)
         return out
 
     # -- heads (all on type-sorted rows) -------------------------------------------------------
@@ -384,6 +352,14 @@ class Policy(nn.Module):
         value = self.popart.denormalize(self._value_normalized(feat, order), st)
         a_disc, a_cont, logp, value, alt_logp = (order.unsort(x) for x in (a_disc, a_cont, logp, value, alt_logp))
         return ActOut(a_disc, a_cont, logp, value, alt_disc, alt_cont, alt_logp)
+
+    def prepared_obs(self, obs: dict[str, torch.Tensor]) -> dict:
+        """`obs` as a PPO update hands its minibatches to `evaluate`: the rgb rows converted
+        for the CNN once (ImageRows), not in every minibatch of every epoch."""
+        rgb = obs.get("rgb")
+        if self.rgb is None or rgb is None:
+            return obs
+        return {**obs, "rgb": ImageRows(self.rgb.inputs(rgb), torch.arange(len(rgb), device=rgb.device))}
 
     def evaluate(self, obs, types, a_disc, a_cont):
         """(log-prob, entropy, *normalized* value) of the given actions, with gradients: what

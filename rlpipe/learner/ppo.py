@@ -8,7 +8,9 @@ for one policy over many env types:
 - advantages (computed in return space by GAE) are normalized per type over the whole
   batch (adv_norm=per_type), or per minibatch over all rows (batch, CleanRL's way);
 - every sample is trained on each epoch: the batch is cut into ceil(n / minibatch_size)
-  near-equal minibatches, none dropped;
+  near-equal minibatches, none dropped; an obs key that some types lack holds rows for the
+  other samples only (`concat_blocks`' `obs_present`), and stays so through the shuffles, and
+  rgb is converted for the CNN once an update (Policy.prepared_obs), not once a minibatch;
 - each sample's loss terms weighted by its env's stability weight when scaling is on;
 - per-type settings (`per_type`, rlpipe/learner/type_settings.py): each row's entropy bonus
   is its type's ent_coef, each type's PopArt statistics move with its popart_beta (GAE's
@@ -24,6 +26,7 @@ for one policy over many env types:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -47,32 +50,44 @@ class UpdateStats:
     samples: int
 
 
-def concat_obs(blocks: list[dict], key: str) -> np.ndarray:
-    """One obs key of the blocks as [samples, ...] rows. A block that stored the key for some
-    of its envs only (SliceRollout's `key_rows`) gets zeros in the other envs' rows, which is
-    what the board held there."""
+def concat_obs(blocks: list[dict], key: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """One obs key of the blocks as rows, and which samples they belong to (a bool per sample;
+    None: every sample has its row). A block that stored the key for some of its envs only
+    (SliceRollout's `key_rows`: the envs whose type produces it) adds those envs' rows alone;
+    the other samples' rows are zeros on the board, which the policy masks (Policy.features),
+    so they are not made here, nor gathered in every epoch of the update."""
+    rows = np.concatenate([b["obs"][key] for b in blocks])
     if not any(key in b.get("obs_rows", {}) for b in blocks):
-        return np.concatenate([b["obs"][key] for b in blocks])
-    first = blocks[0]["obs"][key]
-    out = np.zeros((sum(len(b["adv"]) for b in blocks),) + first.shape[1:], dtype=first.dtype)
-    at = 0
+        return rows, None
+    present = []
     for b in blocks:
-        m, rows = len(b["adv"]), b.get("obs_rows", {}).get(key)
-        if rows is None:
-            out[at : at + m] = b["obs"][key]
-        elif len(rows):
+        m, stored = len(b["adv"]), b.get("obs_rows", {}).get(key)
+        if stored is None:
+            present.append(np.ones(m, dtype=bool))
+        else:
             n = b["n_envs"]  # block rows are t-major: transition t of env j is t * n + j
-            out[at + (np.arange(m // n)[:, None] * n + rows[None, :]).reshape(-1)] = b["obs"][key]
-        at += m
-    return out
+            has = np.zeros((m // n, n), dtype=bool)
+            has[:, stored] = True  # `stored` ascends: the block's rows are in sample order
+            present.append(has.reshape(-1))
+    return rows, np.concatenate(present)
 
 
 def concat_blocks(blocks: list[dict], types: list[np.ndarray], device) -> dict:
+    """The blocks as one batch. `obs_present`: for each obs key stored for some samples only,
+    a bool per sample; `obs[key]` then holds those samples' rows, in sample order."""
+
     def cat(key):
         return torch.from_numpy(np.concatenate([b[key] for b in blocks])).to(device)
 
+    obs, present = {}, {}
+    for key in blocks[0]["obs"]:
+        rows, has = concat_obs(blocks, key)
+        obs[key] = torch.from_numpy(rows).to(device)
+        if has is not None:
+            present[key] = torch.from_numpy(has).to(device)
     return {
-        "obs": {k: torch.from_numpy(concat_obs(blocks, k)).to(device) for k in blocks[0]["obs"]},
+        "obs": obs,
+        "obs_present": present,
         "types": torch.from_numpy(np.concatenate(types)).long().to(device),
         **{k: cat(k) for k in ("a_disc", "a_cont", "logp", "value", "adv", "ret")},
         **({"weight": cat("weight")} if "weight" in blocks[0] else {}),
@@ -141,8 +156,11 @@ def ppo_update(
     adv_all, n_minibatches = sync.batch_statistics(policy, batch, cfg, beta)
     ret = policy.popart.normalize(batch["ret"], types).float()
     old_value = policy.popart.normalize(batch["value"], types).float()
+    present = batch.get("obs_present", {})
+    obs = policy.prepared_obs(batch["obs"])
+    compact = CompactKeys(obs, present)
     rows = {
-        "obs": batch["obs"],
+        "obs": {k: v for k, v in obs.items() if k not in present},
         "types": types,
         "a_disc": batch["a_disc"],
         "a_cont": batch["a_cont"],
@@ -164,8 +182,10 @@ def ppo_update(
         # part, without a gather per field and minibatch.
         perm = torch.randperm(n, generator=generator)
         shuffled = _take(rows, perm)
+        sizes = _split_sizes(n, n_minibatches)
+        compact.shuffle(perm, sizes)
         start = 0
-        for size in _split_sizes(n, n_minibatches):
+        for i, size in enumerate(sizes):
             if size == 0:
                 # no sample here in this minibatch (a rank still joins the gradient all-reduce)
                 optimizer.zero_grad(set_to_none=True)
@@ -174,6 +194,7 @@ def ppo_update(
                     optimizer.step()
                 continue
             mb = _rows(shuffled, start, start + size)
+            mb["obs"].update(compact.minibatch(i))
             start += size
             logp, entropy, value = policy.evaluate(mb["obs"], mb["types"], mb["a_disc"], mb["a_cont"])
             adv = mb["adv"]
@@ -210,6 +231,32 @@ def ppo_update(
             count += 1
     means = (terms_sum / max(count, 1)).tolist()
     return UpdateStats(*means, samples=n)
+
+
+class CompactKeys:
+    """The obs keys a batch holds for some samples only (concat_blocks' `obs_present`), cut
+    into an epoch's minibatches: a minibatch gets the rows of its samples that have one, in
+    the minibatch's sample order (what Policy.features takes), gathered once an epoch from
+    those rows alone (rgb: only their indices, `ImageRows`; the CNN's input copies the pixels)."""
+
+    def __init__(self, obs: dict[str, torch.Tensor], present: dict[str, torch.Tensor]):
+        self.obs = {k: obs[k] for k in present}
+        # each sample's row in obs[k]; -1: the sample has none
+        self.index = {k: torch.where(has, torch.cumsum(has, 0) - 1, -1) for k, has in present.items()}
+        self.rows: dict[str, torch.Tensor] = {}
+        self.bounds: dict[str, list[int]] = {}
+
+    def shuffle(self, perm: torch.Tensor, sizes: list[int]) -> None:
+        """The epoch's order (`perm`, cut into minibatches of `sizes`)."""
+        cuts = torch.tensor([0, *itertools.accumulate(sizes)])
+        for k, index in self.index.items():
+            at = index[perm]
+            keep = at >= 0
+            self.rows[k] = self.obs[k][at[keep]]
+            self.bounds[k] = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.cumsum(0)])[cuts].tolist()
+
+    def minibatch(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: rows[self.bounds[k][i] : self.bounds[k][i + 1]] for k, rows in self.rows.items()}
 
 
 def _split_sizes(n: int, parts: int) -> list[int]:

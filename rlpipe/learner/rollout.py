@@ -31,9 +31,10 @@ import numpy as np
 class SliceRollout:
     """`key_rows`: for an obs key that only some of the slice's envs produce, the indices of
     those envs' rows. The other rows of that key are zeros on the board (a type that does not
-    produce a key leaves it zero-filled and masked), so they are not stored: `concat_blocks`
-    puts the zeros back. At day4 the rgb rows are a quarter of the envs and most of the
-    bytes, so this keeps three quarters of the rollout storage out of the driver's memory."""
+    produce a key leaves it zero-filled and masked), so they are not stored, and the PPO batch
+    does not make them either (`concat_blocks`: the policy masks them). At day4 the rgb rows
+    are a quarter of the envs and most of the bytes, so this keeps three quarters of the
+    rollout storage out of the driver's memory, and of every epoch's gather."""
 
     def __init__(
         self,
