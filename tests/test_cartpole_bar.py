@@ -1,0 +1,40 @@
+"""benchmarks/cartpole_bar.py: the window its crossing is judged on, and its watching child on a
+real (small) run: the crossing it reports is the learner's own, within the run's steps and time."""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+from conftest import load_benchmark
+
+bar = load_benchmark("cartpole_bar")
+
+
+def test_a_crossing_needs_a_full_window_at_or_above_the_threshold():
+    assert not bar.crossed([500.0] * 99, 475)  # 99 episodes: no 100-episode mean yet
+    assert bar.crossed([475.0] * 100, 475)
+    assert not bar.crossed([474.0] * 100, 475)
+    # only the last 100 count: an old bad episode out of the window no longer pulls it down
+    window = collections.deque([0.0] + [479.0] * 99, maxlen=100)
+    assert not bar.crossed(window, 475)
+    window.append(479.0)
+    assert bar.crossed(window, 475)
+    assert bar.crossed([0.0] + [479.0] * 100, 475)
+
+
+def test_the_watching_child_reports_the_runs_own_crossing(short_tmp):
+    # random CartPole lasts ~22 steps: a threshold of 10 is crossed at the 100th episode, well
+    # within 8,000 steps (a policy that already learned makes fewer, longer episodes)
+    res = bar.run_rlpipe(
+        sys.executable,
+        1,
+        ["env_count=8", "run.total_env_steps=8000", "logging.random_return_episodes=0"],
+        short_tmp / "run",
+        threshold=10.0,
+        timeout=240,
+    )
+    # 100 episodes of at least 8 steps each (CartPole's shortest), counted while the run went on
+    assert 800 <= res["steps"] <= res["env_steps"], res
+    assert 0 < res["to_475_s"] < res["exit_s"], res
+    assert res["final"] >= 10 and res["cpu_s"] > 0, res
