@@ -1,6 +1,7 @@
 """Per-type learner settings: an env node's `learner:` (gamma, gae_lambda, ent_coef,
-popart_beta) trains that type's rows with its own values, a type without overrides trains as
-it did before (bit for bit), and a bad value is a one-paragraph ConfigError naming the key."""
+popart_beta, log_std_init) trains that type's rows with its own values, a type without
+overrides trains as it did before (bit for bit), and a bad value is a one-paragraph
+ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from conftest import compose_cfg, run_cli
-from rlpipe.config import ConfigError, ObsKey, run_spec
+from rlpipe.config import ConfigError, ObsKey, conf_dir, run_spec
 from rlpipe.envs.registry import plan_mix
 from rlpipe.learner.central import CentralLearner
 from rlpipe.learner.popart import PopArt
@@ -179,6 +181,28 @@ def test_type_settings_follow_the_mix_order_and_default_to_the_learner():
     np.testing.assert_array_equal(TypeSettings.of(learner.cfg, learner.spec.env_types).gamma, s.gamma)
 
 
+def test_each_continuous_types_log_std_starts_at_its_log_std_init():
+    """pendulum -1, mountaincar_cont 0.5 (both dims of the head's row), the others the
+    learner's; the Gaussian's scale at the first act is exp of it, and the serving copy
+    starts with the same. Without overrides the parameter is CleanRL's zeros."""
+    plain = _learner()
+    assert torch.equal(plain.policy.log_std, torch.zeros_like(plain.policy.log_std))
+    learner = _learner(
+        "learner.log_std_init=-0.25",
+        "+env_mix.types.pendulum.learner.log_std_init=-1",
+        "+env_mix.types.mountaincar_cont.learner.log_std_init=0.5",
+    )
+    np.testing.assert_array_equal(learner.type_settings.log_std_init, [-0.25, -0.25, -1.0, 0.5])
+    log_std = learner.policy.log_std.detach()
+    assert log_std.shape[0] == 4
+    for t, want in enumerate([-0.25, -0.25, -1.0, 0.5]):
+        assert torch.equal(log_std[t], torch.full_like(log_std[t], want))
+    assert torch.equal(learner.actor.log_std, learner.policy.log_std)
+    obs = {k.name: torch.zeros((4,) + k.shape) for k in learner.plan.obs_keys}
+    _disc, cont = learner.policy._dists(*learner.policy._sorted(obs, torch.arange(4)))
+    torch.testing.assert_close(cont.scale[:, 0], torch.tensor([-0.25, -0.25, -1.0, 0.5]).exp())
+
+
 # -- checks ----------------------------------------------------------------------------------------
 
 
@@ -191,7 +215,10 @@ def test_type_settings_follow_the_mix_order_and_default_to_the_learner():
         ("+env_mix.types.acrobot.learner.ent_coef=-1", "env_mix.types.acrobot.learner.ent_coef", ">= 0"),
         ("+env_mix.types.acrobot.learner.ent_coef=lots", "env_mix.types.acrobot.learner.ent_coef", ">= 0"),
         ("+env_mix.types.pendulum.learner.popart_beta=0", "env_mix.types.pendulum.learner.popart_beta", "(0, 1]"),
-        ("+env_mix.types.pendulum.learner.clip_coef=0.1", "env_mix.types.pendulum.learner.clip_coef", "ent_coef"),
+        ("+env_mix.types.pendulum.learner.log_std_init=3", "env_mix.types.pendulum.learner.log_std_init", "[-5, 2]"),
+        ("+env_mix.types.pendulum.learner.log_std_init=wide", "env_mix.types.pendulum.learner.log_std_init", "[-5, 2]"),
+        ("learner.log_std_init=-6", "learner.log_std_init", "[-5, 2]"),
+        ("+env_mix.types.pendulum.learner.clip_coef=0.1", "env_mix.types.pendulum.learner.clip_coef", "log_std_init"),
         ("+env_mix.types.pendulum.learner=0.99", "env_mix.types.pendulum.learner", "mapping"),
     ],
 )
@@ -208,3 +235,18 @@ def test_cli_bad_per_type_value_is_one_paragraph_no_traceback(short_tmp):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert "env_mix.types.cartpole.learner.gamma=2" in out.stderr and "[0, 1]" in out.stderr
+
+
+# -- the specialists' mixes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["cartpole", "acrobot", "lunar_lander", "pendulum", "mountaincar_cont", "minigrid", "bullet_reacher"]
+)
+def test_each_specialists_mix_is_its_type_alone_with_the_nodes_settings(name):
+    """`env_mix=<type>` (the specialists' commands in docs/multitask.md) is that type alone,
+    with its env node's `learner:` as conf/env/<type>.yaml sets it."""
+    spec = run_spec(compose_cfg([f"env_mix={name}"]))
+    (only,) = spec.env_types
+    node = yaml.safe_load((conf_dir() / "env" / f"{name}.yaml").read_text())
+    assert only.name == name and only.learner == (node.get("learner") or {})
