@@ -173,6 +173,7 @@ class LearnerSpec(_Section):
     minibatch_size: int = setting(positive_int)
     value_norm: str = setting(one_of("popart", "none"))
     popart_beta: float = setting(step_size)  # PopArt's per-sample step size of the value statistics
+    log_std_init: float = setting(checks.log_std)  # the Gaussian head's log std at the start
     adv_norm: str = setting(one_of("per_type", "batch", "none"))
     checkpoint_interval_s: float = setting(positive)
     keep_checkpoints: int = setting(positive_int)
@@ -189,13 +190,15 @@ class LearnerSpec(_Section):
 
 # The learner settings an env type may set for itself (`learner:` in its env node, e.g.
 # conf/env/lunar_lander.yaml): the discount and GAE's lambda (a type's horizon), the entropy
-# bonus (how much it explores) and PopArt's step size (how fast its value scale follows its
-# returns). Each row of a batch is trained with its type's values (rlpipe/learner/
-# type_settings.py); a key a type leaves out is the learner's. Everything else is one value
-# for the whole update: the clip, the optimizer and its schedule, epochs, minibatches,
-# gradient clipping and the value-loss weight (with PopArt every type's value loss is in its
-# own normalized scale already).
-TYPE_LEARNER_KEYS = ("gamma", "gae_lambda", "ent_coef", "popart_beta")
+# bonus (how much it explores), PopArt's step size (how fast its value scale follows its
+# returns) and the Gaussian head's initial log std (how widely a continuous type explores
+# before it has learned anything: the policy already holds one log std per type). Each row
+# of a batch is trained with its type's values (rlpipe/learner/type_settings.py); a key a
+# type leaves out is the learner's. Everything else is one value for the whole update: the
+# clip, the optimizer and its schedule, epochs, minibatches, gradient clipping and the
+# value-loss weight (with PopArt every type's value loss is in its own normalized scale
+# already).
+TYPE_LEARNER_KEYS = ("gamma", "gae_lambda", "ent_coef", "popart_beta", "log_std_init")
 
 
 def type_learner_checks() -> dict[str, checks.Check]:

@@ -101,6 +101,17 @@ def at_least_zero(key: str, value: Any) -> None:
         fail(key, value, "allowed is a number >= 0")
 
 
+# A Gaussian head's log std: from e^-5 (0.007 of the [-1, 1] action range, all but deterministic)
+# to e^2 (7.4: past it the clipped actions are a coin flip between the bounds already).
+LOG_STD_RANGE = (-5.0, 2.0)
+
+
+def log_std(key: str, value: Any) -> None:
+    lo, hi = LOG_STD_RANGE
+    if not _number(value) or not lo <= value <= hi:
+        fail(key, value, f"allowed is a log std in [{lo:g}, {hi:g}]")
+
+
 def one_of(*choices: str) -> Check:
     def check(key: str, value: Any) -> None:
         if value not in choices:

@@ -41,6 +41,8 @@ OPTION_CHECKS = {
     ("chaos", "on"): lambda s: (
         (s.chaos.kill_worker_every_s, s.chaos.stop_worker_every_s, s.chaos.kill_redis_at_s) == (30, 45, 20)
     ),
+    ("env_mix", "acrobot"): lambda s: _types(s) == {"acrobot": 1.0},
+    ("env_mix", "bullet_reacher"): lambda s: _types(s) == {"bullet_reacher": 1.0},
     ("env_mix", "cartpole"): lambda s: _types(s) == {"cartpole": 1.0},
     ("env_mix", "classic"): lambda s: _types(s) == CLASSIC,
     ("env_mix", "control"): lambda s: (
@@ -49,7 +51,10 @@ OPTION_CHECKS = {
     ),
     ("env_mix", "gym"): lambda s: _types(s) == {"CartPole-v1": 1.0} and s.env_types[0].node["id"] == "CartPole-v1",
     ("env_mix", "images"): lambda s: _types(s) == {"atari": 1.0, "minigrid": 1.0, "unity_sim": 1.0},
+    ("env_mix", "lunar_lander"): lambda s: _types(s) == {"lunar_lander": 1.0},
+    ("env_mix", "minigrid"): lambda s: _types(s) == {"minigrid": 1.0} and s.env_types[0].node["view"] == "symbolic",
     ("env_mix", "mixed"): lambda s: _types(s) == {"cartpole": 0.5, "mountaincar_cont": 0.5},
+    ("env_mix", "mountaincar_cont"): lambda s: _types(s) == {"mountaincar_cont": 1.0},
     ("env_mix", "pendulum"): lambda s: _types(s) == {"pendulum": 1.0},
     ("env_mix", "reward_scales"): lambda s: _types(s) == {**CLASSIC, "physics_sim": 1.0},
     ("env_mix", "seed12"): lambda s: (

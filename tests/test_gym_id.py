@@ -25,6 +25,9 @@ WIDE_ID = "wide_obs_gym:WideObs-v0"
 WIDE = ["env_mix=gym", f"env_mix.id={WIDE_ID}"]
 STAGES = [None] + sorted(p.stem for p in (conf_dir() / "stage").glob("day*.yaml"))
 MIXES = sorted(p.stem for p in (conf_dir() / "env_mix").glob("*.yaml"))
+# Mixes that came after buffer=auto and need it: no board of buffer=small to keep (minigrid's
+# specialist runs the symbolic view, 147 numbers on `vector`, which small's 16 cannot hold).
+AUTO_ONLY_MIXES = {"minigrid"}
 
 
 def _plan(overrides: list[str]):
@@ -111,7 +114,9 @@ def _check_board_unchanged(stage: str | None, mix: str | None) -> None:
 # Every mix on the default board, and every stage with its own mix (a stage changes the board
 # only through the buffer it picks and the type parameters it sets for its mix) ...
 @pytest.mark.parametrize(
-    "stage,mix", [(None, m) for m in MIXES] + [(s, None) for s in STAGES if s], ids=lambda v: v or "-"
+    "stage,mix",
+    [(None, m) for m in MIXES if m not in AUTO_ONLY_MIXES] + [(s, None) for s in STAGES if s],
+    ids=lambda v: v or "-",
 )
 def test_every_stage_and_mix_composes_to_the_board_it_had(stage, mix):
     _check_board_unchanged(stage, mix)
@@ -122,7 +127,8 @@ def test_every_stage_and_mix_composes_to_the_board_it_had(stage, mix):
 @pytest.mark.parametrize("stage", [s for s in STAGES if s])
 def test_every_stage_with_every_mix_composes_to_the_board_it_had(stage):
     for mix in MIXES:
-        _check_board_unchanged(stage, mix)
+        if mix not in AUTO_ONLY_MIXES:
+            _check_board_unchanged(stage, mix)
 
 
 # --- the type named after its id ------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Per-type learner settings: an env node's `learner:` (gamma, gae_lambda, ent_coef,
-popart_beta) trains that type's rows with its own values, a type without overrides trains as
-it did before (bit for bit), and a bad value is a one-paragraph ConfigError naming the key."""
+popart_beta, log_std_init) trains that type's rows with its own values, a type without
+overrides trains as it did before (bit for bit), and a bad value is a one-paragraph
+ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -63,12 +64,14 @@ def _train(learner: CentralLearner, batch: dict):
 def test_an_override_that_changes_nothing_trains_bit_for_bit_as_none(override):
     """Same seed, same batch: a type whose `learner:` is empty (or repeats the learner's
     values) gives the same loss and the same weights as a run without the node key, with an
-    entropy bonus and PopArt in play. The GAE settings are the learner's floats."""
+    entropy bonus and PopArt in play. The GAE settings of a slice of the types no node
+    overrides (cartpole, acrobot: pendulum and mountaincar_cont set their horizon on their
+    nodes) are the learner's floats."""
     common = ("learner.ent_coef=0.01", "learner.gamma=0.99", "learner.epochs=2", "learner.minibatch_size=64")
     plain, with_empty = _learner(*common), _learner(*common, override)
     assert next(t for t in with_empty.spec.env_types if t.name == "cartpole").node.get("learner") is None
     for learner in (plain, with_empty):
-        gamma, lam = learner.type_settings.gae(np.arange(4).repeat(3))
+        gamma, lam = learner.type_settings.gae(np.arange(2).repeat(3))
         assert (type(gamma), type(lam)) == (float, float)
         assert (gamma, lam) == (learner.cfg.gamma, learner.cfg.gae_lambda)
     (a_stats, a_state), (b_stats, b_state) = (_train(x, _batch(x, seed=7)) for x in (plain, with_empty))
@@ -167,16 +170,40 @@ def test_popart_moves_each_types_statistics_with_its_own_step_size():
 def test_type_settings_follow_the_mix_order_and_default_to_the_learner():
     learner = _learner(
         "learner.gamma=0.97",
-        "+env_mix.types.pendulum.learner.gamma=0.9",
+        "++env_mix.types.pendulum.learner.gamma=0.9",  # ++: pendulum's node has a learner.gamma
         "+env_mix.types.acrobot.learner.popart_beta=0.01",
     )
     s = learner.type_settings
     assert learner.plan.names == CLASSIC
-    np.testing.assert_array_equal(s.gamma, [0.97, 0.97, 0.9, 0.97])
+    # mountaincar_cont's 0.9999 is its node's (conf/env/mountaincar_cont.yaml), over learner.gamma
+    np.testing.assert_array_equal(s.gamma, [0.97, 0.97, 0.9, 0.9999])
     np.testing.assert_array_equal(s.popart_beta, [3e-4, 0.01, 3e-4, 3e-4])
     assert s.ent_coef_rows(torch.tensor([0, 2])) == learner.cfg.ent_coef  # one value: a float
     assert torch.is_tensor(s.popart_beta_by_type())
     np.testing.assert_array_equal(TypeSettings.of(learner.cfg, learner.spec.env_types).gamma, s.gamma)
+
+
+def test_each_continuous_types_log_std_starts_at_its_log_std_init():
+    """pendulum -1, mountaincar_cont 0.5 (both dims of the head's row), the others the
+    learner's; the Gaussian's scale at the first act is exp of it, and the serving copy
+    starts with the same. A type whose node sets none starts at CleanRL's zeros (here
+    mountaincar_cont's node sets 1.0 for its exploration: conf/env/mountaincar_cont.yaml)."""
+    plain = _learner()
+    np.testing.assert_array_equal(plain.policy.log_std.detach()[:, 0].numpy(), [0.0, 0.0, 0.0, 1.0])
+    learner = _learner(
+        "learner.log_std_init=-0.25",
+        "+env_mix.types.pendulum.learner.log_std_init=-1",
+        "++env_mix.types.mountaincar_cont.learner.log_std_init=0.5",
+    )
+    np.testing.assert_array_equal(learner.type_settings.log_std_init, [-0.25, -0.25, -1.0, 0.5])
+    log_std = learner.policy.log_std.detach()
+    assert log_std.shape[0] == 4
+    for t, want in enumerate([-0.25, -0.25, -1.0, 0.5]):
+        assert torch.equal(log_std[t], torch.full_like(log_std[t], want))
+    assert torch.equal(learner.actor.log_std, learner.policy.log_std)
+    obs = {k.name: torch.zeros((4,) + k.shape) for k in learner.plan.obs_keys}
+    _disc, cont = learner.policy._dists(*learner.policy._sorted(obs, torch.arange(4)))
+    torch.testing.assert_close(cont.scale[:, 0], torch.tensor([-0.25, -0.25, -1.0, 0.5]).exp())
 
 
 # -- checks ----------------------------------------------------------------------------------------
@@ -191,8 +218,11 @@ def test_type_settings_follow_the_mix_order_and_default_to_the_learner():
         ("+env_mix.types.acrobot.learner.ent_coef=-1", "env_mix.types.acrobot.learner.ent_coef", ">= 0"),
         ("+env_mix.types.acrobot.learner.ent_coef=lots", "env_mix.types.acrobot.learner.ent_coef", ">= 0"),
         ("+env_mix.types.pendulum.learner.popart_beta=0", "env_mix.types.pendulum.learner.popart_beta", "(0, 1]"),
-        ("+env_mix.types.pendulum.learner.clip_coef=0.1", "env_mix.types.pendulum.learner.clip_coef", "ent_coef"),
-        ("+env_mix.types.pendulum.learner=0.99", "env_mix.types.pendulum.learner", "mapping"),
+        ("+env_mix.types.pendulum.learner.log_std_init=3", "env_mix.types.pendulum.learner.log_std_init", "[-5, 2]"),
+        ("+env_mix.types.pendulum.learner.log_std_init=wide", "env_mix.types.pendulum.learner.log_std_init", "[-5, 2]"),
+        ("learner.log_std_init=-6", "learner.log_std_init", "[-5, 2]"),
+        ("+env_mix.types.pendulum.learner.clip_coef=0.1", "env_mix.types.pendulum.learner.clip_coef", "log_std_init"),
+        ("++env_mix.types.pendulum.learner=0.99", "env_mix.types.pendulum.learner", "mapping"),
     ],
 )
 def test_a_bad_per_type_value_is_a_config_error_naming_the_key(override, key, allowed):

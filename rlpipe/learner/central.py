@@ -53,9 +53,16 @@ class CentralLearner:
         self.device = pick_device(self.cfg.device)
         torch.manual_seed(spec.run.seed)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
-        self.policy = Policy(plan, plan.obs_keys, self.cfg.hidden, self.cfg.cnn_channels, self.cfg.cnn_out).to(
-            self.device
-        )
+        # gamma, lambda, entropy bonus, PopArt step and initial log std per type (env nodes' `learner:`)
+        self.type_settings = TypeSettings.of(self.cfg, spec.env_types)
+        self.policy = Policy(
+            plan,
+            plan.obs_keys,
+            self.cfg.hidden,
+            self.cfg.cnn_channels,
+            self.cfg.cnn_out,
+            log_std_init=self.type_settings.log_std_init,
+        ).to(self.device)
         self._optimizer: torch.optim.Optimizer | None = None
         # PPO updates run in a thread on `policy` while `actor`, a copy refreshed after every
         # update, keeps serving the workers: inference never waits for training.
@@ -69,8 +76,6 @@ class CentralLearner:
         self.row_bytes = [k.nbytes for k in plan.obs_keys]
         self.obs_base = [buf.data_ptr() for buf in self.obs_buf.values()]  # they never move
         self.rollouts: dict[tuple[int, int], SliceRollout] = {}
-        # gamma, lambda, entropy bonus and PopArt step per type (env nodes' `learner:`)
-        self.type_settings = TypeSettings.of(self.cfg, spec.env_types)
         # (gamma, lambda) per slice: its types never change (the env -> type map is fixed)
         self.slice_gae: dict[tuple[int, int], tuple] = {}
         self.ready_blocks: list[dict] = []

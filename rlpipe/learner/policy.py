@@ -186,7 +186,11 @@ class Policy(nn.Module):
         hidden: tuple[int, ...],
         cnn_channels: tuple[int, int, int] = (32, 64, 64),
         cnn_out: int = 256,
+        log_std_init: np.ndarray | None = None,
     ):
+        """`log_std_init`: each type's starting log std of its Gaussian head ([n_types]; None:
+        0, CleanRL's). Only the start: the log std is a trained parameter, and a checkpoint or
+        export loaded over it brings its own."""
         super().__init__()
         rgb = [k for k in obs_keys if k.name == "rgb"]
         self.rgb = RgbEncoder(rgb[0].shape, cnn_channels, cnn_out) if rgb else None
@@ -220,7 +224,10 @@ class Policy(nn.Module):
         self.popart = PopArt(n_types)
         self.actor_disc = Tower(n_types, n_feat, hidden, self.disc_n, out_std=0.01) if self.disc_n else None
         self.actor_cont = Tower(n_types, n_feat, hidden, self.cont_dim, out_std=0.01) if self.cont_dim else None
-        self.log_std = nn.Parameter(torch.zeros(n_types, max(self.cont_dim, 1)))
+        log_std = torch.zeros(n_types, max(self.cont_dim, 1))
+        if log_std_init is not None:
+            log_std += torch.as_tensor(log_std_init, dtype=log_std.dtype).reshape(n_types, 1)
+        self.log_std = nn.Parameter(log_std)
 
     # -- encoders ------------------------------------------------------------------------------
     def features(self, obs: dict[str, torch.Tensor], types: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,9 @@ own values (the keys of rlpipe.config.TYPE_LEARNER_KEYS), one value per type ind
 
 Rows carry their type index, so every use is a lookup by type, vectorized as the policy is:
 GAE's gamma and lambda per env column of a slice's block (rollout.py), the entropy bonus per
-row of a minibatch and PopArt's step size per type (ppo.py, popart.py). Where the rows at hand
+row of a minibatch and PopArt's step size per type (ppo.py, popart.py); the Gaussian head's
+initial log std is each type's row of the policy's log-std parameter (policy.py), read once
+when the policy is built. Where the rows at hand
 all share a value (no type overrides it, or all set the same) it is handed on as one Python
 float, the form the learner used before per-type settings: such a run computes what it did,
 bit for bit.
@@ -25,6 +27,7 @@ class TypeSettings:
     gae_lambda: np.ndarray
     ent_coef: np.ndarray
     popart_beta: np.ndarray
+    log_std_init: np.ndarray  # the policy's starting log std per type (a discrete type's is unused)
 
     @classmethod
     def of(cls, cfg: LearnerSpec, env_types: tuple[EnvTypeSpec, ...]) -> "TypeSettings":
