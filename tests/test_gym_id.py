@@ -106,7 +106,9 @@ def _check_board_unchanged(stage: str | None, mix: str | None) -> None:
         + (["env_mix.id=CartPole-v1"] if mix == "gym" else [])
     )
     spec, plan = _plan(overrides)
-    assert spec.buffer.sizing == ("fixed" if picked else "auto"), overrides
+    assert spec.buffer.sizing == ("auto" if picked in (None, "auto") else "fixed"), overrides
+    if picked == "auto":  # the stage lets its board grow on purpose: its own test below says how
+        return
     _, before = _plan(overrides + [f"buffer={picked or 'small'}"])
     assert plan.obs_keys == before.obs_keys, (overrides, _board(plan), _board(before))
 
@@ -120,6 +122,14 @@ def _check_board_unchanged(stage: str | None, mix: str | None) -> None:
 )
 def test_every_stage_and_mix_composes_to_the_board_it_had(stage, mix):
     _check_board_unchanged(stage, mix)
+
+
+def test_day4_plans_small_s_board_with_vector_grown_to_minigrid_s_symbolic_grid():
+    """day4 picks buffer=auto for MiniGrid's symbolic view: small's keys, vector 147 long."""
+    _, plan = _plan(["+stage=day4"])
+    _, small = _plan(["+stage=day4", "buffer=small", "env_mix.types.minigrid.view=rgb"])
+    grown = {k.name: (k.shape, k.dtype) for k in small.obs_keys} | {"vector": ((147,), "float32")}
+    assert {k.name: (k.shape, k.dtype) for k in plan.obs_keys} == grown
 
 
 # ... and, to be sure, every stage with every mix (two Hydra compositions a pair: minutes).
