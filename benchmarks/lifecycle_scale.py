@@ -29,6 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from omegaconf import OmegaConf  # noqa: E402
+
+from rlpipe.config import conf_dir  # noqa: E402
 from rlpipe.lifecycle import fault_counts  # noqa: E402
 from rlpipe.lifecycle.events import DB_NAME  # noqa: E402
 from rlpipe.lifecycle.recovery import recovery_report  # noqa: E402
@@ -48,20 +51,8 @@ KIND_SHARES = {
     "worker_term": 0.005,
     "chaos_inject": 0.01,
 }
-ENV_TYPES = (
-    "cartpole",
-    "acrobot",
-    "pendulum",
-    "mountaincar_cont",
-    "lunar_lander",
-    "bullet_reacher",
-    "atari",
-    "minigrid",
-    "unity_sim",
-    "physics_sim",
-    "web_sim",
-    "faulty",
-)
+# the seed12 mix's twelve types, as conf/ declares them
+ENV_TYPES = tuple(OmegaConf.load(conf_dir() / "env_mix" / "seed12.yaml").weights)
 N_ENVS, N_WORKERS, BATCH = 7000, 100, 50_000
 
 

@@ -313,6 +313,7 @@ class LoggingSpec(_Section):
     random_return_episodes: int = setting(count)  # random-action episodes per type (0: none)
     random_return_budget_s: float = setting(positive)  # ... and the most seconds spent on one type
     resources_interval_s: float = setting(positive)  # the least seconds between two resource samples
+    health_interval_s: float = setting(positive)  # the seconds between two charts of them (and of health/)
     long_run_min_s: float = setting(positive)  # a loop this long gets the long-run verdict
     project_to_s: Optional[float] = setting(positive_or_null)  # the verdict's horizon (null: run.duration_s)
 

@@ -13,11 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from rlpipe.config import conf_dir, register_schema
 
 REPO = Path(__file__).resolve().parent.parent
 register_schema()
+# The twelve types of the seed12 mix, in its order, as conf/ declares them (tests/test_config.py
+# holds the literal list: it is the check of that file).
+SEED12_TYPES = tuple(OmegaConf.load(conf_dir() / "env_mix" / "seed12.yaml").weights)
 
 # Fixtures that make one real run for several tests (session or module scope). Under
 # pytest-xdist each worker would make its own copy of a run its tests need, so the tests that

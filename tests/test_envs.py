@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import compose_cfg, run_cli
+from conftest import SEED12_TYPES, compose_cfg, run_cli
 from rlpipe.config import ConfigError, EnvTypeSpec, run_spec
 from rlpipe.envs import (
     CONTINUOUS,
@@ -30,20 +30,7 @@ from rlpipe.envs import (
 from rlpipe.envs.image import Resizer
 from rlpipe.worker.envtable import EnvTable
 
-TYPES = (
-    "cartpole",
-    "acrobot",
-    "pendulum",
-    "mountaincar_cont",
-    "lunar_lander",
-    "bullet_reacher",
-    "atari",
-    "minigrid",
-    "unity_sim",
-    "physics_sim",
-    "web_sim",
-    "faulty",
-)
+TYPES = SEED12_TYPES
 FAST = {"unity_sim": {"warmup_ms": 20.0}}  # keep the suite quick; behaviour unchanged
 QUIET = {
     "faulty": {"reset_error_rate": 0.0, "step_error_rate": 0.0, "render_error_rate": 0.0, "violation_rate": 0.0},

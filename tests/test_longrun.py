@@ -189,11 +189,15 @@ def test_a_worker_tells_its_envs_emulated_leak_from_its_own_rss(short_tmp):
         "learner.cnn_channels=[4,8,8]",
         "learner.cnn_out=16",
         "env_mix.types.unity_sim.warmup_ms=10",
-        "env_mix.types.unity_sim.leak_bytes_per_step=131072",  # 2 MiB per env after 16 steps
+        "env_mix.types.unity_sim.leak_bytes_per_step=1048576",  # 2 MiB per env after 2 steps
         "env_mix.types.unity_sim.leak_max_mb=2.0",
+        "logging.random_return_episodes=0",  # no probe of random returns beside the run's start
         "run.total_env_steps=null",
-        "run.duration_s=30",  # resources/ are charted every 10 s, from the start-up on
+        # a sample every 0.5 s, charted every second from the start-up on: a start of 15 s (a
+        # loaded machine) still leaves a few charts with both envs at their cap
+        "run.duration_s=20",
         "logging.resources_interval_s=0.5",
+        "logging.health_interval_s=1",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     tags = read_scalars(run_dir / "tb")

@@ -9,22 +9,8 @@ import logging
 
 from rich.console import Console
 
+from conftest import SEED12_TYPES
 from rlpipe.telemetry.progress import Progress, Status, quiet_console_logs
-
-SEED12 = [
-    "cartpole",
-    "acrobot",
-    "pendulum",
-    "mountaincar_cont",
-    "lunar_lander",
-    "bullet_reacher",
-    "atari",
-    "minigrid",
-    "unity_sim",
-    "physics_sim",
-    "web_sim",
-    "faulty",
-]
 
 
 def status(elapsed=30.0, steps=100_000, sps=2_000.0, returns=None) -> Status:
@@ -49,12 +35,12 @@ def render(progress: Progress, st: Status) -> str:
 
 
 def test_panel_fits_80_columns_with_every_seed12_type():
-    rets = {n: (-1) ** i * 10.0 ** (i % 5) for i, n in enumerate(SEED12)}
+    rets = {n: (-1) ** i * 10.0 ** (i % 5) for i, n in enumerate(SEED12_TYPES)}
     rets["faulty"] = None  # no episode finished yet
     text = render(Progress(10, 500_000, 60.0), status(returns=rets))
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80 and len(lines) <= 14
-    for name in SEED12:
+    for name in SEED12_TYPES:
         assert name in text
     assert "-10,000" in text and "0:00:30" in text and "200 active · 40 dormant" in text
 

@@ -383,7 +383,7 @@ def test_restart_loop_after_sigkill_resumes_and_leaves_nothing_of_the_dead_run(s
     """A plain loop standing in for systemd's Restart=on-failure: the driver is SIGKILLed once
     a checkpoint exists; the same command line (run.resume=auto) continues from it to the
     step target with every env active, and nothing of the killed run is left."""
-    run_dir, total = long_run_dir(short_tmp), 60000
+    run_dir, total = long_run_dir(short_tmp), 30000  # the kill comes a few thousand steps in
     cmd = rlpipe_cmd(run_dir, *RUN, f"run.total_env_steps={total}", "run.resume=auto")
     # The runs' temp dir is one of their own: a `pymp-*` dir in it can only be theirs (in the
     # shared /tmp, another test's multiprocessing, on the other xdist worker, makes them too).

@@ -12,7 +12,7 @@ from conftest import REPO, read_summary, rlpipe_cmd, run_cli
 
 OVERRIDES = [
     "env_count=32",
-    "run.total_env_steps=120000",
+    "run.total_env_steps=30000",  # the first start is killed a few thousand steps in
     "run.duration_s=300",
     "learner.checkpoint_interval_s=2",
     "reward_norm=per_env",
@@ -38,7 +38,7 @@ def test_kill9_after_first_checkpoint_then_resume(short_tmp):
     assert out.returncode == 0, out.stderr[-3000:]
     summary = read_summary(run_dir)
     assert summary["resumed_from_step"] >= saved > 0
-    assert summary["env_steps"] >= 120000
+    assert summary["env_steps"] >= 30000
     assert summary["updates"] > 0
     # The killed run's embedded Redis died with it: the resumed workers' reward statistics can
     # only have come from the checkpoint.

@@ -30,7 +30,6 @@ from rlpipe.telemetry.progress import Status
 from rlpipe.worker.rewardnorm import RewardNormalizer
 
 log = logging.getLogger("rlpipe")
-HEALTH_CHARTS_S = 10.0  # memory curves and the watchdog's health/ scalars
 REWARD_STATS_S = 10.0
 
 
@@ -59,7 +58,7 @@ class RunMetrics:
         self.learner = None  # learner.central.CentralLearner, once built
         self.chart_mark = (0, t0)  # (env steps, time) of the last charts/sps sample
         self.loss_std_marks: dict[str, float] = {}
-        self.health_timer = Every(HEALTH_CHARTS_S)
+        self.health_timer = Every(spec.logging.health_interval_s)
         self.reward_stats_timer = Every(REWARD_STATS_S)
         self.all_ready_at: float | None = None
         self.startup_cpu: dict[str, float] | None = None  # CPU seconds used by then (fleet.cpu_seconds)
@@ -150,7 +149,7 @@ class RunMetrics:
         )
 
     def health_charts(self, now: float) -> None:
-        """Every HEALTH_CHARTS_S: the memory curves, the resource figures and the watchdog's
+        """Every logging.health_interval_s: the memory curves, the resource figures and the watchdog's
         health/ scalars."""
         if self.health_timer.due(now):
             self._memory_curves()
