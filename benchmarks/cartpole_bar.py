@@ -126,6 +126,7 @@ def child_sb3(threshold: float, seed: int) -> None:
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
 
     class StopAt(BaseCallback):
         def _on_step(self) -> bool:
@@ -156,6 +157,8 @@ def child_sb3(threshold: float, seed: int) -> None:
         device="cpu",
         verbose=0,
     )
+    # SB3's default logger makes a /tmp/SB3-<time> folder per run even with nothing to write
+    model.set_logger(Logger(folder=None, output_formats=[]))
     model.learn(total_timesteps=SB3_MAX_STEPS, callback=StopAt())
     buf = [e["r"] for e in model.ep_info_buffer]
     print(MARK + json.dumps({"final": sum(buf) / len(buf) if buf else None}), flush=True)
