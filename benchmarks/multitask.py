@@ -3,28 +3,35 @@
     python benchmarks/multitask.py                       # env_mix=control, the defaults below
     python benchmarks/multitask.py --mix reward_scales --envs 32 --steps 500000
     python benchmarks/multitask.py --skip-grid --json
+    python benchmarks/multitask.py --mix seed12 --envs 32 --steps 131072 --envs-of mountaincar_cont=96 \
+        --set env_mix.types.minigrid.view=symbolic --skip-grid --skip-baseline --keep --out /tmp/seed12
 
-For a mix of k types, with N envs per type and S env steps per type:
+For a mix of k types, with N envs per type and S env steps per type (`--envs-of TYPE=N_t`
+gives a type its own N_t envs and a budget of S N_t / N steps: every env steps S / N times, in
+its specialist and in the generalist alike, so a type that needs more episodes gets more envs):
 
 - random:      each type's return under uniformly random actions (`--random-episodes`
                episodes of one env per type, measured here, before the runs);
 - specialist:  the type alone: N envs, S steps, PPO updates of N env-rollouts;
-- generalist:  the whole mix: N envs per type (k N), k S steps, updates of k N env-rollouts
-               and minibatches k times larger, so each update and each gradient step sees
-               about as many samples of each type as a specialist's, and there are as many
-               updates as a specialist makes;
+- generalist:  the whole mix: N envs per type (k N; the mix's weights are replaced by the
+               envs per type), k S steps, updates of k N env-rollouts and minibatches k times
+               larger, so each update and each gradient step sees about as many samples of
+               each type as a specialist's, and there are as many updates as a specialist makes;
 - baseline:    the generalist with `learner.value_norm=none learner.adv_norm=batch` (one
                critic scale, advantages normalized over mixed minibatches: the learner
                before the multi-task work), same budget;
+- learnable:   the specialist's verdict in its summary.json (`learned`: its last 100 episodes
+               clearly above random and above its own first 100, docs/multitask.md);
 - score:       per type (generalist - random) / (specialist - random), then the median and
-               the minimum over the types (`--unlearnable` names types left out of both,
-               e.g. one whose specialist does not beat random at this budget: the table
-               still shows them);
+               the minimum over the learnable types (`--unlearnable` leaves out more; the
+               table still shows every type);
 - grid:        one Hydra multirun over learner.value_norm x reward_norm x scaling on the mix
                with `--grid-steps` per type, one row per job.
 
 Returns are the mean of the last 100 episodes (summary.json `mean_return_last100`). Every
-run writes into `--out` (default: a temporary directory, removed unless `--keep`).
+run writes into `--out` (default: a temporary directory, removed unless `--keep`); a run whose
+summary.json is already there is read, not run again (`--out` of an interrupted invocation
+resumes it). `--set` adds overrides to every run (e.g. MiniGrid on its symbolic view).
 """
 
 from __future__ import annotations
@@ -60,7 +67,10 @@ def mix_types(mix: str) -> dict[str, dict]:
 
 
 def run(run_dir: Path, overrides: list[str], multirun: bool = False) -> float:
-    """One `python -m rlpipe` job (or a multirun); returns its wall seconds."""
+    """One `python -m rlpipe` job (or a multirun); returns its wall seconds (0: it had run)."""
+    if not multirun and (run_dir / "summary.json").exists():
+        print(f"  {run_dir.name}: read from an earlier invocation", flush=True)
+        return 0.0
     cmd = [
         sys.executable,
         "-m",
@@ -82,6 +92,24 @@ def returns_of(run_dir: Path) -> dict[str, float | None]:
     return json.loads((run_dir / "summary.json").read_text())["mean_return_last100"]
 
 
+def verdict_of(run_dir: Path, name: str) -> str:
+    return json.loads((run_dir / "summary.json").read_text())["learned"].get(name, "unknown")
+
+
+def envs_per_type(names: list[str], n: int, envs_of: list[str]) -> dict[str, int]:
+    """N_t per type: N, but for the types `--envs-of TYPE=N_t` names."""
+    counts = dict.fromkeys(names, n)
+    for item in envs_of:
+        name, _, value = item.partition("=")
+        if name not in counts or not value.isdigit() or int(value) < 1:
+            raise SystemExit(
+                f"--envs-of {item!r}: expected TYPE=N with TYPE one of the mix's types "
+                f"({', '.join(names)}) and N a positive integer"
+            )
+        counts[name] = int(value)
+    return counts
+
+
 def common(mix: str, n_envs: int, steps: int, seed: int) -> list[str]:
     return [
         f"env_mix={mix}",
@@ -92,11 +120,13 @@ def common(mix: str, n_envs: int, steps: int, seed: int) -> list[str]:
     ]
 
 
-def generalist_overrides(mix: str, k: int, n: int, steps: int, seed: int) -> list[str]:
-    return common(mix, k * n, k * steps, seed) + [
-        f"learner.update_envs={k * n}",
-        f"learner.minibatch_size={k * BASE_MINIBATCH}",
-    ]
+def generalist_overrides(mix: str, counts: dict[str, int], steps_per_env: int, seed: int) -> list[str]:
+    total = sum(counts.values())
+    return (
+        common(mix, total, total * steps_per_env, seed)
+        + [f"env_mix.weights.{name}={count}" for name, count in counts.items()]
+        + [f"learner.update_envs={total}", f"learner.minibatch_size={len(counts) * BASE_MINIBATCH}"]
+    )
 
 
 def score(gen, spec, rnd):
@@ -110,6 +140,8 @@ def main() -> None:
     ap.add_argument("--mix", default="control")
     ap.add_argument("--envs", type=int, default=32, help="N: envs per type")
     ap.add_argument("--steps", type=int, default=600_000, help="S: env steps per type")
+    ap.add_argument("--envs-of", nargs="*", default=[], metavar="TYPE=N", help="a type's own N_t envs")
+    ap.add_argument("--set", nargs="*", default=[], metavar="OVERRIDE", help="overrides added to every run")
     ap.add_argument("--grid-steps", type=int, default=150_000, help="env steps per type in each grid job")
     ap.add_argument("--random-episodes", type=int, default=100)
     ap.add_argument("--unlearnable", default="", help="comma-separated types left out of median/min")
@@ -124,9 +156,12 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     nodes = mix_types(args.mix)
     names, k, n, steps = list(nodes), len(nodes), args.envs, args.steps
+    counts = envs_per_type(names, n, args.envs_of)
+    steps_per_env = steps // n
+    own = ", ".join(f"{t} {c} envs, {c * steps_per_env:,} steps" for t, c in counts.items() if c != n)
     print(
         f"multitask benchmark: mix {args.mix} ({', '.join(names)}), N={n} envs per type, "
-        f"S={steps:,} env steps per type; runs in {out}",
+        f"S={steps:,} env steps per type{f' (but {own})' if own else ''}; runs in {out}",
         flush=True,
     )
     t_start = time.monotonic()
@@ -140,32 +175,37 @@ def main() -> None:
             print(f"  {name}: {r['mean']:.1f} over {r['episodes']} episodes", flush=True)
 
         print("runs:", flush=True)
-        wall = {"generalist": run(out / "generalist", generalist_overrides(args.mix, k, n, steps, args.seed))}
+        mixed = generalist_overrides(args.mix, counts, steps_per_env, args.seed) + args.set
+        wall = {"generalist": run(out / "generalist", mixed)}
         generalist = returns_of(out / "generalist")
         baseline = {}
         if not args.skip_baseline:
-            wall["baseline"] = run(
-                out / "baseline",
-                generalist_overrides(args.mix, k, n, steps, args.seed)
-                + ["learner.value_norm=none", "learner.adv_norm=batch"],
-            )
+            wall["baseline"] = run(out / "baseline", mixed + ["learner.value_norm=none", "learner.adv_norm=batch"])
             baseline = returns_of(out / "baseline")
-        specialist = {}
+        specialist, learnable = {}, {}
         for name in names:
             others = [f"~env_mix.{part}.{o}" for o in names if o != name for part in ("types", "weights")]
+            n_t = counts[name]
             wall[f"specialist_{name}"] = run(
                 out / f"specialist_{name}",
-                common(args.mix, n, steps, args.seed) + [f"learner.update_envs={n}"] + others,
+                common(args.mix, n_t, n_t * steps_per_env, args.seed)
+                + [f"learner.update_envs={n_t}"]
+                + others
+                + args.set,
             )
             specialist[name] = returns_of(out / f"specialist_{name}")[name]
+            learnable[name] = verdict_of(out / f"specialist_{name}", name)
 
-        skip = {t for t in args.unlearnable.split(",") if t}
+        skip = {t for t in args.unlearnable.split(",") if t} | {t for t in names if learnable[t] != "learned"}
         rows = []
         for name in names:
             rnd = random[name]["mean"]
             rows.append(
                 {
                     "type": name,
+                    "envs": counts[name],
+                    "steps": counts[name] * steps_per_env,
+                    "specialist_verdict": learnable[name],
                     "random": rnd,
                     "specialist": specialist[name],
                     "generalist": generalist[name],
@@ -180,8 +220,11 @@ def main() -> None:
             vals = [r[key] for r in rows if r["counted"] and r[key] is not None]
             return (statistics.median(vals), min(vals)) if vals else (None, None)
 
-        print("\n| type | random | specialist | generalist | score | baseline learner | baseline score |")
-        print("|---|---|---|---|---|---|---|")
+        print(
+            "\n| type | envs | steps | random | specialist (verdict) | generalist | score "
+            "| baseline learner | baseline score |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
 
         def f(v, fmt="{:.1f}"):
             return "-" if v is None else fmt.format(v)
@@ -189,13 +232,16 @@ def main() -> None:
         for r in rows:
             mark = "" if r["counted"] else " (not counted)"
             print(
-                f"| {r['type']}{mark} | {f(r['random'])} | {f(r['specialist'])} | {f(r['generalist'])} | "
+                f"| {r['type']}{mark} | {r['envs']} | {r['steps']:,} | {f(r['random'])} | "
+                f"{f(r['specialist'])} ({r['specialist_verdict']}) | {f(r['generalist'])} | "
                 f"{f(r['score'], '{:.2f}')} | {f(r['baseline'])} | {f(r['baseline_score'], '{:.2f}')} |"
             )
         med, low = summary("score")
         bmed, blow = summary("baseline_score")
+        learned = sum(v == "learned" for v in learnable.values())
+        print(f"\nlearnable at this budget (the specialist learned): {learned} of {k}")
         print(
-            f"\nnormalized score (generalist - random) / (specialist - random): median {f(med, '{:.2f}')}, "
+            f"normalized score (generalist - random) / (specialist - random): median {f(med, '{:.2f}')}, "
             f"min {f(low, '{:.2f}')}; baseline learner: median {f(bmed, '{:.2f}')}, min {f(blow, '{:.2f}')}"
         )
 
@@ -207,7 +253,8 @@ def main() -> None:
             )
             wall["grid"] = run(
                 out / "grid",
-                generalist_overrides(args.mix, k, n, args.grid_steps, args.seed)
+                generalist_overrides(args.mix, counts, args.grid_steps // n, args.seed)
+                + args.set
                 + ["learner.value_norm=popart,none", "reward_norm=off,per_type", "scaling=off,on"],
                 multirun=True,
             )
@@ -247,6 +294,7 @@ def main() -> None:
                         "steps_per_type": steps,
                         "random": random,
                         "rows": rows,
+                        "learnable": learned,
                         "median_score": med,
                         "min_score": low,
                         "baseline_median_score": bmed,

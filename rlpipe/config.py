@@ -174,6 +174,7 @@ class LearnerSpec(_Section):
     value_norm: str = setting(one_of("popart", "none"))
     popart_beta: float = setting(step_size)  # PopArt's per-sample step size of the value statistics
     log_std_init: float = setting(checks.log_std)  # the Gaussian head's log std at the start
+    type_settings: str = setting(one_of("per_type", "shared"))  # shared: env nodes' `learner:` ignored
     adv_norm: str = setting(one_of("per_type", "batch", "none"))
     checkpoint_interval_s: float = setting(positive)
     keep_checkpoints: int = setting(positive_int)

@@ -183,6 +183,21 @@ def test_type_settings_follow_the_mix_order_and_default_to_the_learner():
     np.testing.assert_array_equal(TypeSettings.of(learner.cfg, learner.spec.env_types).gamma, s.gamma)
 
 
+def test_shared_type_settings_give_every_type_the_learners_values():
+    """The ablation switch: `learner.type_settings=shared` ignores the env nodes' `learner:`
+    (mountaincar_cont's node sets gamma 0.9999 and log std 1, pendulum's gamma 0.9), so every
+    type trains with the learner's values, each handed on as one float as before the
+    per-type settings."""
+    learner = _learner("learner.type_settings=shared", "learner.gamma=0.97")
+    s = learner.type_settings
+    np.testing.assert_array_equal(s.gamma, [0.97] * 4)
+    np.testing.assert_array_equal(s.log_std_init, [0.0] * 4)
+    assert s.gae(np.array([0, 2, 3])) == (0.97, learner.cfg.gae_lambda)
+    assert torch.equal(learner.policy.log_std.detach(), torch.zeros_like(learner.policy.log_std))
+    with pytest.raises(ConfigError, match=r"learner\.type_settings.*per_type.*shared"):
+        run_spec(compose_cfg(["learner.type_settings=off"]))
+
+
 def test_each_continuous_types_log_std_starts_at_its_log_std_init():
     """pendulum -1, mountaincar_cont 0.5 (both dims of the head's row), the others the
     learner's; the Gaussian's scale at the first act is exp of it, and the serving copy

@@ -31,12 +31,11 @@ class TypeSettings:
 
     @classmethod
     def of(cls, cfg: LearnerSpec, env_types: tuple[EnvTypeSpec, ...]) -> "TypeSettings":
-        """The types' values in `env_types` order (the plan's type indices)."""
+        """The types' values in `env_types` order (the plan's type indices); with
+        `learner.type_settings=shared` every type's are the learner's."""
+        own = [t.learner if cfg.type_settings == "per_type" else {} for t in env_types]
         return cls(
-            **{
-                key: np.array([float(t.learner.get(key, getattr(cfg, key))) for t in env_types])
-                for key in TYPE_LEARNER_KEYS
-            }
+            **{key: np.array([float(o.get(key, getattr(cfg, key))) for o in own]) for key in TYPE_LEARNER_KEYS}
         )
 
     @staticmethod
