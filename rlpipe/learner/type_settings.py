@@ -34,9 +34,7 @@ class TypeSettings:
         """The types' values in `env_types` order (the plan's type indices); with
         `learner.type_settings=shared` every type's are the learner's."""
         own = [t.learner if cfg.type_settings == "per_type" else {} for t in env_types]
-        return cls(
-            **{key: np.array([float(o.get(key, getattr(cfg, key))) for o in own]) for key in TYPE_LEARNER_KEYS}
-        )
+        return cls(**{key: np.array([float(o.get(key, getattr(cfg, key))) for o in own]) for key in TYPE_LEARNER_KEYS})
 
     @staticmethod
     def _one(values: np.ndarray) -> float | None:
