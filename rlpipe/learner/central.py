@@ -24,6 +24,7 @@ import torch
 from rlpipe import heap
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
+from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
 from rlpipe.learner.counters import FIRST_EPISODES, Counters
 from rlpipe.learner.latency import StepLatencies
@@ -63,7 +64,7 @@ class CentralLearner:
             self.cfg.cnn_out,
             log_std_init=self.type_settings.log_std_init,
         ).to(self.device)
-        self._optimizer: torch.optim.Optimizer | None = None
+        self._optimizer: FusedAdam | None = None
         # PPO updates run in a thread on `policy` while `actor`, a copy refreshed after every
         # update, keeps serving the workers: inference never waits for training.
         self.actor = copy.deepcopy(self.policy)
@@ -249,16 +250,13 @@ class CentralLearner:
         return not self.random and self._update_thread is None and self.ready_samples >= self.update_samples
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """Built on first use, which is the first update's thread: constructing an optimizer
-        imports torch._dynamo (its cost: docs/benchmarks.md), and the first env steps should
-        not wait for it.
+    def optimizer(self) -> FusedAdam:
+        """Built on first use, in the first update's thread.
         Adam's fused kernel: the same update rule in one pass over all parameters instead of
-        a dozen small ops per parameter tensor (the update's second cost after the layers)."""
+        a dozen small ops per parameter tensor (the update's second cost after the layers),
+        called without torch.optim, whose first call imports torch._dynamo (rlpipe/learner/adam.py)."""
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(
-                self.policy.parameters(), lr=self.cfg.learning_rate, eps=1e-5, fused=True
-            )
+            self._optimizer = FusedAdam(self.policy.parameters(), lr=self.cfg.learning_rate, eps=1e-5)
         return self._optimizer
 
     @property

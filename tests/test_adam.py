@@ -1,0 +1,104 @@
+"""rlpipe.learner.adam.FusedAdam: torch.optim.Adam(fused=True)'s arithmetic and state dict,
+without importing torch._dynamo."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rlpipe.learner.adam import FusedAdam
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def _steps(model: nn.Module, opt, n: int, seed: int = 1, lr_at=None) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(n):
+        if lr_at is not None:
+            opt.param_groups[0]["lr"] = lr_at(i)
+        x = torch.randn(32, 4, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+
+def _same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_steps_equal_torch_fused_adam_bit_for_bit():
+    ours, theirs = _model(), _model()
+    opt_ours = FusedAdam(ours.parameters(), lr=1e-3, eps=1e-5)
+    opt_theirs = torch.optim.Adam(theirs.parameters(), lr=1e-3, eps=1e-5, fused=True)
+    schedule = lambda i: 1e-3 * (1 - i / 20)  # noqa: E731 (the learner anneals the group's lr)
+    _steps(ours, opt_ours, 12, lr_at=schedule)
+    _steps(theirs, opt_theirs, 12, lr_at=schedule)
+    assert _same(ours, theirs)
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt_ours.state[p][key], opt_theirs.state[q][key]), key
+
+
+def test_state_dict_loads_both_ways_and_training_continues_the_same():
+    """A checkpoint written with torch.optim.Adam resumes in FusedAdam and the other way round."""
+    a, b = _model(), _model()
+    opt_a = torch.optim.Adam(a.parameters(), lr=1e-3, eps=1e-5, fused=True)
+    _steps(a, opt_a, 5)
+    b.load_state_dict(a.state_dict())
+    opt_b = FusedAdam(b.parameters(), lr=5e-4, eps=1e-5)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))  # as torch.save/torch.load hand it over
+    assert opt_b.param_groups[0]["lr"] == 1e-3  # the saved group's hyperparameters, as torch does
+    _steps(a, opt_a, 4, seed=7)
+    _steps(b, opt_b, 4, seed=7)
+    assert _same(a, b)
+
+    c = _model(3)
+    c.load_state_dict(b.state_dict())
+    opt_c = torch.optim.Adam(c.parameters(), lr=1e-3, eps=1e-5, fused=True)
+    opt_c.load_state_dict(copy.deepcopy(opt_b.state_dict()))
+    _steps(b, opt_b, 3, seed=9)
+    _steps(c, opt_c, 3, seed=9)
+    assert _same(b, c)
+
+
+def test_state_dict_of_other_parameters_is_refused():
+    opt = FusedAdam(_model().parameters(), lr=1e-3)
+    other = FusedAdam(nn.Linear(2, 2).parameters(), lr=1e-3)
+    try:
+        opt.load_state_dict(other.state_dict())
+    except ValueError:
+        return
+    raise AssertionError("a state dict of 2 parameters loaded into an optimizer of 4")
+
+
+def test_zero_grad_without_set_to_none_keeps_zeroed_grads():
+    model = _model()
+    opt = FusedAdam(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 4)).sum().backward()
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_an_update_never_imports_dynamo():
+    """The first PPO update's optimizer: no torch._dynamo import (its ~1.3 CPU s ran in the
+    update thread beside serving while torch.optim built it)."""
+    code = (
+        "import sys, torch\n"
+        "from rlpipe.learner.adam import FusedAdam\n"
+        "m = torch.nn.Linear(3, 2)\n"
+        "opt = FusedAdam(m.parameters(), lr=1e-3)\n"
+        "m(torch.ones(4, 3)).sum().backward(); torch.nn.utils.clip_grad_norm_(list(m.parameters()), 0.5)\n"
+        "opt.step(); opt.zero_grad(); opt.load_state_dict(opt.state_dict())\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
