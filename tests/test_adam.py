@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlpipe.learner.adam import FusedAdam
+from rlpipe.learner.adam import FusedAdam, clip_grad_norm
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,6 +71,22 @@ def test_state_dict_loads_both_ways_and_training_continues_the_same():
     assert _same(b, c)
 
 
+def test_clip_grad_norm_equals_torch_bit_for_bit():
+    """Above the bound (every gradient scaled) and below it (unchanged), and a parameter without
+    a gradient left out, as torch.nn.utils.clip_grad_norm_ leaves it."""
+    for max_norm in (0.05, 1e3):
+        ours, theirs = _model(), _model()
+        for m in (ours, theirs):
+            m(torch.linspace(-1, 1, 8).reshape(2, 4)).pow(2).sum().backward()
+            m[2].bias.grad = None
+        norm_ours = clip_grad_norm(list(ours.parameters()), max_norm)
+        norm_theirs = torch.nn.utils.clip_grad_norm_(list(theirs.parameters()), max_norm)
+        assert torch.equal(norm_ours, norm_theirs)
+        for p, q in zip(ours.parameters(), theirs.parameters()):
+            assert (p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad)
+    assert float(norm_ours) < 1e3  # the second bound was not reached: the grads kept as they were
+
+
 def test_state_dict_of_other_parameters_is_refused():
     opt = FusedAdam(_model().parameters(), lr=1e-3)
     other = FusedAdam(nn.Linear(2, 2).parameters(), lr=1e-3)
@@ -94,11 +110,12 @@ def test_an_update_never_imports_dynamo():
     update thread beside serving while torch.optim built it)."""
     code = (
         "import sys, torch\n"
-        "from rlpipe.learner.adam import FusedAdam\n"
+        "from rlpipe.learner.adam import FusedAdam, clip_grad_norm\n"
         "m = torch.nn.Linear(3, 2)\n"
         "opt = FusedAdam(m.parameters(), lr=1e-3)\n"
-        "m(torch.ones(4, 3)).sum().backward(); torch.nn.utils.clip_grad_norm_(list(m.parameters()), 0.5)\n"
+        "m(torch.ones(4, 3)).sum().backward(); clip_grad_norm(list(m.parameters()), 0.5)\n"
         "opt.step(); opt.zero_grad(); opt.load_state_dict(opt.state_dict())\n"
+        "from rlpipe.learner import ppo\n"
         "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

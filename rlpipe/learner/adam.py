@@ -1,11 +1,14 @@
-"""Adam as `torch.optim.Adam(params, lr, eps=eps, fused=True)` computes it, without torch.optim.
+"""The optimizer step of a PPO minibatch without torch.optim's and torch.nn.utils' wrappers:
+Adam as `torch.optim.Adam(params, lr, eps=eps, fused=True)` computes it, and gradient clipping
+as `torch.nn.utils.clip_grad_norm_` computes it, bit for bit.
 
 Why not torch.optim: every torch optimizer routes its constructor, `step`, `zero_grad` and
 state-dict methods through `torch._disable_dynamo`, which imports `torch._dynamo` on the first
 call: about 1.3 CPU seconds of imports holding the GIL, in the first PPO update's thread,
 while the driver's main thread is serving the workers (on 2 CPUs, a tenth of the quick
 start's time to CartPole 475: docs/benchmarks.md). Its per-step Python (hooks, profiler
-records, regrouping tensors by device and dtype) is also a tenth of a small minibatch's step.
+records, regrouping tensors by device and dtype) is also a tenth of a small minibatch's step,
+and clip_grad_norm_'s (the same regrouping, twice) another tenth.
 
 The same kernel does the arithmetic: `torch._fused_adam_` over all parameters in one call,
 step counts as float32 scalars (torch's fused Adam's), state created at a parameter's first
@@ -118,3 +121,16 @@ class FusedAdam:
         for group, s in zip(self.param_groups, saved):
             group.update({k: v for k, v in s.items() if k != "params"})
             group["betas"] = tuple(group["betas"])
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_(params, max_norm) for parameters on one device and of one
+    dtype (the policy's): the total 2-norm of the gradients, and every gradient scaled by
+    min(max_norm / (norm + 1e-6), 1) in place. The gradients hold no autograd history, so no
+    grad-mode switch is needed around it."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    torch._foreach_mul_(grads, torch.clamp(float(max_norm) / (total + 1e-6), max=1.0))
+    return total

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from rlpipe.config import LearnerSpec
+from rlpipe.learner.adam import clip_grad_norm
 from rlpipe.learner.scaling import weighted_mean, weighted_ppo_terms
 from rlpipe.learner.type_settings import TypeSettings
 
@@ -190,7 +191,7 @@ def ppo_update(
                 # no sample here in this minibatch (a rank still joins the gradient all-reduce)
                 optimizer.zero_grad(set_to_none=True)
                 if sync.average_gradients(params, 0):
-                    nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                    clip_grad_norm(params, cfg.max_grad_norm)
                     optimizer.step()
                 continue
             mb = _rows(shuffled, start, start + size)
@@ -220,7 +221,7 @@ def ppo_update(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if sync.average_gradients(params, size):
-                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                clip_grad_norm(params, cfg.max_grad_norm)
                 optimizer.step()
             # summed as tensors: one host read at the end instead of six per minibatch
             terms_sum += (
