@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import REPO, compose_cfg, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_cli, run_leftovers
 
@@ -312,16 +313,12 @@ def test_sigterm_while_dormant_workers_are_still_starting_leaves_nothing(short_t
     assert len(spawned) > 1 and spawned <= exited, sorted(spawned - exited)
 
 
-def test_multirun_jobs_each_run_and_free_everything(short_tmp):
-    """Jobs of a multirun share the driver process: each must get its own full run."""
-    sweep = short_tmp / "sweep"
-    cmd = rlpipe_cmd(
-        sweep / "unused", "env_count=8,16", "run.total_env_steps=6000", "run.duration_s=120", f"hydra.sweep.dir={sweep}"
-    )
-    cmd.insert(3, "-m")  # python -m rlpipe -m <overrides>
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    for job, n in (("0", 8), ("1", 16)):
-        summary = read_summary(sweep / job)
-        assert summary["env_count"] == n and summary["env_steps"] >= 6000
+def test_multirun_jobs_each_run_and_free_everything(cartpole_multirun):
+    """Jobs of a multirun share the driver process: each must get its own full run (the
+    session's two-job multirun, seeds 1 and 2: tests/conftest.py), with its own overrides."""
+    for job, seed in (("0", 1), ("1", 2)):
+        summary = read_summary(cartpole_multirun / job)
+        assert summary["env_count"] == 16 and summary["env_types"] == {"cartpole": 16}
+        assert summary["env_steps"] >= 15000 and summary["active_envs_end"] == 16
         assert summary["startup_first_step_s"] < 60
+        assert OmegaConf.load(cartpole_multirun / job / ".hydra" / "config.yaml").run.seed == seed
