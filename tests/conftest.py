@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -29,6 +30,18 @@ SEED12_TYPES = tuple(OmegaConf.load(conf_dir() / "env_mix" / "seed12.yaml").weig
 # and the run is made once, as without xdist. `signalled_run` makes one run per signal, and
 # the tests of each signal are a group of their own (the tests' `sig` parameter).
 SHARED_RUNS = ("cartpole_multirun", "signalled_run", "chaos_run", "stall_restarts")
+
+
+def pytest_configure(config):
+    """On an xdist worker, torch computes on its share of the CPUs (as the engine's learner
+    does: conf/learner/ppo.yaml, torch_threads). Two workers of two intra-op threads each on
+    two cores spin-wait on each other: the CNN ladder of tests/test_rl_blocks.py took 25 s of
+    CPU so, 3.8 s on one thread (measured side by side, two copies at once)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
