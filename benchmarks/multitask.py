@@ -53,7 +53,7 @@ import yaml  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from rlpipe.config import conf_dir, register_schema, run_spec  # noqa: E402
-from rlpipe.envs.random_return import play_random  # noqa: E402
+from rlpipe.envs import random_return  # noqa: E402
 
 BASE_MINIBATCH = 512
 
@@ -66,11 +66,17 @@ def mix_types(mix: str) -> dict[str, dict]:
     return {t.name: t.node for t in spec.env_types}
 
 
-def run(run_dir: Path, overrides: list[str], multirun: bool = False) -> float:
-    """One `python -m rlpipe` job (or a multirun); returns its wall seconds (0: it had run)."""
+def run(run_dir: Path, overrides: list[str], random: dict[str, dict], multirun: bool = False) -> float:
+    """One `python -m rlpipe` job (or a multirun); returns its wall seconds (0: it had run).
+    The run's verdicts (summary.json `learned`) are judged against this script's random
+    returns: they are written where the run reads its own (random_return.RESULT_FILE), and
+    the run measures none (`logging.random_return_episodes=0`)."""
     if not multirun and (run_dir / "summary.json").exists():
         print(f"  {run_dir.name}: read from an earlier invocation", flush=True)
         return 0.0
+    if not multirun:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / random_return.RESULT_FILE).write_text(json.dumps(random, indent=1))
     cmd = [
         sys.executable,
         "-m",
@@ -168,7 +174,7 @@ def main() -> None:
     try:
         print("random-action returns:", flush=True)
         random = {
-            name: play_random(node, args.random_episodes, 120.0, args.seed + i)
+            name: random_return.play_random(node, args.random_episodes, 120.0, args.seed + i)
             for i, (name, node) in enumerate(nodes.items())
         }
         for name, r in random.items():
@@ -176,11 +182,13 @@ def main() -> None:
 
         print("runs:", flush=True)
         mixed = generalist_overrides(args.mix, counts, steps_per_env, args.seed) + args.set
-        wall = {"generalist": run(out / "generalist", mixed)}
+        wall = {"generalist": run(out / "generalist", mixed, random)}
         generalist = returns_of(out / "generalist")
         baseline = {}
         if not args.skip_baseline:
-            wall["baseline"] = run(out / "baseline", mixed + ["learner.value_norm=none", "learner.adv_norm=batch"])
+            wall["baseline"] = run(
+                out / "baseline", mixed + ["learner.value_norm=none", "learner.adv_norm=batch"], random
+            )
             baseline = returns_of(out / "baseline")
         specialist, learnable = {}, {}
         for name in names:
@@ -192,6 +200,7 @@ def main() -> None:
                 + [f"learner.update_envs={n_t}"]
                 + others
                 + args.set,
+                {name: random[name]},
             )
             specialist[name] = returns_of(out / f"specialist_{name}")[name]
             learnable[name] = verdict_of(out / f"specialist_{name}", name)
@@ -256,6 +265,7 @@ def main() -> None:
                 generalist_overrides(args.mix, counts, args.grid_steps // n, args.seed)
                 + args.set
                 + ["learner.value_norm=popart,none", "reward_norm=off,per_type", "scaling=off,on"],
+                random,
                 multirun=True,
             )
             for job in sorted((out / "grid").iterdir(), key=lambda p: p.name):
