@@ -102,6 +102,17 @@ def verdict_of(run_dir: Path, name: str) -> str:
     return json.loads((run_dir / "summary.json").read_text())["learned"].get(name, "unknown")
 
 
+def only_for(name: str, names: list[str], overrides: list[str]) -> list[str]:
+    """The overrides a run of type `name` alone takes: none that tune another type's node."""
+    others = {o for o in names if o != name}
+
+    def tunes_another(override: str) -> bool:
+        key = override.lstrip("+~").split("=")[0].split(".")
+        return len(key) > 2 and key[0] == "env_mix" and key[1] in ("types", "weights") and key[2] in others
+
+    return [o for o in overrides if not tunes_another(o)]
+
+
 def envs_per_type(names: list[str], n: int, envs_of: list[str]) -> dict[str, int]:
     """N_t per type: N, but for the types `--envs-of TYPE=N_t` names."""
     counts = dict.fromkeys(names, n)
@@ -199,7 +210,7 @@ def main() -> None:
                 common(args.mix, n_t, n_t * steps_per_env, args.seed)
                 + [f"learner.update_envs={n_t}"]
                 + others
-                + args.set,
+                + only_for(name, names, args.set),
                 {name: random[name]},
             )
             specialist[name] = returns_of(out / f"specialist_{name}")[name]
