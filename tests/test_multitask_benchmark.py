@@ -1,0 +1,43 @@
+"""benchmarks/multitask.py: a type's own envs and budget, the generalist's weights that give
+each type exactly its envs, and a specialist that takes no override of a type it does not run."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import compose_cfg, load_benchmark
+from rlpipe.config import run_spec
+from rlpipe.envs.registry import plan_mix
+
+multitask = load_benchmark("multitask")
+MIXED = ["cartpole", "mountaincar_cont"]  # env_mix=mixed, in its order
+
+
+def test_envs_of_gives_a_type_its_own_envs_and_names_a_bad_item():
+    assert multitask.envs_per_type(MIXED, 32, ["mountaincar_cont=96"]) == {"cartpole": 32, "mountaincar_cont": 96}
+    for bad in ("pendulum=8", "cartpole=0", "cartpole", "cartpole=x"):
+        with pytest.raises(SystemExit, match=r"--envs-of .*cartpole, mountaincar_cont"):
+            multitask.envs_per_type(MIXED, 32, [bad])
+
+
+def test_the_generalist_runs_each_type_on_its_own_envs_and_budget():
+    counts = {"cartpole": 8, "mountaincar_cont": 24}
+    overrides = multitask.generalist_overrides("mixed", counts, 4096, seed=3)
+    spec = run_spec(compose_cfg(overrides))
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
+    assert plan.counts() == counts
+    assert spec.run.total_env_steps == 32 * 4096
+    assert spec.learner.update_envs == 32
+    assert spec.learner.minibatch_size == 2 * multitask.BASE_MINIBATCH
+
+
+def test_a_specialist_leaves_out_the_overrides_of_types_not_in_its_run():
+    given = [
+        "env_mix.types.minigrid.view=symbolic",
+        "+env_mix.types.cartpole.learner.gamma=0.9",
+        "~env_mix.weights.minigrid",
+        "learner.epochs=2",
+    ]
+    names = ["cartpole", "minigrid"]
+    assert multitask.only_for("cartpole", names, given) == [given[1], given[3]]
+    assert multitask.only_for("minigrid", names, given) == [given[0], given[2], given[3]]
