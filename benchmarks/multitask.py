@@ -58,11 +58,12 @@ from rlpipe.envs import random_return  # noqa: E402
 BASE_MINIBATCH = 512
 
 
-def mix_types(mix: str) -> dict[str, dict]:
-    """The mix's types and their config nodes, as a run composes them."""
+def mix_types(mix: str, overrides: list[str]) -> dict[str, dict]:
+    """The mix's types and their config nodes, as a run with these overrides composes them
+    (the random returns are played on the nodes the runs train on)."""
     register_schema()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        spec = run_spec(compose(config_name="config", overrides=[f"env_mix={mix}"]))
+        spec = run_spec(compose(config_name="config", overrides=[f"env_mix={mix}", *overrides]))
     return {t.name: t.node for t in spec.env_types}
 
 
@@ -171,7 +172,7 @@ def main() -> None:
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="rlpipe_multitask_"))
     out.mkdir(parents=True, exist_ok=True)
-    nodes = mix_types(args.mix)
+    nodes = mix_types(args.mix, args.set)
     names, k, n, steps = list(nodes), len(nodes), args.envs, args.steps
     counts = envs_per_type(names, n, args.envs_of)
     steps_per_env = steps // n

@@ -41,3 +41,9 @@ def test_a_specialist_leaves_out_the_overrides_of_types_not_in_its_run():
     names = ["cartpole", "minigrid"]
     assert multitask.only_for("cartpole", names, given) == [given[1], given[3]]
     assert multitask.only_for("minigrid", names, given) == [given[0], given[2], given[3]]
+
+
+def test_random_returns_are_played_on_the_nodes_the_runs_train_on():
+    nodes = multitask.mix_types("seed12", ["env_mix.types.minigrid.view=symbolic"])
+    assert len(nodes) == 12 and nodes["minigrid"]["view"] == "symbolic"
+    assert multitask.mix_types("seed12", [])["minigrid"]["view"] == "rgb"
