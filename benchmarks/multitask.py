@@ -67,15 +67,16 @@ def mix_types(mix: str, overrides: list[str]) -> dict[str, dict]:
     return {t.name: t.node for t in spec.env_types}
 
 
-def run(run_dir: Path, overrides: list[str], random: dict[str, dict], multirun: bool = False) -> float:
-    """One `python -m rlpipe` job (or a multirun); returns its wall seconds (0: it had run).
-    The run's verdicts (summary.json `learned`) are judged against this script's random
-    returns: they are written where the run reads its own (random_return.RESULT_FILE), and
-    the run measures none (`logging.random_return_episodes=0`)."""
+def run(run_dir: Path, overrides: list[str], random: dict[str, dict] | None, multirun: bool = False) -> float | None:
+    """One `python -m rlpipe` job (or a multirun); returns its wall seconds (None: it had run
+    in an earlier invocation, and is only read). A job's verdicts (summary.json `learned`) are
+    judged against this script's `random` returns: they are written where the run reads its
+    own (random_return.RESULT_FILE), and the run measures none
+    (`logging.random_return_episodes=0`; the grid's jobs, given none, have no verdicts)."""
     if not multirun and (run_dir / "summary.json").exists():
         print(f"  {run_dir.name}: read from an earlier invocation", flush=True)
-        return 0.0
-    if not multirun:
+        return None
+    if random is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / random_return.RESULT_FILE).write_text(json.dumps(random, indent=1))
     cmd = [
@@ -277,7 +278,7 @@ def main() -> None:
                 generalist_overrides(args.mix, counts, args.grid_steps // n, args.seed)
                 + args.set
                 + ["learner.value_norm=popart,none", "reward_norm=off,per_type", "scaling=off,on"],
-                random,
+                None,
                 multirun=True,
             )
             for job in sorted((out / "grid").iterdir(), key=lambda p: p.name):
@@ -306,7 +307,8 @@ def main() -> None:
                     + f" | {f(statistics.median(counted) if counted else None, '{:.2f}')} |"
                 )
         total = time.monotonic() - t_start
-        print(f"\nwall: {total / 60:.1f} min ({', '.join(f'{k_} {v:.0f} s' for k_, v in wall.items())})")
+        ran = ", ".join(f"{k_} {v:.0f} s" for k_, v in wall.items() if v is not None)
+        print(f"\nwall: {total / 60:.1f} min ({ran or 'every run read from an earlier invocation'})")
         if args.json:
             print(
                 json.dumps(

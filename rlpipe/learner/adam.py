@@ -4,11 +4,10 @@ as `torch.nn.utils.clip_grad_norm_` computes it, bit for bit.
 
 Why not torch.optim: every torch optimizer routes its constructor, `step`, `zero_grad` and
 state-dict methods through `torch._disable_dynamo`, which imports `torch._dynamo` on the first
-call: about 1.3 CPU seconds of imports holding the GIL, in the first PPO update's thread,
-while the driver's main thread is serving the workers (on 2 CPUs, a tenth of the quick
-start's time to CartPole 475: docs/benchmarks.md). Its per-step Python (hooks, profiler
-records, regrouping tensors by device and dtype) is also a tenth of a small minibatch's step,
-and clip_grad_norm_'s (the same regrouping, twice) another tenth.
+call: seconds of imports holding the GIL, in the first PPO update's thread, while the
+driver's main thread is serving the workers (what it cost the quick start:
+docs/benchmarks.md). clip_grad_norm_ regroups the gradients by device and dtype on every
+call; the policy's are on one device, of one dtype.
 
 The same kernel does the arithmetic: `torch._fused_adam_` over all parameters in one call,
 step counts as float32 scalars (torch's fused Adam's), state created at a parameter's first

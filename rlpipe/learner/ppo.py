@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from rlpipe.config import LearnerSpec
-from rlpipe.learner.adam import clip_grad_norm
+from rlpipe.learner.adam import FusedAdam, clip_grad_norm
 from rlpipe.learner.scaling import weighted_mean, weighted_ppo_terms
 from rlpipe.learner.type_settings import TypeSettings
 
@@ -143,7 +143,7 @@ WHOLE_BATCH = WholeBatch()
 
 def ppo_update(
     policy: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: FusedAdam,
     batch: dict,
     cfg: LearnerSpec,
     generator: torch.Generator,
