@@ -201,7 +201,7 @@ def wait_for(what, timeout_s: float, every_s: float = 0.2):
 
 
 def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
-    """64 CartPoles in two workers with an eval round every 3 s, stopped by `sig` once two
+    """64 CartPoles in two workers with an eval round every 2 s, stopped by `sig` once two
     rounds are in and a third runs. What was seen while it ran is kept for the tests' checks."""
     run_dir.mkdir(parents=True)
     with open(run_dir.parent / "out.txt", "w") as out, open(run_dir.parent / "err.txt", "w") as err:
@@ -213,7 +213,7 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
                 "groups.size=32",
                 "run.duration_s=150",
                 "run.total_env_steps=null",
-                "eval.interval_s=3",
+                "eval.interval_s=2",
                 "eval.episodes=2",
                 "logging.random_return_episodes=0",
             ),

@@ -171,6 +171,7 @@ def test_a_redis_pause_in_a_real_run_is_healed_in_the_recovery_report(short_tmp)
         "run.duration_s=24",
         "run.total_env_steps=null",
         "chaos.pause_redis_at_s=4",
+        "learner.mode=random",  # what heals is Redis: no PPO updates to pay for over 24 s
         "heartbeat.timeout_s=10",
         "heartbeat.scan_interval_s=0.5",
         "heartbeat.redis_interval_s=0.5",

@@ -31,7 +31,7 @@ from rlpipe.telemetry.tb_events import read_scalars
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_training_run_evaluates_every_interval_and_a_signal_leaves_no_child(signalled_run, sig):
-    """64 CartPoles with a round every 3 s, stopped by a signal once two rounds are in and a
+    """64 CartPoles with a round every 2 s, stopped by a signal once two rounds are in and a
     third runs (a run that ends by itself goes through the same teardown); the run is shared
     with tests/test_engine.py's signal test (tests/conftest.py)."""
     run = signalled_run(sig)

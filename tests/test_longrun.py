@@ -192,6 +192,7 @@ def test_a_worker_tells_its_envs_emulated_leak_from_its_own_rss(short_tmp):
         "env_mix.types.unity_sim.leak_bytes_per_step=1048576",  # 2 MiB per env after 2 steps
         "env_mix.types.unity_sim.leak_max_mb=2.0",
         "logging.random_return_episodes=0",  # no probe of random returns beside the run's start
+        "learner.mode=random",  # what is measured is memory: no CNN to serve and train for 20 s
         "run.total_env_steps=null",
         # a sample every 0.5 s, charted every second from the start-up on: a start of 15 s (a
         # loaded machine) still leaves a few charts with both envs at their cap
