@@ -204,10 +204,13 @@ class PauseRedis(OnceFault):
 
 
 class FreezeDriver(Fault):
-    """Block the driver's own loop for good chaos.freeze_driver_at_s after it served its first
-    env step, for the stall detector (rlpipe.supervisor.stall) to find; it ends the run for its
+    """Block the driver's own loop for good chaos.freeze_driver_at_s after the run's first
+    checkpoint, for the stall detector (rlpipe.supervisor.stall) to find; it ends the run for its
     supervisor to restart (the restart is a new run in the same log). Counted from the first
-    step, not from the start, so a test can count on its checkpoints on a loaded machine too.
+    checkpoint, not from the start or the first step, so the restart has one to resume from
+    however long the start-up and the first update took (on a loaded machine the first update
+    alone took 4 s, and a start froze before it), and a fast machine cannot finish the run
+    first; a run that writes no checkpoint (learner.mode=random) never freezes.
     Only in a run that did not resume: the restart a supervisor makes with the same command
     line continues from the checkpoint instead of freezing again. The loop (Driver.loop) asks
     `due_at` and calls `freeze_driver`, so the stall detector's stack dump names the loop's own
@@ -222,9 +225,9 @@ class FreezeDriver(Fault):
         return chaos.freeze_driver_at_s
 
     @classmethod
-    def due_at(cls, chaos, first_served: float, resumed: bool) -> float | None:
+    def due_at(cls, chaos, first_checkpoint: float, resumed: bool) -> float | None:
         at = cls.setting(chaos)
-        return None if at is None or resumed else first_served + at
+        return None if at is None or resumed else first_checkpoint + at
 
     @classmethod
     def freeze_driver(cls, lifecycle, t: float) -> None:

@@ -146,7 +146,7 @@ def test_the_runner_injects_the_registered_faults_on_their_schedule(monkeypatch)
     assert services.redis.proc.dead and chaos.injected == 7
 
 
-def test_the_driver_freezes_from_its_first_step_unless_resumed():
+def test_the_driver_freezes_after_its_first_checkpoint_unless_resumed():
     spec = _chaos("chaos.freeze_driver_at_s=4")
     assert FreezeDriver.due_at(spec, 50.0, resumed=False) == 54.0
     assert FreezeDriver.due_at(spec, 50.0, resumed=True) is None

@@ -29,12 +29,12 @@ from rlpipe.supervisor.stall import EXIT_STALL, STACKS_FILE
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 ENVS = 64
-# Short rollouts and a checkpoint every second, so one exists long before the kill or the
-# freeze (8 s after the first step); the probe of random returns plays for the whole run, so
-# it is alive when the driver dies. The stall timeout is 8 s: on this 2-core machine under
-# load the first PPO update alone took 4 s (an update with backlog=hold serves nothing). With
-# the freeze 4 s in, every start froze before its first checkpoint in a suite on two xdist
-# workers on a loaded machine (another test's run beside it).
+# Short rollouts and a checkpoint every second, so one exists long before the kill; the freeze
+# comes 2 s after the first checkpoint (a start counted from its first step froze before any
+# checkpoint on a loaded machine, and on a quiet one finished 160k steps before it froze 8 s
+# in). The probe of random returns plays for the whole run, so it is alive when the driver
+# dies. The stall timeout is 8 s: on this 2-core machine under load the first PPO update alone
+# took 4 s (an update with backlog=hold serves nothing).
 RUN = [
     f"env_count={ENVS}",
     "run.duration_s=120",
@@ -43,7 +43,7 @@ RUN = [
     "logging.random_return_episodes=100000",
     "logging.random_return_budget_s=120",
 ]
-FREEZE = ["chaos.freeze_driver_at_s=8", "run.stall_timeout_s=8"]  # frozen well before 160k steps on a quiet machine
+FREEZE = ["chaos.freeze_driver_at_s=2", "run.stall_timeout_s=8"]
 
 
 def long_run_dir(base: Path) -> Path:
@@ -270,8 +270,8 @@ def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts_fresh(shor
 
 @pytest.fixture(scope="module")
 def stall_restarts():
-    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 8 s in, to a step
-    target of 160k; what the first start left when it ended, before the restart, is kept for
+    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 2 s after its first
+    checkpoint, to a step target of 160k; what the first start left when it ended, before the restart, is kept for
     the stall detector's own checks."""
     import shutil
 
@@ -405,11 +405,10 @@ def test_restart_loop_after_sigkill_resumes_and_leaves_nothing_of_the_dead_run(s
 def test_restart_loop_after_a_stall_resumes_and_does_not_freeze_again(stall_restarts):
     """The same loop restarting on EXIT_STALL: the first run freezes (chaos) and the detector
     ends it; the restart resumes from the checkpoint, where the freeze does not apply, and
-    finishes. (A start whose freeze came before its first checkpoint, on a loaded machine,
-    is restarted too and does not resume: it freezes again, as the loop allows.)"""
+    finishes: two starts, the freeze comes after a checkpoint however slow the first one was."""
     run_dir, total, gens = stall_restarts.run_dir, stall_restarts.total, stall_restarts.gens
+    assert len(gens) == 2, [g.code for g in gens]
     assert gens[0].code == EXIT_STALL and "driver stalled" in gens[0].err
-    assert all(g.code == EXIT_STALL for g in gens[:-1])
     assert_resumed_to_the_end(run_dir, gens, total)
     for gen in gens[:-1]:
         assert_nothing_left(gen)

@@ -109,6 +109,7 @@ class Driver:
         self.learner = None  # learner.central.CentralLearner
         self.random_probe = None  # the child measuring each type's random-action return
         self.started = False  # services and workers up: a final checkpoint makes sense
+        self.freeze_at: float | None = None  # chaos.freeze_driver_at_s: set by the first checkpoint
         self.services = Services(run_dir, self.run_id)
         self.fleet = Fleet(spec, self.run_id, self.t0, self.services, self._phase, first_job)
         self.checkpointing = Checkpointing(spec, run_dir, self.run_id, config_yaml, self.t0)
@@ -182,16 +183,15 @@ class Driver:
         self._phase("learner built")
 
     # -- the loop ----------------------------------------------------------------------------
-    def _freeze_at(self, first_served: float) -> float | None:
-        """When chaos.freeze_driver_at_s freezes the loop: counted from its first served step
-        (start-up on a loaded machine takes from a few to tens of seconds, and the freeze is
-        for a loop that serves); never in a resumed run."""
-        return FreezeDriver.due_at(self.spec.chaos, first_served, bool(self.checkpointing.resumed_from_step))
+    def _freeze_at(self, first_checkpoint: float) -> float | None:
+        """When chaos.freeze_driver_at_s freezes the loop: counted from the run's first
+        checkpoint (start-up and the first update on a loaded machine take from a few to tens
+        of seconds, and the freeze is for a loop a restart can resume); never in a resumed run."""
+        return FreezeDriver.due_at(self.spec.chaos, first_checkpoint, bool(self.checkpointing.resumed_from_step))
 
     def loop(self) -> None:
         spec, learner, fleet, metrics, marks = self.spec, self.learner, self.fleet, self.metrics, self.marks
         held: list[SliceRef] = []  # rings waiting while the learner is backlogged
-        freeze_at = None
         with Progress(
             spec.logging.progress_interval_s,
             spec.run.total_env_steps,
@@ -204,7 +204,7 @@ class Driver:
                     break
                 if not marks.serving:
                     marks.alive_at = now  # start-up: the loop turning is progress until it serves
-                if freeze_at is not None and now >= freeze_at:
+                if self.freeze_at is not None and now >= self.freeze_at:
                     marks.phase = "chaos.freeze_driver_at_s"
                     FreezeDriver.freeze_driver(self.services.lifecycle, now - self.t0)
                 poll_ms = 10
@@ -240,8 +240,6 @@ class Driver:
                 if refs:
                     marks.phase = "serving inference"
                     learner.serve(refs)
-                    if not marks.serving:
-                        freeze_at = self._freeze_at(now)
                     marks.served_at, marks.serving = now, True
                     if metrics.all_ready_at is None and fleet.all_slices_stepped:
                         # after the serve that counted them: never before the learner's first step
@@ -284,7 +282,10 @@ class Driver:
     def _checkpoint(self) -> Path:
         """A checkpoint once the update in flight (if any) is in and charted."""
         self.metrics.log_update(self.learner.poll_update(wait=True))
-        return self.checkpointing.save(self.learner, self.services.rcli)
+        path = self.checkpointing.save(self.learner, self.services.rcli)
+        if self.freeze_at is None:
+            self.freeze_at = self._freeze_at(time.monotonic())
+        return path
 
     def _export(self) -> Path:
         self.metrics.log_update(self.learner.poll_update(wait=True))
