@@ -216,7 +216,7 @@ def test_mixed_discrete_and_continuous_run(short_tmp):
         "env_mix=mixed",
         "env_count=32",
         "groups.size=16",
-        "run.total_env_steps=100000",
+        "run.total_env_steps=60000",  # cartpole's 2 s mean was 217 at 46k of 100k (2026-12-02)
         "run.duration_s=240",
         "learner.update_envs=32",
     )
