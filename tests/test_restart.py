@@ -270,9 +270,9 @@ def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts_fresh(shor
 
 @pytest.fixture(scope="module")
 def stall_restarts():
-    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 2 s after its first
-    checkpoint, to a step target of 160k; what the first start left when it ended, before the restart, is kept for
-    the stall detector's own checks."""
+    """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 2 s after its
+    first checkpoint, to a step target of 160k; what the first start left when it ended,
+    before the restart, is kept for the stall detector's own checks."""
     import shutil
 
     base = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
