@@ -313,6 +313,7 @@ class LoggingSpec(_Section):
     aggregate_interval_s: float = setting(positive)
     random_return_episodes: int = setting(count)  # random-action episodes per type (0: none)
     random_return_budget_s: float = setting(positive)  # ... and the most seconds spent on one type
+    initial_policy_episodes: int = setting(count)  # the untrained policy's episodes per type (0: none)
     resources_interval_s: float = setting(positive)  # the least seconds between two resource samples
     health_interval_s: float = setting(positive)  # the seconds between two charts of them (and of health/)
     long_run_min_s: float = setting(positive)  # a loop this long gets the long-run verdict

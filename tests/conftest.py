@@ -70,7 +70,20 @@ def load_benchmark(name: str):
 
 
 def rlpipe_cmd(run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "logging.progress_interval_s=2", *overrides]
+    # The probe beside each run (nice 10) plays 5 random episodes a type, not 20, and not the
+    # untrained policy, whose torch import alone is about 1.5 s of CPU a run, taken from the
+    # run and the other xdist workers. The tests that need more set it (test_multitask.py has
+    # a run that plays the untrained policy through the driver, and the probe's work in process).
+    return [
+        sys.executable,
+        "-m",
+        "rlpipe",
+        f"hydra.run.dir={run_dir}",
+        "logging.progress_interval_s=2",
+        "logging.random_return_episodes=5",
+        "logging.initial_policy_episodes=0",
+        *overrides,
+    ]
 
 
 def driver_dies_with_pytest() -> None:
@@ -153,6 +166,7 @@ def cartpole_multirun():
             "run.seed=1,2",
             "learner.checkpoint_interval_s=2",
             "logging.random_return_episodes=3",
+            "logging.initial_policy_episodes=0",
             f"hydra.sweep.dir={sweep}",
         ],
         cwd=REPO,

@@ -33,6 +33,7 @@ SUMMARY_KEYS = {
     "episodes",
     "mean_return_last100",
     "random_return",
+    "initial_policy_return",
     "learned",
     "peak_rss_mb",
     "shm_bytes",
@@ -129,6 +130,7 @@ def test_short_run_learns_and_cleans_up(short_tmp):
         "run.total_env_steps=60000",
         "run.duration_s=240",
         "reward_norm=per_env",
+        "logging.random_return_episodes=20",  # the default: its figure is checked below
     )
     t_start = time.monotonic()
     proc = subprocess.Popen(

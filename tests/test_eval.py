@@ -98,7 +98,7 @@ def test_board_layout_matches_the_worker_rows():
     from rlpipe.config import ObsKey
     from rlpipe.envs.contract import EnvSpec
     from rlpipe.envs.registry import ActionSpace, MixPlan
-    from rlpipe.eval.play import BoardLayout, env_action
+    from rlpipe.learner.play import BoardLayout, env_action
 
     keys = (ObsKey("rgb", (8, 8, 3), "uint8"), ObsKey("state", (32,), "float32"), ObsKey("vector", (16,), "float32"))
     plan = MixPlan(

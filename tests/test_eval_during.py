@@ -198,7 +198,7 @@ def test_a_round_ends_with_its_driver_even_after_sigkill(eval_hook):
 
 def test_play_cuts_the_episodes_a_type_budget_does_not_cover():
     from rlpipe.envs.registry import make_factory, plan_mix
-    from rlpipe.eval.play import play
+    from rlpipe.learner.play import play
     from rlpipe.learner.policy import Policy
 
     spec = run_spec(compose_cfg(["env_mix=cartpole", "env_count=2"]))
@@ -215,7 +215,7 @@ def test_a_type_whose_steps_hang_is_cut_at_its_budget_not_its_step_timeout():
     """web_sim with every step blocked until the env is closed: the round's time on it is the
     type's budget (1 s), not the worker's step timeout (30 s) per episode."""
     from rlpipe.envs.registry import make_factory, plan_mix
-    from rlpipe.eval.play import play
+    from rlpipe.learner.play import play
     from rlpipe.learner.policy import Policy
 
     spec = run_spec(

@@ -416,6 +416,102 @@ def test_learned_verdict_needs_random_the_start_and_enough_episodes():
     assert verdict(rng.normal(200, 30, 100), start, 5000, None) == "unknown"
 
 
+def test_the_measured_untrained_policy_is_the_start_where_there_is_one():
+    """A type that ends on success: its first finished episodes are its untrained policy's best
+    (-80 here), while the untrained policy plays -110 on average; last -90 learned against
+    the measured start, not against the first 100."""
+    from rlpipe.envs.random_return import verdict
+
+    rng = np.random.default_rng(7)
+    rand = {"mean": -150.0, "std": 50.0, "episodes": 20}
+    first = rng.normal(-80, 20, 100)
+    last = rng.normal(-90, 20, 100)
+    untrained = {"mean": -110.0, "std": 20.0, "episodes": 20}
+    assert verdict(last, first, 5000, rand) == "did not learn"
+    assert verdict(last, first, 5000, rand, untrained) == "learned"
+    assert verdict(last, first, 5000, rand, {"mean": -60.0, "std": 20.0, "episodes": 20}) == "did not learn"
+    # no whole sample (episodes cut: the ones that finished are the short ones; a single
+    # episode has no spread; none finished): the first 100 again
+    assert verdict(last, first, 5000, rand, {"mean": -20.0, "std": 5.0, "episodes": 4, "cut": 16}) == "did not learn"
+    assert verdict(last, first, 5000, rand, {**untrained, "cut": 0}) == "learned"
+    assert verdict(last, first, 5000, rand, {"mean": -110.0, "std": None, "episodes": 1}) == "did not learn"
+    assert verdict(last, first, 5000, rand, {"mean": None, "std": None, "episodes": 0}) == "did not learn"
+
+
+def test_the_probe_plays_the_untrained_policy_as_the_learner_built_it(tmp_path):
+    """The probe's work (`measure`, in this process: its child runs it at nice 10): random
+    returns for every type first, then the learner's own initial weights, pickled as the child
+    gets them, rebuilt and played to whole episodes; a resumed run (no `initial`) writes no
+    untrained figures."""
+    import pickle
+
+    from rlpipe.envs import random_return
+    from rlpipe.learner.initial_return import InitialPolicy
+
+    learner = _learner("env_count=4", "logging.initial_policy_episodes=30")  # two lockstep batches
+    spec = learner.spec
+    nodes = {t.name: t.node for t in spec.env_types if t.name in ("cartpole", "pendulum")}
+    initial = InitialPolicy.of(learner, spec)
+    rebuilt = initial.build()
+    for name, value in learner.actor.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[name], value), name
+    random_return.measure(nodes, str(tmp_path), 3, 30.0, 1, pickle.dumps(initial))
+    starts = random_return.read_results(tmp_path, random_return.INITIAL_FILE)
+    randoms = random_return.read_results(tmp_path)
+    assert set(starts) == set(randoms) == {"cartpole", "pendulum"}
+    assert randoms["cartpole"]["episodes"] == 3
+    assert starts["cartpole"]["episodes"] == 30 and starts["cartpole"]["cut"] == 0
+    assert 5 < starts["cartpole"]["mean"] < 100  # near-uniform logits: a few dozen steps
+    assert starts["pendulum"]["mean_length"] == 200  # its time limit, every episode whole
+    assert random_return.whole_sample(starts["pendulum"])
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    random_return.measure(nodes, str(resumed), 2, 30.0, 1, None)
+    assert random_return.read_results(resumed) and not (resumed / random_return.INITIAL_FILE).exists()
+
+
+def test_a_fresh_run_hands_its_probe_the_untrained_policy(short_tmp):
+    """Through the driver: a fresh run's probe child gets the learner's initial weights
+    (pickled across the forkserver) and plays them after the random figures; the run is
+    stopped once the file is there (no race with the run's end), and summary.json and the
+    health report carry the sample."""
+    import signal
+    import subprocess
+
+    from conftest import REPO, driver_dies_with_pytest, read_summary, rlpipe_cmd, wait_for
+    from rlpipe.envs import random_return
+
+    run_dir = short_tmp / "run"
+    cmd = rlpipe_cmd(
+        run_dir,
+        "env_mix=cartpole",
+        "env_count=4",
+        "run.duration_s=150",
+        "run.total_env_steps=null",
+        "logging.random_return_episodes=2",
+        "logging.initial_policy_episodes=3",
+    )
+    err_file = short_tmp / "err.txt"  # a file, not a pipe nobody reads while the run goes on
+    with open(err_file, "w") as err:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=driver_dies_with_pytest
+        )
+    try:
+        starts = wait_for(lambda: random_return.read_results(run_dir, random_return.INITIAL_FILE), 120)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "cartpole" in starts, f"no untrained sample within 120 s:\n{err_file.read_text()[-3000:]}"
+    assert proc.returncode == 128 + signal.SIGTERM, err_file.read_text()[-3000:]
+    cart = starts["cartpole"]
+    assert cart["episodes"] == 3 and cart["cut"] == 0 and 5 < cart["mean"] < 100, cart
+    assert read_summary(run_dir)["initial_policy_return"]["cartpole"] == pytest.approx(cart["mean"], abs=1e-3)
+    assert "untrained" in (run_dir / "health_report.md").read_text()
+
+
 def test_stability_weights_reach_the_ppo_loss():
     """scaling=on: a sample's weight scales its share of every loss term, so rows of weight 0
     change nothing, and one update on a batch with them equals one update without them."""

@@ -33,6 +33,7 @@ SUMMARY = {
     "mean_return_last100": {"cartpole": 31.5, "acrobot": -480.0},
     "peak_rss_mb": 900.0,
     "random_return": {"cartpole": 21.0, "acrobot": -499.0},
+    "initial_policy_return": {"cartpole": 19.5},
     "learned": {"cartpole": "learned", "acrobot": "did not learn"},
     "shm_bytes": 123456,
     "faults": {"env_crashes": 3, "env_hangs": 1, "env_rebuilds": 4, "quarantined": 1, "worker_restarts": 2},
@@ -202,8 +203,8 @@ def test_health_report_of_synthetic_run(synthetic_run: Path):
     assert "| stage | day5 |" in md and "| cartpole | 4 | `aaaa` |" in md
     assert "| `sps` | 800 |" in md and "| `startup_first_step_s` | 1.5 |" in md
     # returns: last-100 from summary, first/last from TensorBoard (both event files loaded)
-    assert "| cartpole | 4 | 31.5 | 21 | learned | 10 | 30 | up (+20) | 9 |" in md
-    assert "| acrobot | 4 | -480 | -499 | did not learn |" in md
+    assert "| cartpole | 4 | 31.5 | 21 | 19.5 | learned | 10 | 30 | up (+20) | 9 |" in md
+    assert "| acrobot | 4 | -480 | -499 | missing | did not learn |" in md
     assert "every env type learned (above its random return): **no**" in md and "did not learn: acrobot" in md
     assert "2 event file(s)" in md
     # faults: summary vs lifecycle rows, groups from env_create

@@ -8,7 +8,7 @@ Four callers, one set of rules:
   hot-path forms of `step`, under `InlineDeadline` or the stepper's pool;
 - day0 (rlpipe/envs/validate.py): every call timed and watched from another thread
   (`WatchedCalls`);
-- the random-return probe (rlpipe/envs/random_return.py) and eval (rlpipe/eval/play.py): one
+- the random-return probe (rlpipe/envs/random_return.py) and eval (rlpipe/learner/play.py): one
   env after the other on the main thread under SIGALRM (`AlarmDeadline`; the probe's steps,
   eval's every call).
 

@@ -1,5 +1,5 @@
-"""Each env type's return under uniformly random actions: the floor a learning claim is measured
-against ("learned" means clearly above it, and above the type's own first episodes).
+"""Each env type's return under uniformly random actions and under the run's untrained policy:
+the two floors a learning claim is measured against ("learned" means clearly above both).
 
 One env per type plays whole episodes with the actions the learner's `mode=random` draws
 (uniform over the type's valid discrete actions, uniform in [-1, 1] on its continuous dims:
@@ -8,9 +8,22 @@ One env per type plays whole episodes with the actions the learner's `mode=rando
 (web_sim; SIGALRM, `harness.AlarmDeadline`), an env that raises or breaks the contract (faulty)
 cuts the episode, which is left out as the worker's returns leave it out, and the env is rebuilt.
 
-Runs in a child process of the driver at nice 19 (`start_random_returns`), so it takes only
-spare CPU; it writes `random_returns.json` in the run directory after each type, and the
-driver reads whatever is there when the run ends.
+The untrained policy (`rlpipe.learner.initial_return.InitialPolicy`: the learner's weights
+before its first update, as the workers first act with them) then plays
+`logging.initial_policy_episodes` whole episodes of each type, sampling its actions as training
+does (`rlpipe.learner.play`), with no time budget (see `InitialPolicy.play`). That is the verdict's "own start", where none of its episodes was cut. The
+run's first 100 finished episodes were that reference before. They are biased wherever
+episode length depends on the outcome: the first episodes to finish are the short ones, and
+a type that ends on success (bullet_reacher, web_sim) then starts from its untrained policy's
+best episodes, while one that ends on failure (CartPole) starts from its worst. The first 100
+stay in `summary.json` (`mean_return_first100`) and are the reference only where the untrained
+policy has no whole sample: a type whose envs fault (faulty) or run past `max_steps`, a run
+that ends before the probe reaches the type, a resumed run whose first start wrote none (a
+resume keeps the file of its first start).
+
+Runs in a child process of the driver at nice `PROBE_NICE` (`start`), so it takes little of a
+busy CPU; it writes `random_returns.json` and `initial_policy_returns.json` in the run directory
+after each type, and the driver reads whatever is there when the run ends.
 """
 
 from __future__ import annotations
@@ -18,8 +31,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,7 +43,15 @@ from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
 from rlpipe.procs import exit_when_gone
 
+if TYPE_CHECKING:  # the learner layer's: this module only calls its build() and play()
+    from rlpipe.learner.initial_return import InitialPolicy
+
 RESULT_FILE = "random_returns.json"
+INITIAL_FILE = "initial_policy_returns.json"
+# Nice 10, not 19: beside a day4 run at nice 19 the probe got under 1 % of a core and took 21
+# minutes of a 30-minute run for 20 untrained episodes a type; at nice 10 it gets ~5 % (CFS
+# weights 110 against 1,024 a busy thread) for the few minutes the measurement takes.
+PROBE_NICE = 10
 
 
 def play_random(node: dict, episodes: int, budget_s: float, seed: int, step_timeout_s: float = 5.0) -> dict:
@@ -71,27 +94,53 @@ def play_random(node: dict, episodes: int, budget_s: float, seed: int, step_time
 
 
 def measure_all(
-    nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int, driver_pid: int
+    nodes: dict[str, dict],
+    out_dir: str,
+    episodes: int,
+    budget_s: float,
+    seed: int,
+    driver_pid: int,
+    initial_pickle: bytes | None = None,
 ) -> None:
-    """Child-process entry: every type in turn, the file rewritten (atomically) after each.
-    A driver killed with -9 cannot stop it, so it exits once its driver is gone: else it would
-    play on for minutes, write into the run dir beside the run a supervisor restarted there,
-    and keep the dead run's forkserver and resource tracker alive (rlpipe.procs.exit_when_gone)."""
+    """Child-process entry: `measure` at nice `PROBE_NICE`. A driver killed with -9 cannot stop it, so
+    it exits once its driver is gone: else it would play on for minutes, write into the run
+    dir beside the run a supervisor restarted there, and keep the dead run's forkserver and
+    resource tracker alive (rlpipe.procs.exit_when_gone).
+
+    The untrained policy comes pickled, and `measure` unpickles it only after the random
+    figures: that imports torch (seconds at nice 10 on a busy machine), and a short run ended
+    before its random floor was written while the child's arguments waited on the import."""
     exit_when_gone(driver_pid)
     try:
-        os.nice(19)
+        os.nice(PROBE_NICE)
     except OSError:
         pass
+    measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle)
+
+
+def measure(
+    nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int, initial_pickle: bytes | None
+) -> None:
+    """Every type's random return, then (given the pickled `InitialPolicy`) every type's
+    untrained-policy return, each file rewritten (atomically) after each type."""
     results: dict[str, dict] = {}
-    path = Path(out_dir) / RESULT_FILE
     for i, (name, node) in enumerate(nodes.items()):
         results[name] = play_random(node, episodes, budget_s, seed + 1000 * i)
-        atomic_write(path, json.dumps(results, indent=1))
+        atomic_write(Path(out_dir) / RESULT_FILE, json.dumps(results, indent=1))
+    if initial_pickle is None:
+        return
+    # after every random figure: these take longer, and a short run needs the random floor most
+    initial: InitialPolicy = pickle.loads(initial_pickle)
+    policy = initial.build()
+    starts: dict[str, dict] = {}
+    for i, (name, node) in enumerate(nodes.items()):
+        starts[name] = initial.play(policy, name, node, seed + 1000 * i + 500)
+        atomic_write(Path(out_dir) / INITIAL_FILE, json.dumps(starts, indent=1))
 
 
-def read_results(run_dir: Path) -> dict[str, dict]:
+def read_results(run_dir: Path, name: str = RESULT_FILE) -> dict[str, dict]:
     try:
-        return json.loads((Path(run_dir) / RESULT_FILE).read_text())
+        return json.loads((Path(run_dir) / name).read_text())
     except (OSError, ValueError):
         return {}
 
@@ -104,29 +153,49 @@ def _clearly_above(x: np.ndarray, mean: float, std: float | None, n: int) -> boo
     return gain > 3 * se and gain > 0.05 * abs(mean)
 
 
-def verdict(last_returns, first_returns, episodes: int, random: dict | None, window: int = 100) -> str:
+def whole_sample(result: dict | None) -> bool:
+    """Whether the untrained policy's figure can stand for it: two or more episodes, none cut
+    (the finished ones of a sample with cuts are its short ones)."""
+    return bool(result) and result.get("mean") is not None and result.get("episodes", 0) > 1 and not result.get("cut")
+
+
+def verdict(
+    last_returns, first_returns, episodes: int, random: dict | None, start: dict | None = None, window: int = 100
+) -> str:
     """ "learned" when the last `window` returns of a type are clearly above both its
-    random-action return and its own first `window` returns of the run (the untrained
-    policy is not uniform random: beating only random could be the initial policy's luck);
+    random-action return and its own start: the untrained policy's return (`start`, measured
+    by the probe, with no episode cut) or, where there is none, its first `window` returns of the run (the
+    untrained policy is not uniform random: beating only random could be its luck);
     "did not learn" otherwise; "unknown" without a random figure, or before the type has
-    finished 2 x window episodes (the two windows would overlap, and in a short run the
-    finished episodes are the short ones)."""
+    finished 2 x window episodes (in a short run the finished episodes are the short ones)."""
     if not random or random.get("mean") is None or episodes < 2 * window:
         return "unknown"
-    last, first = np.asarray(last_returns, dtype=np.float64), np.asarray(first_returns, dtype=np.float64)
+    last = np.asarray(last_returns, dtype=np.float64)
     above_random = _clearly_above(last, random["mean"], random.get("std"), random["episodes"])
-    above_start = _clearly_above(last, float(first.mean()), float(first.std(ddof=1)), len(first))
+    if whole_sample(start):
+        above_start = _clearly_above(last, start["mean"], start.get("std"), start["episodes"])
+    else:
+        first = np.asarray(first_returns, dtype=np.float64)
+        above_start = _clearly_above(last, float(first.mean()), float(first.std(ddof=1)), len(first))
     return "learned" if above_random and above_start else "did not learn"
 
 
-def start(ctx, nodes: dict[str, dict], run_dir: Path, episodes: int, budget_s: float, seed: int):
+def start(
+    ctx,
+    nodes: dict[str, dict],
+    run_dir: Path,
+    episodes: int,
+    budget_s: float,
+    seed: int,
+    initial: InitialPolicy | None = None,
+):
     """The measuring child process (a daemon: a clean exit stops it; a killed driver's dies
     with it, see `measure_all`), or None when `episodes` is 0."""
     if episodes <= 0:
         return None
     proc = ctx.Process(
         target=measure_all,
-        args=(nodes, str(run_dir), episodes, budget_s, seed, os.getpid()),
+        args=(nodes, str(run_dir), episodes, budget_s, seed, os.getpid(), pickle.dumps(initial) if initial else None),
         name="rlpipe-random-returns",
         daemon=True,
     )

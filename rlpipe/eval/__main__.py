@@ -94,7 +94,8 @@ def evaluate(args: argparse.Namespace, console: Console) -> dict:
 
 def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -> dict:
     from rlpipe.envs.registry import make_factory
-    from rlpipe.eval import play, video
+    from rlpipe.eval import video
+    from rlpipe.learner import play
 
     plan, spec = run.plan, run.spec
     chosen = pick_types(plan.names, args.types)
@@ -153,7 +154,8 @@ def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -
 
 
 def _film(run, t: int, node: dict, args, out_dir: Path, films: dict) -> dict:
-    from rlpipe.eval import play, video
+    from rlpipe.eval import video
+    from rlpipe.learner import play
 
     name = run.plan.names[t]
     factory, grab = video.render_source(node, run.plan.specs[t])

@@ -64,7 +64,7 @@ def watch_parent(pid: int) -> None:
 def play_round(run, episodes: int, budget_s: float, max_steps: int) -> dict:
     """{type: {"mean", "std", "episodes", "cut"}} of one round."""
     from rlpipe.envs.registry import make_factory
-    from rlpipe.eval import play
+    from rlpipe.learner import play
 
     nodes = {t.name: t.node for t in run.spec.env_types}
     types = {}

@@ -270,7 +270,8 @@ class Ranks(RunMode):
 
     def finish_summary(self, result: dict, stop_signal: int | None, run_dir: Path) -> dict:
         ranks = self.final_exchange(result, stop_signal)
-        return self.merge_summary(result, ranks, random_return.read_results(run_dir))
+        starts = random_return.read_results(run_dir, random_return.INITIAL_FILE)
+        return self.merge_summary(result, ranks, random_return.read_results(run_dir), starts)
 
     def final_exchange(self, result: dict, stop_signal: int | None) -> list[dict] | None:
         """All ranks' end figures and state checksums (all-gather), or None when the run was
@@ -306,7 +307,7 @@ class Ranks(RunMode):
             return None
         return box
 
-    def merge_summary(self, result: dict, ranks: list[dict] | None, randoms: dict) -> dict:
+    def merge_summary(self, result: dict, ranks: list[dict] | None, randoms: dict, starts: dict) -> dict:
         """This rank's summary with the `dist` section; rank 0's also carries the job's totals
         (env steps, SPS, episodes, trained samples summed over ranks; returns over every
         rank's last and first 100 episodes, and the learned verdicts from those)."""
@@ -339,7 +340,8 @@ class Ranks(RunMode):
             result["mean_return_last100"] = {k: (round(float(np.mean(v)), 3) if v else None) for k, v in last.items()}
             result["mean_return_first100"] = {k: (round(float(np.mean(v)), 3) if v else None) for k, v in first.items()}
             result["learned"] = {
-                k: random_return.verdict(v, first[k], episodes[k], randoms.get(k)) for k, v in last.items()
+                k: random_return.verdict(v, first[k], episodes[k], randoms.get(k), starts.get(k))
+                for k, v in last.items()
             }
         result["dist"] = section
         return result

@@ -154,6 +154,11 @@ class Driver:
         if self.learner is None:
             self._build_learner(versions)  # while the hot workers build their envs
         if not self.learner.random and self.mode.writes_job_outputs:
+            # the untrained policy is measured only before it has trained: a resumed run keeps
+            # the figures of its first start (rlpipe/envs/random_return.py)
+            fresh = self.checkpointing.resumed_from_step == 0
+            from rlpipe.learner.initial_return import InitialPolicy  # torch is imported by now
+
             self.random_probe = random_return.start(
                 self.fleet.ctx,
                 {t.name: t.node for t in spec.env_types},
@@ -161,6 +166,7 @@ class Driver:
                 spec.logging.random_return_episodes,
                 spec.logging.random_return_budget_s,
                 spec.run.seed + 99,
+                InitialPolicy.of(self.learner, spec) if fresh and spec.logging.initial_policy_episodes else None,
             )
         self.metrics.resources.start()
         services.set_state("running")

@@ -244,6 +244,7 @@ class RunMetrics:
         late_losses = [loss for t, loss in c.losses if half <= t <= end]
         faults = fault_counts(self.run_dir / "lifecycle.sqlite")
         randoms = random_return.read_results(self.run_dir)
+        starts = random_return.read_results(self.run_dir, random_return.INITIAL_FILE)
         faults["lifecycle_dropped"] = self.fleet.lifecycle_dropped
         steps = self.loop_end_steps
         fleet = self.fleet
@@ -266,11 +267,17 @@ class RunMetrics:
             "episodes": c.episodes,
             "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None) for k, v in c.returns.items()},
             "random_return": {k: round(v["mean"], 3) for k, v in randoms.items() if v.get("mean") is not None},
+            # only the samples the verdicts use (a sample with a cut episode is its short episodes)
+            "initial_policy_return": {
+                k: round(v["mean"], 3) for k, v in starts.items() if random_return.whole_sample(v)
+            },
             "mean_return_first100": {
                 k: (round(float(np.mean(v)), 3) if v else None) for k, v in c.first_returns.items()
             },
             "learned": {
-                k: random_return.verdict(list(v), c.first_returns[k], c.episodes_by_type[k], randoms.get(k))
+                k: random_return.verdict(
+                    list(v), c.first_returns[k], c.episodes_by_type[k], randoms.get(k), starts.get(k)
+                )
                 for k, v in c.returns.items()
             },
             "peak_rss_mb": round(self.resources.peak_bytes / 2**20, 1),

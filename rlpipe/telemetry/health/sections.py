@@ -168,11 +168,19 @@ class Report(EvaluationSections):
             self.add("No returns: summary.json and TensorBoard both lack them.")
             return
         randoms = self.s.get("random_return") or {}
+        starts = self.s.get("initial_policy_return") or {}
         learned = self.s.get("learned") or {}
         rows = []
         for name in names:
             s = tb.get(name)
-            mine = [name, counts.get(name), last100.get(name), randoms.get(name), learned.get(name, "unknown")]
+            mine = [
+                name,
+                counts.get(name),
+                last100.get(name),
+                randoms.get(name),
+                starts.get(name),
+                learned.get(name, "unknown"),
+            ]
             if s is None:
                 rows.append(mine + [None, None, "-", 0])
                 continue
@@ -180,16 +188,28 @@ class Report(EvaluationSections):
             trend = "flat" if math.isclose(delta, 0.0, abs_tol=1e-9) else ("up" if delta > 0 else "down")
             rows.append(mine + [s.first, s.last, f"{trend} ({delta:+.3g})", len(s.steps)])
         self.add(
-            "Last-100 mean, the type's random-action return (measured beside the run) and the "
-            "verdict (`learned`: above random and above the type's first 100 episodes, each by "
-            "three standard errors and 5 %; `unknown` before 200 episodes) from "
+            "Last-100 mean, the type's random-action return and its untrained policy's "
+            "(both measured beside the run) and the verdict (`learned`: above random and above "
+            "the untrained policy, or the type's first 100 episodes where that was not measured, "
+            "each by three standard errors and 5 %; `unknown` before 200 episodes) from "
             "summary.json; first and last value of `charts/episodic_return/<type>` from "
             "TensorBoard (`missing`: not logged, e.g. no episode finished).",
             "",
         )
         self.add(
             md_table(
-                ["env type", "envs", "last-100 mean", "random", "verdict", "TB first", "TB last", "trend", "TB points"],
+                [
+                    "env type",
+                    "envs",
+                    "last-100 mean",
+                    "random",
+                    "untrained",
+                    "verdict",
+                    "TB first",
+                    "TB last",
+                    "trend",
+                    "TB points",
+                ],
                 rows,
             )
         )

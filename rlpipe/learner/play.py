@@ -1,4 +1,5 @@
-"""Whole episodes of one env type under the trained policy, laid out as the board lays them out.
+"""Whole episodes of one env type under a policy (trained, or the probe's untrained one), laid out as
+the board lays them out.
 
 The policy was trained on board rows, so its input here must be those rows exactly: one array
 per key of the run's board (`plan.obs_keys`, in that order) whose first `prod(shape)` entries
