@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import logging
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +52,7 @@ def run_job(cfg: DictConfig) -> int:
             from rlpipe.envs.validate import validate_types
 
             return validate_types(spec, run_dir)
+        import_torch_early()
         mode = _run_mode(spec)
         run_dir = mode.start(run_dir)
         driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
@@ -67,6 +70,15 @@ def run_job(cfg: DictConfig) -> int:
     finally:
         if mode is not None:
             mode.close()
+
+
+def import_torch_early() -> None:
+    """Start importing torch on a thread. The first env step waits for the learner, and the
+    learner for torch (about 1.5 s of imports); meanwhile the main thread starts Redis, the
+    forkserver and the workers, and its waits on them leave the interpreter to this thread.
+    Only once the config is valid, so a config error still exits at once. The driver's own
+    `import torch` then waits for this one to finish (Python's per-module import lock)."""
+    threading.Thread(target=importlib.import_module, args=("torch",), name="rlpipe-import-torch", daemon=True).start()
 
 
 def _run_mode(spec: RunSpec) -> RunMode:
