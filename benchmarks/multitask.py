@@ -16,7 +16,9 @@ its specialist and in the generalist alike, so a type that needs more episodes g
 - generalist:  the whole mix: N envs per type (k N; the mix's weights are replaced by the
                envs per type), k S steps, updates of k N env-rollouts and minibatches k times
                larger, so each update and each gradient step sees about as many samples of
-               each type as a specialist's, and there are as many updates as a specialist makes;
+               each type as a specialist's, and there are as many updates as a specialist makes
+               (`--generalist-minibatch B`: minibatches of B samples, so k x 512 / B times the
+               gradient steps on the same samples and epochs);
 - baseline:    the generalist with `learner.value_norm=none learner.adv_norm=batch` (one
                critic scale, advantages normalized over mixed minibatches: the learner
                before the multi-task work), same budget;
@@ -139,12 +141,16 @@ def common(mix: str, n_envs: int, steps: int, seed: int) -> list[str]:
     ]
 
 
-def generalist_overrides(mix: str, counts: dict[str, int], steps_per_env: int, seed: int) -> list[str]:
+def generalist_overrides(
+    mix: str, counts: dict[str, int], steps_per_env: int, seed: int, minibatch: int | None = None
+) -> list[str]:
+    """The generalist's run: every type's envs in one mix, updates of all of them, minibatches of
+    `minibatch` samples (None: k x BASE_MINIBATCH, one specialist's minibatch per type)."""
     total = sum(counts.values())
     return (
         common(mix, total, total * steps_per_env, seed)
         + [f"env_mix.weights.{name}={count}" for name, count in counts.items()]
-        + [f"learner.update_envs={total}", f"learner.minibatch_size={len(counts) * BASE_MINIBATCH}"]
+        + [f"learner.update_envs={total}", f"learner.minibatch_size={minibatch or len(counts) * BASE_MINIBATCH}"]
     )
 
 
@@ -161,6 +167,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600_000, help="S: env steps per type")
     ap.add_argument("--envs-of", nargs="*", default=[], metavar="TYPE=N", help="a type's own N_t envs")
     ap.add_argument("--set", nargs="*", default=[], metavar="OVERRIDE", help="overrides added to every run")
+    ap.add_argument(
+        "--generalist-minibatch",
+        type=int,
+        default=None,
+        metavar="B",
+        help="the generalist's minibatch in samples (default: k x 512, as many gradient steps as a specialist)",
+    )
     ap.add_argument("--grid-steps", type=int, default=150_000, help="env steps per type in each grid job")
     ap.add_argument("--random-episodes", type=int, default=100)
     ap.add_argument("--unlearnable", default="", help="comma-separated types left out of median/min")
@@ -194,7 +207,7 @@ def main() -> None:
             print(f"  {name}: {r['mean']:.1f} over {r['episodes']} episodes", flush=True)
 
         print("runs:", flush=True)
-        mixed = generalist_overrides(args.mix, counts, steps_per_env, args.seed) + args.set
+        mixed = generalist_overrides(args.mix, counts, steps_per_env, args.seed, args.generalist_minibatch) + args.set
         wall = {"generalist": run(out / "generalist", mixed, random)}
         generalist = returns_of(out / "generalist")
         baseline = {}
@@ -275,7 +288,7 @@ def main() -> None:
             )
             wall["grid"] = run(
                 out / "grid",
-                generalist_overrides(args.mix, counts, args.grid_steps // n, args.seed)
+                generalist_overrides(args.mix, counts, args.grid_steps // n, args.seed, args.generalist_minibatch)
                 + args.set
                 + ["learner.value_norm=popart,none", "reward_norm=off,per_type", "scaling=off,on"],
                 None,

@@ -29,6 +29,8 @@ def test_the_generalist_runs_each_type_on_its_own_envs_and_budget():
     assert spec.run.total_env_steps == 32 * 4096
     assert spec.learner.update_envs == 32
     assert spec.learner.minibatch_size == 2 * multitask.BASE_MINIBATCH
+    smaller = multitask.generalist_overrides("mixed", counts, 4096, seed=3, minibatch=256)  # --generalist-minibatch
+    assert run_spec(compose_cfg(smaller)).learner.minibatch_size == 256
 
 
 def test_a_specialist_leaves_out_the_overrides_of_types_not_in_its_run():
