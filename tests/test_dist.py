@@ -374,9 +374,11 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
             if all(db.exists() for db in dbs):
                 try:
                     rows = [_env_rows(db) for db in dbs]
-                except sqlite3.Error:
+                except sqlite3.Error:  # a file the driver has not yet given its schema
                     rows = []
-                if all(len(r) == 6 for r in rows):
+                # `rows` must be non-empty: all() of nothing is true, and a read that failed
+                # once broke the loop with no rows (a CI run failed so).
+                if rows and all(len(r) == 6 for r in rows):
                     break
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[0][-3000:]
