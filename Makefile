@@ -21,12 +21,14 @@ lint: $(VENV)/.installed     ## ruff's checks and its formatting, as configured 
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Two pytest-xdist workers: alone, the suite waits (run durations, heartbeat timeouts, sleeps)
-# about half its time on 2 cores. loadgroup keeps the tests that read one shared run on one
-# worker, so the run is made once (tests/conftest.py, SHARED_RUNS). A plain `pytest` runs in
-# one process, as does test-slow: its soak-sized runs and figures are not to share the CPUs.
+# Three pytest-xdist workers on 2 cores: with two, the cores were about 70 % busy (the rest is
+# tests waiting on heartbeat timeouts, SIGSTOP periods and run durations), and a third worker
+# fills that wait (4:34 against 5:58 on this tree, one run each: docs/benchmarks.md). loadgroup
+# keeps the tests that read one shared run on one worker, so the run is made once
+# (tests/conftest.py, SHARED_RUNS). A plain `pytest` runs in one process, as does test-slow:
+# its soak-sized runs and figures are not to share the CPUs.
 test: $(VENV)/.installed     ## the default (fast) test suite; the ten slowest tests close its output
-	$(PY) -m pytest -q --durations=10 -n 2 --dist loadgroup
+	$(PY) -m pytest -q --durations=10 -n 3 --dist loadgroup
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow
