@@ -47,7 +47,8 @@ A run in which no window had every env active is an error (exit 1, named), not a
 
 PPO rows: `+stage=day4 learner.mode=ppo env_mix=cartpole`, every group hot: the learner
 settings of the stage that runs 7,000 envs (rollout_len 16, update_envs 512, minibatch 2048,
-4 epochs, gradient scaling and per-env reward normalization on; the same figures at 1,000 envs
+4 epochs: the quick start's tuning in the cartpole mix is set back to conf/learner/ppo.yaml's,
+`stage_update`; gradient scaling and per-env reward normalization on; the same figures at 1,000 envs
 so the two rows compare). `--ppo-modes` names each PPO row as BACKLOG[+AFFINITY]: `hold`
 and `drop` run conf/'s `worker.cpu_affinity` (auto: learner_core where PPO trains on 2+ CPUs,
 rlpipe/process_layout.py), `+null` with the workers on every CPU (the default before auto),
@@ -154,7 +155,20 @@ def mode_overrides(mode: str) -> list[str]:
     backlog, _, affinity = mode.partition("+")
     if backlog not in ("hold", "drop") or affinity not in AFFINITIES:
         raise SystemExit(f"--ppo-modes: {mode!r} is not hold or drop, optionally with +null or +core")
-    return ["+stage=day4", "learner.mode=ppo", f"learner.backlog={backlog}", *AFFINITIES[affinity]]
+    return ["+stage=day4", "learner.mode=ppo", f"learner.backlog={backlog}", *stage_update(), *AFFINITIES[affinity]]
+
+
+def stage_update() -> list[str]:
+    """The PPO update of day4 itself on CartPole's envs: conf/env_mix/cartpole.yaml tunes the
+    update to the quick start, and day4 resets only some of those keys; the others are set back
+    to conf/learner/ppo.yaml's values, so these rows train as day4 does at 7,000 envs."""
+    from omegaconf import OmegaConf
+
+    conf = REPO / "conf"
+    mix = OmegaConf.load(conf / "env_mix" / "cartpole.yaml").get("learner", {})
+    stage = OmegaConf.load(conf / "stage" / "day4.yaml").learner
+    defaults = OmegaConf.load(conf / "learner" / "ppo.yaml")
+    return [f"learner.{key}={defaults[key]}" for key in mix if key not in stage]
 
 
 def mode_name(mode: str) -> str:

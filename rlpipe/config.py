@@ -157,7 +157,7 @@ class LearnerSpec(_Section):
     hidden: list[int] = setting(positive_ints("a non-empty list of positive ints"))
     cnn_channels: list[int] = setting(positive_ints("a list of three positive ints", 3))
     cnn_out: int = setting(positive_int)
-    backlog: str = setting(one_of("hold", "drop"))  # what the learner does while an update lags behind
+    backlog: str = setting(one_of("hold", "drop", "sync"))  # what the learner does while an update lags behind
     rollout_len: int = setting(positive_int)
     update_envs: int = setting(positive_int)
     learning_rate: float = setting(positive)

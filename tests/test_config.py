@@ -43,7 +43,12 @@ OPTION_CHECKS = {
     ),
     ("env_mix", "acrobot"): lambda s: _types(s) == {"acrobot": 1.0},
     ("env_mix", "bullet_reacher"): lambda s: _types(s) == {"bullet_reacher": 1.0},
-    ("env_mix", "cartpole"): lambda s: _types(s) == {"cartpole": 1.0},
+    ("env_mix", "cartpole"): lambda s: (
+        _types(s) == {"cartpole": 1.0}
+        # the quick start's update, tuned in the mix (the learner's own: the ppo row below)
+        and (s.learner.backlog, s.learner.update_envs, s.learner.minibatch_size, s.learner.epochs)
+        == ("sync", 32, 1024, 6)
+    ),
     ("env_mix", "classic"): lambda s: _types(s) == CLASSIC,
     ("env_mix", "control"): lambda s: (
         _types(s) == {"cartpole": 1.0, "acrobot": 1.0, "pendulum": 1.0, "lunar_lander": 1.0, "physics_sim": 1.0}
@@ -71,12 +76,11 @@ OPTION_CHECKS = {
         (
             s.learner.mode,
             s.learner.rollout_len,
-            s.learner.backlog,
             s.learner.hidden,
             s.learner.value_norm,
             s.learner.adv_norm,
         )
-        == ("ppo", 32, "hold", (64, 64), "popart", "per_type")
+        == ("ppo", 32, (64, 64), "popart", "per_type")
     ),
     ("logging", "default"): lambda s: (
         (

@@ -47,6 +47,17 @@ def test_layouts_compose_into_the_same_slices_in_fewer_processes(two_cpus):
     assert wide.learner == old.learner == auto.learner  # the same PPO settings in every layout
 
 
+def test_ppo_rows_train_with_day4s_update_not_the_quick_starts(two_cpus):
+    """conf/env_mix/cartpole.yaml tunes the update to the quick start; the PPO rows run day4's
+    own (as on its seed12 mix), whatever the two files set."""
+    bench = load_benchmark("engine_sps")
+    for backlog in ("hold", "drop"):
+        on_cartpole = run_spec(compose_cfg(["env_mix=cartpole", *bench.mode_overrides(backlog)])).learner
+        day4 = run_spec(compose_cfg(["+stage=day4", f"learner.backlog={backlog}"])).learner
+        assert on_cartpole == day4
+    assert run_spec(compose_cfg([])).learner.backlog == "sync"  # the mix's own tuning is real
+
+
 def test_ppo_modes_name_the_affinity(two_cpus):
     bench = load_benchmark("engine_sps")
     base = ["env_mix=cartpole", "env_count=1000"]

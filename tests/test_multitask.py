@@ -5,6 +5,7 @@ truncation with the final obs's value, an env rebuild's cut) against plain refer
 from __future__ import annotations
 
 import collections
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -402,6 +403,28 @@ def test_hold_backlog_never_lets_a_full_batch_wait_while_workers_step():
     drop = _learner("learner.backlog=drop", "learner.update_envs=4")
     drop.ready_samples = 3 * drop.update_samples
     assert not drop.backlogged  # no update running: the loop starts one
+
+
+def test_sync_backlog_holds_the_workers_through_every_update():
+    """backlog=sync: while an update trains the workers wait even with no batch waiting (every
+    step then uses the newest weights); with none training, a full batch holds them as hold does
+    until the loop starts its update."""
+    sync = _learner("learner.backlog=sync", "learner.update_envs=4")
+    assert not sync.backlogged
+    sync.ready_samples = sync.update_samples
+    assert sync.backlogged and sync.update_due  # the loop starts the update, then serves
+    sync.ready_samples = 0
+    release = threading.Event()
+    sync._update_thread = threading.Thread(target=release.wait)
+    sync._update_thread.start()
+    try:
+        assert sync.backlogged
+        hold = _learner("learner.backlog=hold", "learner.update_envs=4")
+        hold._update_thread = sync._update_thread
+        assert not hold.backlogged  # hold steps on beside a running update
+    finally:
+        release.set()
+        sync._update_thread.join()
 
 
 def test_learned_verdict_needs_random_the_start_and_enough_episodes():

@@ -267,10 +267,16 @@ class CentralLearner:
         training; with thousands of envs one inference round alone completes more rollouts
         than an update takes, so holding only while an update runs would let them pile up).
         learner.backlog=drop: keep stepping; while an update trains, drop the oldest waiting
-        rollouts beyond one batch (throughput: the policy lag stays bounded)."""
+        rollouts beyond one batch (throughput: the policy lag stays bounded).
+        learner.backlog=sync: as hold, and the workers also wait while any update trains, so
+        every step is taken with the newest weights (on-policy, as a synchronous PPO: under
+        hold the next batch is collected while the last one trains, one update behind). For
+        small runs, where an update is short and samples are what the learning costs."""
+        if self.cfg.backlog == "sync" and self._update_thread is not None:
+            return True
         if self.ready_samples < self.update_samples:
             return False
-        if self.cfg.backlog == "hold":
+        if self.cfg.backlog in ("hold", "sync"):
             return True
         if self._update_thread is None:
             return False
