@@ -81,16 +81,19 @@ for lo in range(0, n, spec.groups.size):         # one worker group at a time, a
 c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
 worker_cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
 t_loop = time.perf_counter()                     # the serial figures leave the section above out
+cpu_loop = time.process_time()
 staging = [np.zeros((n,) + k.shape, dtype=k.dtype) for k in plan.obs_keys]
 table = EnvTable(0, plan.env_type, plan.names, plan.specs, factories, plan.obs_keys, staging, spec.run.seed)
 for i in range(n):
     table.start(i)
 t2 = time.perf_counter()
+loop_cpu = time.process_time() - cpu_loop
 faults = len(table.faults)
 table.close_all()
 cpus = len(os.sched_getaffinity(0))
 print(json.dumps({"worker_build_cpu_s": round(worker_cpu, 3), "cpu_floor_s": round(worker_cpu / cpus, 3),
                   "serial_import_s": round(t1 - t0, 3), "serial_loop_s": round(t2 - t_loop, 3),
+                  "serial_loop_cpu_s": round(loop_cpu, 3),
                   "serial_build_s": round(t1 - t0 + t2 - t_loop, 3), "serial_build_faults": faults,
                   "serial_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
 """

@@ -11,10 +11,11 @@ from conftest import load_benchmark
 def test_worker_builds_are_measured_apart_from_the_serial_build():
     out = load_benchmark("startup").serial_build(700, ["env_mix=cartpole", "groups.size=350"])
     cpus = len(os.sched_getaffinity(0))
-    # two forked groups built the same 700 CartPoles: about the serial loop's CPU (each also
-    # pays its first env again; the loop is timed on the wall clock, so a busy machine inflates
-    # it); forks that built nothing cost under 0.1 of it
-    assert out["worker_build_cpu_s"] > 0.4 * out["serial_loop_s"] > 0, out
+    # two forked groups built the same 700 CartPoles: about the serial loop's CPU seconds (each
+    # also pays its first env again); forks that built nothing cost under 0.1 of it. CPU against
+    # CPU: the loop's wall time grows with whatever else the machine runs (a 0.40x ratio against
+    # it failed the suite once, beside two other xdist workers)
+    assert out["worker_build_cpu_s"] > 0.5 * out["serial_loop_cpu_s"] > 0, out
     assert abs(out["cpu_floor_s"] - out["worker_build_cpu_s"] / cpus) < 0.002, out
     # the serial figure is planning + imports + its own loop, not the forked builds
     assert abs(out["serial_build_s"] - out["serial_import_s"] - out["serial_loop_s"]) < 0.003, out
