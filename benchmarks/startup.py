@@ -25,7 +25,8 @@ the children's CPU seconds, summed. It exceeds `serial_loop_s` by what every pro
 again: each type's first env in a process (pybullet's ~25 ms, minigrid's ~11 ms) and its page
 faults. `cpu_floor_s` = worker_build_cpu_s / CPUs: the fastest the fleet could build on this
 machine with every CPU building and nothing else running (`floor/serial` beside
-`ready/serial`).
+`ready/serial`). `serial_loop_cpu_s`: the serial loop's own CPU seconds, the figure the forked
+builds' CPU compares with whatever else the machine runs (the loop's wall time grows with it).
 
 The `work` row of each engine run: the CPU seconds its driver (every thread), live workers and
 their forkserver had used when every env had stepped (summary.json `startup_cpu_s`), over the

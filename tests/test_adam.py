@@ -8,10 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
+from conftest import load_benchmark
+from rlpipe.learner import ppo
 from rlpipe.learner.adam import FusedAdam, clip_grad_norm
+from rlpipe.learner.policy import Policy
+from rlpipe.learner.type_settings import TypeSettings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -119,3 +124,49 @@ def test_an_update_never_imports_dynamo():
         "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_a_twelve_type_ppo_update_trains_the_same_under_either_adam():
+    """Two PPO updates of the seed12 policy (per-type layers, both heads, the CNN, PopArt's
+    rescaling of the critic's out layer between steps) on a batch made as
+    benchmarks/ppo_update.py makes it: every parameter, buffer and statistic bit-identical
+    under FusedAdam and torch.optim.Adam(fused=True), which the learner used before."""
+    bench = load_benchmark("ppo_update")
+    spec, plan = bench.stage_plan(
+        [
+            "env_mix=seed12",
+            "env_count=96",
+            "learner.update_envs=96",
+            "learner.rollout_len=16",
+            "learner.epochs=2",
+            "learner.minibatch_size=512",
+        ]
+    )
+    assert len(plan.names) == 12 and len(np.unique(plan.env_type)) == 12
+    lc = spec.learner
+    torch.manual_seed(1)
+    actor = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
+    blocks, types = bench.stage_blocks(spec, plan, actor, 24)
+    trained = []
+    for make in (
+        lambda ps: FusedAdam(ps, lr=lc.learning_rate, eps=1e-5),
+        lambda ps: torch.optim.Adam(ps, lr=lc.learning_rate, eps=1e-5, fused=True),
+    ):
+        policy = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
+        policy.load_state_dict(actor.state_dict())
+        optimizer, generator = make(policy.parameters()), torch.Generator().manual_seed(1)
+        per_type = TypeSettings.of(lc, spec.env_types)
+        stats = [
+            vars(
+                ppo.ppo_update(
+                    policy, optimizer, ppo.concat_blocks(blocks, types, "cpu"), lc, generator, per_type=per_type
+                )
+            )
+            for _ in range(2)
+        ]
+        trained.append((policy.state_dict(), stats))
+    (ours, ours_stats), (theirs, theirs_stats) = trained
+    assert ours_stats == theirs_stats
+    assert ours_stats[1]["policy_loss"] != ours_stats[0]["policy_loss"]  # the second update saw trained weights
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert not torch.equal(ours["critic.out.weight"], actor.state_dict()["critic.out.weight"])
