@@ -59,7 +59,7 @@ class ChaosRun(Protocol):
 
 class Fault:
     """A chaos fault. `setting` reads its key of the chaos spec (None: off); the runner builds
-    the fault from the spec and the run's start when it is on, asks `due` every tick and then
+    the fault from the spec and the schedule's start when it is on, asks `due` every tick and then
     calls `inject`; `upkeep` runs every tick, also once injections stopped near the run's end."""
 
     what = ""  # the chaos_inject row's detail "what"
@@ -82,7 +82,8 @@ class Fault:
 
 
 class EveryFault(Fault):
-    """Due every `setting` seconds, the first time that long after the run's start; a tick
+    """Due every `setting` seconds, the first time that long after the schedule's start (the
+    fleet up: rlpipe.supervisor.chaos); a tick
     with no target still waits a whole interval."""
 
     def __init__(self, chaos, t0: float):
@@ -97,7 +98,7 @@ class EveryFault(Fault):
 
 
 class OnceFault(Fault):
-    """Due once, `setting` seconds into the run."""
+    """Due once, `setting` seconds after the schedule's start."""
 
     def __init__(self, chaos, t0: float):
         self.at: float | None = t0 + self.setting(chaos)
@@ -154,7 +155,7 @@ class StopWorker(EveryFault):
 
 
 class KillRedis(OnceFault):
-    """SIGKILL the embedded redis-server once, chaos.kill_redis_at_s into the run (the driver
+    """SIGKILL the embedded redis-server once, chaos.kill_redis_at_s after the fleet is up (the driver
     restarts it: rlpipe.supervisor.services). A Redis kill costs no env steps: Redis down is
     not a dead worker."""
 
@@ -173,7 +174,7 @@ class KillRedis(OnceFault):
 
 
 class PauseRedis(OnceFault):
-    """SIGSTOP the embedded redis-server once, chaos.pause_redis_at_s into the run, and SIGCONT
+    """SIGSTOP the embedded redis-server once, chaos.pause_redis_at_s after the fleet is up, and SIGCONT
     it PAUSE_S later: every Redis call meanwhile times out, nothing restarts. Healed when every
     live worker has beaten into it again after the SIGCONT (`redis_recovered`, as a kill)."""
 

@@ -174,6 +174,8 @@ class LearnerSpec(_Section):
     value_norm: str = setting(one_of("popart", "none"))
     popart_beta: float = setting(step_size)  # PopArt's per-sample step size of the value statistics
     log_std_init: float = setting(checks.log_std)  # the Gaussian head's log std at the start
+    value_init_std: float = setting(positive)  # the critic's output layer's init scale (orthogonal gain)
+    adv_std_floor: float = setting(checks.at_least_zero)  # adv_norm=per_type divides by no less (return units)
     type_settings: str = setting(one_of("per_type", "shared"))  # shared: env nodes' `learner:` ignored
     adv_norm: str = setting(one_of("per_type", "batch", "none"))
     checkpoint_interval_s: float = setting(positive)
@@ -192,14 +194,25 @@ class LearnerSpec(_Section):
 # The learner settings an env type may set for itself (`learner:` in its env node, e.g.
 # conf/env/lunar_lander.yaml): the discount and GAE's lambda (a type's horizon), the entropy
 # bonus (how much it explores), PopArt's step size (how fast its value scale follows its
-# returns) and the Gaussian head's initial log std (how widely a continuous type explores
-# before it has learned anything: the policy already holds one log std per type). Each row
+# returns), the Gaussian head's initial log std (how widely a continuous type explores
+# before it has learned anything: the policy already holds one log std per type) and the
+# init scale of the type's value output and the floor under its advantages' std (a sparse-
+# reward type's advantages before its first reward are the critic's guesses differenced, and
+# normalized to unit scale they train its head on them). Each row
 # of a batch is trained with its type's values (rlpipe/learner/type_settings.py); a key a
 # type leaves out is the learner's. Everything else is one value for the whole update: the
 # clip, the optimizer and its schedule, epochs, minibatches, gradient clipping and the
 # value-loss weight (with PopArt every type's value loss is in its own normalized scale
 # already).
-TYPE_LEARNER_KEYS = ("gamma", "gae_lambda", "ent_coef", "popart_beta", "log_std_init")
+TYPE_LEARNER_KEYS = (
+    "gamma",
+    "gae_lambda",
+    "ent_coef",
+    "popart_beta",
+    "log_std_init",
+    "value_init_std",
+    "adv_std_floor",
+)
 
 
 def type_learner_checks() -> dict[str, checks.Check]:

@@ -116,8 +116,8 @@ class _Handle:
 
 
 def test_the_runner_injects_the_registered_faults_on_their_schedule(monkeypatch):
-    """kill every 2 s and stop every 3 s from the start, the Redis kill once at 5 s; nothing
-    after quiet_from. Signals are recorded, not sent."""
+    """kill every 2 s and stop every 3 s from the fleet's start, the Redis kill once 5 s after
+    it; nothing before the start, nothing after quiet_from. Signals are recorded, not sent."""
     from rlpipe.supervisor import chaos as runner
 
     sent = []
@@ -129,18 +129,21 @@ def test_the_runner_injects_the_registered_faults_on_their_schedule(monkeypatch)
         redis=SimpleNamespace(proc=_Proc(1)),
     )
     spec = _chaos("chaos.kill_worker_every_s=2", "chaos.stop_worker_every_s=3", "chaos.kill_redis_at_s=5")
-    chaos = runner.Chaos(spec, seed=0, t0=100.0, services=services, pending={}, quiet_from=109.0)
+    chaos = runner.Chaos(spec, seed=0, t0=90.0, services=services, pending={}, quiet_from=109.0)
     handles = [_Handle(k) for k in range(4)]
+    chaos.tick(handles, 99.0)  # the fleet is not up yet: nothing is due
+    chaos.start(100.0)
     for i in range(121):
         chaos.tick(handles, 100.0 + i * 0.1)
+    # `t` counts from the run's start (90), the schedule from the fleet's (100)
     assert [(d["what"], d["t"]) for d in rows] == [
-        ("kill_worker", 2.0),
-        ("stop_worker", 3.0),
-        ("kill_worker", 4.0),
-        ("kill_redis", 5.0),
-        ("kill_worker", 6.0),
-        ("stop_worker", 6.0),
-        ("kill_worker", 8.0),
+        ("kill_worker", 12.0),
+        ("stop_worker", 13.0),
+        ("kill_worker", 14.0),
+        ("kill_redis", 15.0),
+        ("kill_worker", 16.0),
+        ("stop_worker", 16.0),
+        ("kill_worker", 18.0),
     ]
     assert sent == ["SIGKILL", "SIGSTOP", "SIGKILL", "SIGKILL", "SIGSTOP", "SIGKILL"]  # Redis: Popen.kill
     assert services.redis.proc.dead and chaos.injected == 7
@@ -166,13 +169,14 @@ def test_a_redis_pause_in_a_real_run_is_healed_in_the_recovery_report(short_tmp)
         run_dir,
         "env_count=16",
         "groups.size=8",
-        # chaos is quiet for the last 12 s (timeout_s + term_grace_s + 2 scans) and the longest
-        # worker start seen: 24 s leaves a start of 8 s before the pause is due at 4 s
-        "run.duration_s=24",
+        # chaos is quiet for the last 8 s (timeout_s + term_grace_s + 2 scans) and the longest
+        # worker start seen; its clock starts once both workers stepped (a few seconds in, 15 s
+        # beside two CPU-bound runs), and the pause is due 1 s after: 28 s leaves room for both
+        "run.duration_s=28",
         "run.total_env_steps=null",
-        "chaos.pause_redis_at_s=4",
-        "learner.mode=random",  # what heals is Redis: no PPO updates to pay for over 24 s
-        "heartbeat.timeout_s=10",
+        "chaos.pause_redis_at_s=1",
+        "learner.mode=random",  # what heals is Redis: no PPO updates to pay for over 28 s
+        "heartbeat.timeout_s=6",  # twice the pause
         "heartbeat.scan_interval_s=0.5",
         "heartbeat.redis_interval_s=0.5",
         "heartbeat.signal_interval_s=0.2",

@@ -1,5 +1,5 @@
 """Per-type learner settings: an env node's `learner:` (gamma, gae_lambda, ent_coef,
-popart_beta, log_std_init) trains that type's rows with its own values, a type without
+popart_beta, log_std_init, value_init_std, adv_std_floor) trains that type's rows with its own values, a type without
 overrides trains as it did before (bit for bit), and a bad value is a one-paragraph
 ConfigError naming the key."""
 
@@ -167,6 +167,44 @@ def test_popart_moves_each_types_statistics_with_its_own_step_size():
     assert torch.equal(mixed.mu[1:], single.mu[1:]) and torch.equal(mixed.sigma[1:], single.sigma[1:])
 
 
+def test_value_init_std_scales_its_types_value_row_and_nothing_else():
+    """pendulum's value output row starts at 0.01 of the default build's; every other
+    parameter of the two builds (same seed) is the same tensor, bit for bit."""
+    plain, scaled = _learner(), _learner("+env_mix.types.pendulum.learner.value_init_std=0.01")
+    np.testing.assert_array_equal(scaled.type_settings.value_init_std, [1.0, 1.0, 0.01, 1.0])
+    a, b = plain.policy.state_dict(), scaled.policy.state_dict()
+    for key in a:
+        if key != "critic.out.weight":
+            assert torch.equal(a[key], b[key]), key
+    w_plain, w_scaled = a["critic.out.weight"], b["critic.out.weight"]
+    assert torch.equal(w_scaled[[0, 1, 3]], w_plain[[0, 1, 3]])
+    torch.testing.assert_close(w_scaled[2], w_plain[2] * 0.01, rtol=0, atol=0)
+    assert torch.equal(scaled.actor.critic.out.weight, w_scaled)  # the serving copy starts the same
+
+
+def test_adv_std_floor_divides_a_quiet_types_advantages_by_no_less_than_it():
+    """Type 0's advantages spread 0.01 (a sparse-reward type before its first reward: the
+    critic's guesses differenced) and type 1's spread 10: with a floor of 0.5 on type 0 its
+    normalized advantages are 0.02-sized instead of unit-sized, type 1's are as without
+    floors, and the all-reduce form (normalize_per_type_sums) agrees. No floor set: the
+    learner passes none, and the normalization is the one before floors."""
+    from rlpipe.learner.ppo import normalize_per_type, normalize_per_type_sums
+
+    g = torch.Generator().manual_seed(5)
+    types = torch.arange(2).repeat(200)
+    adv = torch.randn(400, generator=g, dtype=torch.float64) * torch.where(types == 0, 0.01, 10.0)
+    floor = torch.tensor([0.5, 0.0], dtype=torch.float64)
+    plain, floored = normalize_per_type(adv, types, 2), normalize_per_type(adv, types, 2, floor)
+    assert plain[types == 0].std().item() == pytest.approx(1.0, rel=1e-5)  # std + 1e-8
+    assert floored[types == 0].std().item() == pytest.approx(adv[types == 0].std().item() / 0.5, rel=1e-6)
+    assert torch.equal(floored[types == 1], plain[types == 1])
+    sums = [torch.zeros(2, dtype=torch.float64).index_add_(0, types, x) for x in (torch.ones_like(adv), adv, adv * adv)]
+    torch.testing.assert_close(normalize_per_type_sums(adv, types, *sums, floor), floored)
+    assert _learner().type_settings.adv_std_floor_by_type() is None
+    with_floor = _learner("+env_mix.types.acrobot.learner.adv_std_floor=0.1").type_settings
+    assert torch.equal(with_floor.adv_std_floor_by_type(), torch.tensor([0.0, 0.1, 0.0, 0.0], dtype=torch.float64))
+
+
 def test_type_settings_follow_the_mix_order_and_default_to_the_learner():
     learner = _learner(
         "learner.gamma=0.97",
@@ -236,6 +274,8 @@ def test_each_continuous_types_log_std_starts_at_its_log_std_init():
         ("+env_mix.types.pendulum.learner.log_std_init=3", "env_mix.types.pendulum.learner.log_std_init", "[-5, 2]"),
         ("+env_mix.types.pendulum.learner.log_std_init=wide", "env_mix.types.pendulum.learner.log_std_init", "[-5, 2]"),
         ("learner.log_std_init=-6", "learner.log_std_init", "[-5, 2]"),
+        ("+env_mix.types.acrobot.learner.value_init_std=0", "env_mix.types.acrobot.learner.value_init_std", "positive"),
+        ("+env_mix.types.acrobot.learner.adv_std_floor=-1", "env_mix.types.acrobot.learner.adv_std_floor", ">= 0"),
         ("+env_mix.types.pendulum.learner.clip_coef=0.1", "env_mix.types.pendulum.learner.clip_coef", "log_std_init"),
         ("++env_mix.types.pendulum.learner=0.99", "env_mix.types.pendulum.learner", "mapping"),
     ],

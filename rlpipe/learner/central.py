@@ -54,7 +54,7 @@ class CentralLearner:
         self.device = pick_device(self.cfg.device)
         torch.manual_seed(spec.run.seed)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
-        # gamma, lambda, entropy bonus, PopArt step and initial log std per type (env nodes' `learner:`)
+        # gamma, lambda, entropy bonus, PopArt step, initial log std and value init per type (env nodes' `learner:`)
         self.type_settings = TypeSettings.of(self.cfg, spec.env_types)
         self.policy = Policy(
             plan,
@@ -63,6 +63,7 @@ class CentralLearner:
             self.cfg.cnn_channels,
             self.cfg.cnn_out,
             log_std_init=self.type_settings.log_std_init,
+            value_init_std=self.type_settings.value_init_std,
         ).to(self.device)
         self._optimizer: FusedAdam | None = None
         # PPO updates run in a thread on `policy` while `actor`, a copy refreshed after every

@@ -187,10 +187,12 @@ class Policy(nn.Module):
         cnn_channels: tuple[int, int, int] = (32, 64, 64),
         cnn_out: int = 256,
         log_std_init: np.ndarray | None = None,
+        value_init_std: np.ndarray | None = None,
     ):
         """`log_std_init`: each type's starting log std of its Gaussian head ([n_types]; None:
-        0, CleanRL's). Only the start: the log std is a trained parameter, and a checkpoint or
-        export loaded over it brings its own."""
+        0, CleanRL's). `value_init_std`: each type's orthogonal gain of its value output row
+        ([n_types]; None: 1.0, CleanRL's). Only the start: both are trained, and a checkpoint
+        or export loaded over them brings its own."""
         super().__init__()
         rgb = [k for k in obs_keys if k.name == "rgb"]
         self.rgb = RgbEncoder(rgb[0].shape, cnn_channels, cnn_out) if rgb else None
@@ -221,6 +223,11 @@ class Policy(nn.Module):
         self.every_type_every_key = bool(key_mask.all())
         self.every_type_every_action = bool(disc_mask.all())
         self.critic = Tower(n_types, n_feat, hidden, 1, out_std=1.0)
+        if value_init_std is not None:
+            # an orthogonal matrix at gain g is the one at gain 1 times g: scaling draws no
+            # random numbers, so a run that sets no type's gain builds the same weights
+            gain = torch.as_tensor(value_init_std, dtype=self.critic.out.weight.dtype)
+            self.critic.out.weight.data.mul_(gain.reshape(n_types, 1, 1))
         self.popart = PopArt(n_types)
         self.actor_disc = Tower(n_types, n_feat, hidden, self.disc_n, out_std=0.01) if self.disc_n else None
         self.actor_cont = Tower(n_types, n_feat, hidden, self.cont_dim, out_std=0.01) if self.cont_dim else None

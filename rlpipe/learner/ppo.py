@@ -95,26 +95,39 @@ def concat_blocks(blocks: list[dict], types: list[np.ndarray], device) -> dict:
     }
 
 
-def normalize_per_type(adv: torch.Tensor, types: torch.Tensor, n_types: int) -> torch.Tensor:
-    """(adv - mean_t) / (std_t + 1e-8) with each row's type t; a type with one sample in the
-    batch keeps a zero advantage (no spread to scale by)."""
+def _divisor(std: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor:
+    """Each type's std, or its floor where that is larger (learner.adv_std_floor)."""
+    return std if floor is None else torch.maximum(std, floor.to(std.device, std.dtype))
+
+
+def normalize_per_type(
+    adv: torch.Tensor, types: torch.Tensor, n_types: int, floor: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(adv - mean_t) / (max(std_t, floor_t) + 1e-8) with each row's type t (no floor: the
+    std alone); a type with one sample in the batch keeps a zero advantage (no spread to
+    scale by)."""
     count = torch.bincount(types, minlength=n_types).to(adv.dtype)
     mean = torch.zeros(n_types, dtype=adv.dtype, device=adv.device).index_add_(0, types, adv) / count.clamp_min(1)
     centered = adv - mean[types]
     var = torch.zeros(n_types, dtype=adv.dtype, device=adv.device).index_add_(0, types, centered**2) / (
         count - 1
     ).clamp_min(1)
-    return centered / (var.sqrt()[types] + 1e-8)
+    return centered / (_divisor(var.sqrt(), floor)[types] + 1e-8)
 
 
 def normalize_per_type_sums(
-    adv: torch.Tensor, types: torch.Tensor, count: torch.Tensor, total: torch.Tensor, total_sq: torch.Tensor
+    adv: torch.Tensor,
+    types: torch.Tensor,
+    count: torch.Tensor,
+    total: torch.Tensor,
+    total_sq: torch.Tensor,
+    floor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`normalize_per_type` with each type's count, sum and sum of squares given (float64,
     summed over ranks): every rank normalizes by the statistics of the global batch."""
     mean = total / count.clamp_min(1)
     var = ((total_sq - count * mean**2) / (count - 1).clamp_min(1)).clamp_min(0.0)
-    m, s = mean.to(adv.device)[types], var.sqrt().to(adv.device)[types]
+    m, s = mean.to(adv.device)[types], _divisor(var.sqrt(), floor).to(adv.device)[types]
     return ((adv.to(torch.float64) - m) / (s + 1e-8)).to(adv.dtype)
 
 
@@ -123,14 +136,17 @@ class WholeBatch:
     statistics of the batch itself, each minibatch's gradients as computed. Its torchrun twin,
     with the same two methods, is `rlpipe.ranks.sync.RankSync`."""
 
-    def batch_statistics(self, policy: nn.Module, batch: dict, cfg: LearnerSpec, beta) -> tuple[torch.Tensor, int]:
+    def batch_statistics(
+        self, policy: nn.Module, batch: dict, cfg: LearnerSpec, beta, adv_floor: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, int]:
         """PopArt moved toward the batch's returns (with `beta`: the learner's popart_beta or one
-        per type); the advantages to train on and the number of minibatches."""
+        per type); the advantages to train on (per type, divided by no less than `adv_floor`)
+        and the number of minibatches."""
         types, adv = batch["types"], batch["adv"]
         if cfg.value_norm == "popart":
             policy.popart.update(batch["ret"], types, beta, policy.critic.out)
         if cfg.adv_norm == "per_type":
-            adv = normalize_per_type(adv, types, len(policy.popart.mu))
+            adv = normalize_per_type(adv, types, len(policy.popart.mu), adv_floor)
         return adv, max(math.ceil(len(adv) / cfg.minibatch_size), 1)
 
     def average_gradients(self, params: list[nn.Parameter], samples: int) -> bool:
@@ -154,7 +170,8 @@ def ppo_update(
     n = len(batch["adv"])
     beta = cfg.popart_beta if per_type is None else per_type.popart_beta_by_type()
     ent_coef = cfg.ent_coef if per_type is None else per_type.ent_coef_rows(types)
-    adv_all, n_minibatches = sync.batch_statistics(policy, batch, cfg, beta)
+    adv_floor = None if per_type is None else per_type.adv_std_floor_by_type()
+    adv_all, n_minibatches = sync.batch_statistics(policy, batch, cfg, beta, adv_floor)
     ret = policy.popart.normalize(batch["ret"], types).float()
     old_value = policy.popart.normalize(batch["value"], types).float()
     present = batch.get("obs_present", {})

@@ -3,8 +3,10 @@ own values (the keys of rlpipe.config.TYPE_LEARNER_KEYS), one value per type ind
 
 Rows carry their type index, so every use is a lookup by type, vectorized as the policy is:
 GAE's gamma and lambda per env column of a slice's block (rollout.py), the entropy bonus per
-row of a minibatch and PopArt's step size per type (ppo.py, popart.py); the Gaussian head's
-initial log std is each type's row of the policy's log-std parameter (policy.py), read once
+row of a minibatch, PopArt's step size and the advantages' std floor per type (ppo.py,
+popart.py); the Gaussian head's
+initial log std is each type's row of the policy's log-std parameter and the value output's
+init gain scales each type's row of the critic's output layer (policy.py), both read once
 when the policy is built. Where the rows at hand
 all share a value (no type overrides it, or all set the same) it is handed on as one Python
 float, the form the learner used before per-type settings: such a run computes what it did,
@@ -28,6 +30,8 @@ class TypeSettings:
     ent_coef: np.ndarray
     popart_beta: np.ndarray
     log_std_init: np.ndarray  # the policy's starting log std per type (a discrete type's is unused)
+    value_init_std: np.ndarray  # the init gain of each type's row of the critic's output layer
+    adv_std_floor: np.ndarray  # the least std each type's advantages are divided by (per_type adv norm)
 
     @classmethod
     def of(cls, cfg: LearnerSpec, env_types: tuple[EnvTypeSpec, ...]) -> "TypeSettings":
@@ -55,6 +59,11 @@ class TypeSettings:
         if one is not None:
             return one
         return torch.from_numpy(self.ent_coef).to(types.device)[types]
+
+    def adv_std_floor_by_type(self) -> torch.Tensor | None:
+        """The per-type advantage normalization's floors ([n_types] float64), None where no
+        type has one: the normalization divides by the std alone, as before floors."""
+        return torch.from_numpy(self.adv_std_floor.copy()) if bool((self.adv_std_floor > 0).any()) else None
 
     def popart_beta_by_type(self) -> float | torch.Tensor:
         """PopArt's per-sample step size: one float when every type has the same, else a

@@ -5,6 +5,11 @@ tick, injects those that are due, and gives them what they act on: a random awak
 the `chaos_inject` row, signals to processes, the run's Services. (`FreezeDriver` is injected
 by the driver's loop itself.)
 
+The schedule's clock starts when every worker the run started awake has stepped its first
+slice (`start`), not at the process's start: on a loaded machine the start-up (imports, env
+builds) can take most of a short run, and counted from the process every fault due by then
+fired at once, before a worker had stepped. `t` in the rows stays seconds into the run.
+
 Injections stop when less of the run is left than the watchdog needs to notice and heal a
 fault (timeout + grace + two scans) plus the longest a worker of this run has taken from its
 spawn to its first stepped slice (`heal_s`, which the driver raises as workers get ready), so
@@ -36,8 +41,10 @@ class Chaos:
         self.lifecycle = services.lifecycle
         self.pending = pending  # the watchdog's replacements under way: not targets
         self.rng = random.Random(seed)
-        self.t0 = t0
-        self.faults = [fault(spec, t0) for fault in ticked_faults(spec)]
+        self.spec = spec
+        self.t0 = t0  # the run's start: rows' `t`
+        self.faults = []  # built by `start`, once the fleet is up
+        self.started_at: float | None = None
         self.stopped: set[int] = set()  # pids we SIGSTOPped (continued or killed at teardown)
         # No injections once too little run is left for the watchdog to see the fault healed.
         self.quiet_from = quiet_from
@@ -76,6 +83,11 @@ class Chaos:
             pass
 
     # -- the schedule ----------------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        """The schedule's origin: each fault is first due its setting after `now`."""
+        self.started_at = now
+        self.faults = [fault(self.spec, now) for fault in ticked_faults(self.spec)]
+
     def tick(self, handles, now: float) -> None:
         for fault in self.faults:
             fault.upkeep(self, now)

@@ -98,6 +98,7 @@ class Fleet:
         self.chaos: Chaos | None = None
         self.errors: ErrorAggregator | None = None
         self.unspawned: list[WorkerHandle] = []
+        self.hot_unready: set[int] = set()  # hot workers not yet stepped: the chaos clock waits for them
         self.starts = BackgroundStarts()  # dormant workers' process starts
         self.slice_seen: dict[tuple[int, int], float] = {}
         self.slice_first_step: dict[tuple[int, int], float] = {}
@@ -149,6 +150,7 @@ class Fleet:
         # Hot groups start now; dormant ones are started from the loop, so the first steps
         # are not queued behind a hundred forks on a busy machine.
         self.unspawned = [h for h in self.handles if not h.awake]
+        self.hot_unready = {h.worker_id for h in self.handles if h.awake}  # chaos starts when empty
         for h in self.handles:
             if h.awake:
                 self._spawn(h)
@@ -285,6 +287,9 @@ class Fleet:
                 )
                 if self.chaos is not None and h.spawned_awake:
                     self.chaos.heal_s = max(self.chaos.heal_s, now - h.spawned_at)
+                self.hot_unready.discard(w)
+                if self.chaos is not None and self.chaos.started_at is None and not self.hot_unready:
+                    self.chaos.start(now)  # every hot worker (or its replacement) has stepped
             if seq > 0 and (w, s) not in self.slice_first_step:
                 self.slice_first_step[(w, s)] = now
         return refs
