@@ -59,8 +59,8 @@ class ChaosRun(Protocol):
 
 class Fault:
     """A chaos fault. `setting` reads its key of the chaos spec (None: off); the runner builds
-    the fault from the spec and the schedule's start when it is on, asks `due` every tick and then
-    calls `inject`; `upkeep` runs every tick, also once injections stopped near the run's end."""
+    the fault from the spec and the schedule's start when it is on, asks `due` every tick and
+    then calls `inject`; `upkeep` runs every tick, also once injections stopped near the run's end."""
 
     what = ""  # the chaos_inject row's detail "what"
     healed_by: Healed
@@ -83,8 +83,7 @@ class Fault:
 
 class EveryFault(Fault):
     """Due every `setting` seconds, the first time that long after the schedule's start (the
-    fleet up: rlpipe.supervisor.chaos); a tick
-    with no target still waits a whole interval."""
+    fleet up: rlpipe.supervisor.chaos); a tick with no target still waits a whole interval."""
 
     def __init__(self, chaos, t0: float):
         self.every = self.setting(chaos)
@@ -155,9 +154,9 @@ class StopWorker(EveryFault):
 
 
 class KillRedis(OnceFault):
-    """SIGKILL the embedded redis-server once, chaos.kill_redis_at_s after the fleet is up (the driver
-    restarts it: rlpipe.supervisor.services). A Redis kill costs no env steps: Redis down is
-    not a dead worker."""
+    """SIGKILL the embedded redis-server once, chaos.kill_redis_at_s after the fleet is up (the
+    driver restarts it: rlpipe.supervisor.services). A Redis kill costs no env steps: Redis
+    down is not a dead worker."""
 
     what = "kill_redis"
     healed_by = REDIS_RECOVERED
@@ -174,9 +173,10 @@ class KillRedis(OnceFault):
 
 
 class PauseRedis(OnceFault):
-    """SIGSTOP the embedded redis-server once, chaos.pause_redis_at_s after the fleet is up, and SIGCONT
-    it PAUSE_S later: every Redis call meanwhile times out, nothing restarts. Healed when every
-    live worker has beaten into it again after the SIGCONT (`redis_recovered`, as a kill)."""
+    """SIGSTOP the embedded redis-server once, chaos.pause_redis_at_s after the fleet is up, and
+    SIGCONT it PAUSE_S later: every Redis call meanwhile times out, nothing restarts. Healed
+    when every live worker has beaten into it again after the SIGCONT (`redis_recovered`, as
+    a kill)."""
 
     what = "pause_redis"
     healed_by = REDIS_RECOVERED

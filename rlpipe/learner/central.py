@@ -54,7 +54,8 @@ class CentralLearner:
         self.device = pick_device(self.cfg.device)
         torch.manual_seed(spec.run.seed)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
-        # gamma, lambda, entropy bonus, PopArt step, initial log std and value init per type (env nodes' `learner:`)
+        # gamma, lambda, entropy bonus, PopArt step, advantage floor, initial log std and value
+        # init per type (env nodes' `learner:`)
         self.type_settings = TypeSettings.of(self.cfg, spec.env_types)
         self.policy = Policy(
             plan,

@@ -4,11 +4,10 @@ own values (the keys of rlpipe.config.TYPE_LEARNER_KEYS), one value per type ind
 Rows carry their type index, so every use is a lookup by type, vectorized as the policy is:
 GAE's gamma and lambda per env column of a slice's block (rollout.py), the entropy bonus per
 row of a minibatch, PopArt's step size and the advantages' std floor per type (ppo.py,
-popart.py); the Gaussian head's
-initial log std is each type's row of the policy's log-std parameter and the value output's
-init gain scales each type's row of the critic's output layer (policy.py), both read once
-when the policy is built. Where the rows at hand
-all share a value (no type overrides it, or all set the same) it is handed on as one Python
+popart.py); the Gaussian head's initial log std is each type's row of the policy's log-std
+parameter and the value output's init gain scales each type's row of the critic's output
+layer (policy.py), both read once when the policy is built. Where the rows at hand all share
+a value (no type overrides it, or all set the same) it is handed on as one Python
 float, the form the learner used before per-type settings: such a run computes what it did,
 bit for bit.
 """
