@@ -194,24 +194,17 @@ class LearnerSpec(_Section):
 # The learner settings an env type may set for itself (`learner:` in its env node, e.g.
 # conf/env/lunar_lander.yaml): the discount and GAE's lambda (a type's horizon), the entropy
 # bonus (how much it explores), PopArt's step size (how fast its value scale follows its
-# returns), the Gaussian head's initial log std (how widely a continuous type explores
-# before it has learned anything: the policy already holds one log std per type) and the
-# init scale of the type's value output and the floor under its advantages' std (a sparse-
-# reward type's advantages before its first reward are the critic's guesses differenced, and
-# normalized to unit scale they train its head on them). Each row
-# of a batch is trained with its type's values (rlpipe/learner/type_settings.py); a key a
+# returns), the Gaussian head's initial log std (how widely a continuous type explores before
+# it has learned anything), the init scale of its value output and the floor under its
+# advantages' std (before a sparse-reward type's first reward its advantages are its critic's
+# starting guesses differenced; scaled to unit size they would train its head on noise). Each
+# row of a batch is trained with its type's values (rlpipe/learner/type_settings.py); a key a
 # type leaves out is the learner's. Everything else is one value for the whole update: the
 # clip, the optimizer and its schedule, epochs, minibatches, gradient clipping and the
-# value-loss weight (with PopArt every type's value loss is in its own normalized scale
-# already).
+# value-loss weight (with PopArt every type's value loss is in its own normalized scale).
 TYPE_LEARNER_KEYS = (
-    "gamma",
-    "gae_lambda",
-    "ent_coef",
-    "popart_beta",
-    "log_std_init",
-    "value_init_std",
-    "adv_std_floor",
+    *("gamma", "gae_lambda", "ent_coef", "popart_beta"),
+    *("log_std_init", "value_init_std", "adv_std_floor"),
 )
 
 

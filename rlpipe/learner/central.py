@@ -38,6 +38,7 @@ from rlpipe.learner.type_settings import TypeSettings
 
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
 POLICY_LAYOUT = "typed-towers-popart-1"
+RESUMED_COUNTERS = ("env_steps", "updates", "episodes", "trained_samples")  # carried by a checkpoint
 
 
 def pick_device(name: str) -> torch.device:
@@ -54,8 +55,7 @@ class CentralLearner:
         self.device = pick_device(self.cfg.device)
         torch.manual_seed(spec.run.seed)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
-        # gamma, lambda, entropy bonus, PopArt step, advantage floor, initial log std and value
-        # init per type (env nodes' `learner:`)
+        # each type's own gamma, lambda, entropy bonus and the rest (env nodes' `learner:`)
         self.type_settings = TypeSettings.of(self.cfg, spec.env_types)
         self.policy = Policy(
             plan,
@@ -417,12 +417,7 @@ class CentralLearner:
             "compat": self.compat(),
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "counters": {
-                "env_steps": c.env_steps,
-                "updates": c.updates,
-                "episodes": c.episodes,
-                "trained_samples": c.trained_samples,
-            },
+            "counters": {key: getattr(c, key) for key in RESUMED_COUNTERS},
             "scores": torch.from_numpy(self.scores.copy()),
             "rng": rng_state(
                 numpy_generators={"actions": self.rng},
@@ -434,11 +429,8 @@ class CentralLearner:
         self.policy.load_state_dict(payload["policy"])
         self.actor.load_state_dict(payload["policy"])
         self.optimizer.load_state_dict(payload["optimizer"])
-        counters = payload["counters"]
-        self.counters.env_steps = int(counters["env_steps"])
-        self.counters.updates = int(counters["updates"])
-        self.counters.episodes = int(counters["episodes"])
-        self.counters.trained_samples = int(counters["trained_samples"])
+        for key in RESUMED_COUNTERS:
+            setattr(self.counters, key, int(payload["counters"][key]))
         self.scores[:] = payload["scores"].numpy()
         set_rng_state(
             payload["rng"],
