@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +45,31 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def inductor_cache_in_tmp(tmp_path_factory):
+    """torch.optim.Adam, the reference of several tests (rlpipe's learner uses its own), imports
+    torch._dynamo, which makes /tmp/torchinductor_<user> on first use: point it, for this
+    process and the runs it starts, into the session's tmp, which goes when the session ends."""
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
+    yield
+    if before is None:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
+def pytest_unconfigure(config):
+    """tmp_path_retention_policy "none" (pyproject.toml) removes the session's tmp folders but
+    not their root, /tmp/pytest-of-<user>: the main process removes it too once it is empty
+    (an xdist worker's session ends first, inside it)."""
+    if hasattr(config, "workerinput") or config.option.basetemp:
+        return
+    root = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"  # pytest's default root
+    with contextlib.suppress(OSError):  # gone already, or not empty: a kept session's
+        root.rmdir()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the node ids
