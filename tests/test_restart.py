@@ -271,10 +271,11 @@ def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts_fresh(shor
 @pytest.fixture(scope="module")
 def stall_restarts():
     """A plain loop restarting on EXIT_STALL over a run that freezes (chaos) 2 s after its
-    first checkpoint, to a step target of 60k (the first start froze at 6-7k steps beside a
-    benchmark, ~3x that on a quiet machine; the restart's remaining steps are the fixture's
-    time); what the first start left when it ended, before the restart, is kept for the stall
-    detector's own checks."""
+    first checkpoint, to a step target of 60k (its last checkpoint before the freeze was at
+    10-11k steps on this machine, quiet, on a slow day, 6-7k beside a benchmark, 2026-12-03:
+    the target leaves a fast day's first start 3x room; the restart's remaining steps are the
+    fixture's time); what the first start left when it ended, before the restart, is kept
+    for the stall detector's own checks."""
     import shutil
 
     base = Path(tempfile.mkdtemp(prefix="rlr", dir="/tmp"))
