@@ -50,7 +50,7 @@ class ChaosRun(Protocol):
 
     services: object  # the run's Services: `redis` (its `proc`), `await_worker_beats`
 
-    def target(self, handles) -> object | None: ...  # a random awake worker not already hit
+    def target(self, handles) -> object | None: ...  # a random awake, stepped worker not already hit
     def record(self, what: str, h=None, **detail) -> None: ...  # the `chaos_inject` row
     def t(self, now: float) -> float: ...  # seconds into the run, for the row
     def sigstop(self, pid: int) -> None: ...  # continued at teardown unless sigcont'ed

@@ -110,6 +110,7 @@ class _Proc:
 class _Handle:
     def __init__(self, k: int):
         self.worker_id, self.generation, self.awake, self.proc = k, 1, True, _Proc(1000 + k)
+        self.stepped = True
 
     def alive(self) -> bool:
         return True
@@ -147,6 +148,32 @@ def test_the_runner_injects_the_registered_faults_on_their_schedule(monkeypatch)
     ]
     assert sent == ["SIGKILL", "SIGSTOP", "SIGKILL", "SIGKILL", "SIGSTOP", "SIGKILL"]  # Redis: Popen.kill
     assert services.redis.proc.dead and chaos.injected == 7
+    # a replacement still building is no target: the fault it heals and a new one would be
+    # one restart
+    building = _Handle(9)
+    building.stepped = False
+    ready = next(h for h in handles if h.proc.pid not in chaos.stopped)
+    assert chaos.target([building]) is None
+    assert chaos.target([building, ready]) is ready
+
+
+def test_the_quiet_end_leaves_a_replacements_heal_time_not_the_fleets_start():
+    """The fleet's start (every worker at once, 16 s on a loaded machine) stands in for the
+    heal time until a replacement is ready; from then on the replacements' longest counts, so
+    a slow start does not silence the rest of a short run."""
+    from rlpipe.supervisor import chaos as runner
+
+    services = SimpleNamespace(lifecycle=SimpleNamespace(record=lambda kind, detail, **f: None))
+    chaos = runner.Chaos(_chaos(), seed=0, t0=0.0, services=services, pending={}, quiet_from=38.0)
+    for since in (16.0, 12.0):
+        chaos.worker_ready(since, replacement=False)
+    assert chaos.heal_s == 16.0  # nothing healed yet: the pessimistic guess
+    chaos.worker_ready(2.5, replacement=True)
+    chaos.worker_ready(16.5, replacement=False)  # a late first worker no longer counts
+    assert chaos.heal_s == 2.5
+    chaos.worker_ready(3.1, replacement=True)
+    chaos.worker_ready(1.0, replacement=True)
+    assert chaos.heal_s == 3.1
 
 
 def test_the_driver_freezes_after_its_first_checkpoint_unless_resumed():

@@ -11,10 +11,12 @@ builds) can take most of a short run, and counted from the process every fault d
 fired at once, before a worker had stepped. `t` in the rows stays seconds into the run.
 
 Injections stop when less of the run is left than the watchdog needs to notice and heal a
-fault (timeout + grace + two scans) plus the longest a worker of this run has taken from its
-spawn to its first stepped slice (`heal_s`, which the driver raises as workers get ready), so
-every injection of a finished run has its recovery. A fault's follow-up (`upkeep`) still runs
-then.
+fault (timeout + grace + two scans) plus the longest a replacement worker of this run has
+taken from its spawn to its first stepped slice (`heal_s`), so every injection of a finished
+run has its recovery. Until the first replacement is ready, the fleet's own start stands in
+for it: that start spawns every worker at once beside the learner's start-up, so it is the
+pessimistic guess, and on a loaded machine (16 s against 2-3 s for one replacement) it held
+back most of a short run's schedule. A fault's follow-up (`upkeep`) still runs then.
 """
 
 from __future__ import annotations
@@ -48,15 +50,33 @@ class Chaos:
         self.stopped: set[int] = set()  # pids we SIGSTOPped (continued or killed at teardown)
         # No injections once too little run is left for the watchdog to see the fault healed.
         self.quiet_from = quiet_from
-        self.heal_s = 0.0  # longest spawn -> worker_ready seen in this run
+        self.fleet_start_s = 0.0  # the longest spawn -> worker_ready of the fleet's first workers
+        self.replacement_heal_s: float | None = None  # the same over replacements, once one is ready
         self.injected = 0
+
+    @property
+    def heal_s(self) -> float:
+        return self.fleet_start_s if self.replacement_heal_s is None else self.replacement_heal_s
+
+    def worker_ready(self, since_spawn_s: float, replacement: bool) -> None:
+        """A worker spawned awake stepped its first slice `since_spawn_s` after its spawn."""
+        if replacement:
+            self.replacement_heal_s = max(self.replacement_heal_s or 0.0, since_spawn_s)
+        else:
+            self.fleet_start_s = max(self.fleet_start_s, since_spawn_s)
 
     # -- what a fault acts on (rlpipe.chaos_faults.ChaosRun) -------------------------------------
     def target(self, handles):
+        # a replacement that has not stepped yet is still healing the last fault: hit, its
+        # recovery and the new fault's would be one restart (two faults, one worker_ready)
         candidates = [
             h
             for h in handles
-            if h.awake and h.alive() and h.worker_id not in self.pending and h.proc.pid not in self.stopped
+            if h.awake
+            and h.alive()
+            and h.stepped
+            and h.worker_id not in self.pending
+            and h.proc.pid not in self.stopped
         ]
         return self.rng.choice(candidates) if candidates else None
 

@@ -113,6 +113,12 @@ class WorkerHandle:
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
 
+    @property
+    def stepped(self) -> bool:
+        """This generation has stepped its first slice (its `worker_ready` row): a replacement
+        still building is not."""
+        return self.slice_seq[0] > 0
+
     def process(self, ctx, worker_spec: WorkerSpec):
         """This generation's process, not yet started (`worker_spec` names its segment and
         generation).

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlpipe.telemetry.health.markdown import md_table
+from rlpipe.telemetry.health.plots import fixed_margins
 from rlpipe.telemetry.tb_events import Series
 
 PLOT_RESOURCES = "health_resources.png"
@@ -93,7 +94,8 @@ def plot_resources(scalars: dict[str, Series], path: Path) -> Path | None:
         return None
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9, 2.4 * len(panels)), layout="constrained")
+    fig = Figure(figsize=(9, 2.4 * len(panels)))
+    fixed_margins(fig, left=0.85, right=0.2, top=0.45, bottom=0.6, rows=len(panels), hgap=0.35)
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     start = min(scalars[f"resources/{t}"].wall_times.min() for _u, tags in panels for t in tags)
     for ax, (unit, tags) in zip(axes, panels):
