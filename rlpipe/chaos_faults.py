@@ -60,7 +60,7 @@ class ChaosRun(Protocol):
 class Fault:
     """A chaos fault. `setting` reads its key of the chaos spec (None: off); the runner builds
     the fault from the spec and the schedule's start when it is on, asks `due` every tick and
-    then calls `inject`; `upkeep` runs every tick, also once injections stopped near the run's end."""
+    then calls `inject`, and `struck` once it hit; `upkeep` runs every tick, also once injections stopped near the run's end."""
 
     what = ""  # the chaos_inject row's detail "what"
     healed_by: Healed
@@ -74,7 +74,12 @@ class Fault:
     def due(self, now: float) -> bool:
         raise NotImplementedError
 
-    def inject(self, run: ChaosRun, handles, now: float) -> None:
+    def struck(self, now: float) -> None:
+        """The fault struck at `now`: the schedule moves on to its next time."""
+        raise NotImplementedError
+
+    def inject(self, run: ChaosRun, handles, now: float) -> bool:
+        """Strike, if there is something to strike: whether it did."""
         raise NotImplementedError
 
     def upkeep(self, run: ChaosRun, now: float) -> None:
@@ -83,17 +88,20 @@ class Fault:
 
 class EveryFault(Fault):
     """Due every `setting` seconds, the first time that long after the schedule's start (the
-    fleet up: rlpipe.supervisor.chaos); a tick with no target still waits a whole interval."""
+    fleet up: rlpipe.supervisor.chaos), the next that long after it struck. A due fault with
+    nothing to strike (every worker hit, stopped or still rebuilding) stays due and strikes at
+    the first tick that has a target: skipped, a small run's schedule lost a whole interval each
+    time (a 3-worker run, a kill every 5 s: 1 kill in its last 20 s on a loaded machine)."""
 
     def __init__(self, chaos, t0: float):
         self.every = self.setting(chaos)
         self.next_at = t0 + self.every
 
     def due(self, now: float) -> bool:
-        if now < self.next_at:
-            return False
+        return now >= self.next_at
+
+    def struck(self, now: float) -> None:
         self.next_at = now + self.every
-        return True
 
 
 class OnceFault(Fault):
@@ -103,10 +111,10 @@ class OnceFault(Fault):
         self.at: float | None = t0 + self.setting(chaos)
 
     def due(self, now: float) -> bool:
-        if self.at is None or now < self.at:
-            return False
+        return self.at is not None and now >= self.at
+
+    def struck(self, now: float) -> None:
         self.at = None
-        return True
 
 
 # A worker fault heals when the worker's replacement has stepped its envs once.
@@ -127,11 +135,13 @@ class KillWorker(EveryFault):
     def setting(chaos) -> Optional[float]:
         return chaos.kill_worker_every_s
 
-    def inject(self, run: ChaosRun, handles, now: float) -> None:
+    def inject(self, run: ChaosRun, handles, now: float) -> bool:
         h = run.target(handles)
-        if h is not None:
-            run.record(self.what, h, pid=h.proc.pid, signal="SIGKILL", t=run.t(now))
-            os.kill(h.proc.pid, signal.SIGKILL)
+        if h is None:
+            return False
+        run.record(self.what, h, pid=h.proc.pid, signal="SIGKILL", t=run.t(now))
+        os.kill(h.proc.pid, signal.SIGKILL)
+        return True
 
 
 class StopWorker(EveryFault):
@@ -146,11 +156,13 @@ class StopWorker(EveryFault):
     def setting(chaos) -> Optional[float]:
         return chaos.stop_worker_every_s
 
-    def inject(self, run: ChaosRun, handles, now: float) -> None:
+    def inject(self, run: ChaosRun, handles, now: float) -> bool:
         h = run.target(handles)
-        if h is not None:
-            run.record(self.what, h, pid=h.proc.pid, signal="SIGSTOP", t=run.t(now))
-            run.sigstop(h.proc.pid)
+        if h is None:
+            return False
+        run.record(self.what, h, pid=h.proc.pid, signal="SIGSTOP", t=run.t(now))
+        run.sigstop(h.proc.pid)
+        return True
 
 
 class KillRedis(OnceFault):
@@ -165,11 +177,13 @@ class KillRedis(OnceFault):
     def setting(chaos) -> Optional[float]:
         return chaos.kill_redis_at_s
 
-    def inject(self, run: ChaosRun, handles, now: float) -> None:
+    def inject(self, run: ChaosRun, handles, now: float) -> bool:
         proc = run.services.redis.proc
-        if proc is not None and proc.poll() is None:
-            run.record(self.what, pid=proc.pid, signal="SIGKILL", t=run.t(now))
-            proc.kill()
+        if proc is None or proc.poll() is not None:  # an external server, or down already
+            return False
+        run.record(self.what, pid=proc.pid, signal="SIGKILL", t=run.t(now))
+        proc.kill()
+        return True
 
 
 class PauseRedis(OnceFault):
@@ -190,12 +204,14 @@ class PauseRedis(OnceFault):
         super().__init__(chaos, t0)
         self.paused: tuple[int, float] | None = None  # (pid, when to continue it)
 
-    def inject(self, run: ChaosRun, handles, now: float) -> None:
+    def inject(self, run: ChaosRun, handles, now: float) -> bool:
         proc = run.services.redis.proc
-        if proc is not None and proc.poll() is None:
-            run.record(self.what, pid=proc.pid, signal="SIGSTOP", pause_s=self.PAUSE_S, t=run.t(now))
-            run.sigstop(proc.pid)
-            self.paused = (proc.pid, now + self.PAUSE_S)
+        if proc is None or proc.poll() is not None:
+            return False
+        run.record(self.what, pid=proc.pid, signal="SIGSTOP", pause_s=self.PAUSE_S, t=run.t(now))
+        run.sigstop(proc.pid)
+        self.paused = (proc.pid, now + self.PAUSE_S)
+        return True
 
     def upkeep(self, run: ChaosRun, now: float) -> None:
         if self.paused is not None and now >= self.paused[1]:

@@ -114,6 +114,10 @@ def test_chaos_lite_every_injection_recovered(chaos_run):
     kinds = {k: v["injected"] for k, v in rep["by_kind"].items()}
     assert kinds.get("kill_worker", 0) >= 2 and kinds.get("stop_worker", 0) >= 1 and kinds.get("kill_redis") == 1, kinds
     assert rep["unrecovered"] == 0, [e for e in rep["events"] if e["recover_s"] is None]
+    # injections stopped for the end by the replacements' heal time, not the fleet's start
+    quiet_ts, *_x, quiet = rows(run_dir, "chaos_quiet")[-1]
+    replaced = [d["since_spawn_s"] for ts, _w, g, *_y, d in rows(run_dir, "worker_ready") if g > 1 and ts <= quiet_ts]
+    assert quiet["heal_s_of"] == "replacements" and quiet["heal_s"] == pytest.approx(max(replaced), abs=2e-3), quiet
     # the Redis kill healed when every live worker beat into the new server
     assert [e["recovered_by"] for e in rep["events"] if e["what"] == "kill_redis"] == ["redis_recovered"]
     summary = read_summary(run_dir)

@@ -124,14 +124,16 @@ def test_the_runner_injects_the_registered_faults_on_their_schedule(monkeypatch)
     sent = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(signal.Signals(sig).name))
     monkeypatch.setattr(runner, "live_pids", set)  # the fake pids stay "alive"
-    rows = []
+    rows, quiet = [], []
     services = SimpleNamespace(
-        lifecycle=SimpleNamespace(record=lambda kind, detail, **f: rows.append(detail)),
+        lifecycle=SimpleNamespace(
+            record=lambda kind, detail, **f: (quiet if kind == "chaos_quiet" else rows).append(detail)
+        ),
         redis=SimpleNamespace(proc=_Proc(1)),
     )
     spec = _chaos("chaos.kill_worker_every_s=2", "chaos.stop_worker_every_s=3", "chaos.kill_redis_at_s=5")
     chaos = runner.Chaos(spec, seed=0, t0=90.0, services=services, pending={}, quiet_from=109.0)
-    handles = [_Handle(k) for k in range(4)]
+    handles = [_Handle(k) for k in range(8)]  # the fakes are never replaced: one per fault
     chaos.tick(handles, 99.0)  # the fleet is not up yet: nothing is due
     chaos.start(100.0)
     for i in range(121):
@@ -148,13 +150,41 @@ def test_the_runner_injects_the_registered_faults_on_their_schedule(monkeypatch)
     ]
     assert sent == ["SIGKILL", "SIGSTOP", "SIGKILL", "SIGKILL", "SIGSTOP", "SIGKILL"]  # Redis: Popen.kill
     assert services.redis.proc.dead and chaos.injected == 7
-    # a replacement still building is no target: the fault it heals and a new one would be
-    # one restart
+    # no worker has been ready, so no heal time: the quiet end is quiet_from itself
+    assert quiet == [{"t": 19.0, "heal_s": 0.0, "heal_s_of": "fleet start"}]
+    # a replacement still building is no target, nor a worker already struck: the fault its
+    # replacement heals and a new one would be one restart
     building = _Handle(9)
     building.stepped = False
-    ready = next(h for h in handles if h.proc.pid not in chaos.stopped)
-    assert chaos.target([building]) is None
-    assert chaos.target([building, ready]) is ready
+    struck = [h for h in handles if h.proc.pid in chaos.hit]
+    assert len(struck) == 6  # no worker struck twice: its replacement heals one fault
+    ready = next(h for h in handles if h not in struck)
+    assert chaos.target([building, *struck]) is None
+    assert chaos.target([building, *struck, ready]) is ready
+
+
+def test_a_due_fault_with_no_target_strikes_at_the_first_tick_that_has_one(monkeypatch):
+    """Every worker still rebuilding when a kill is due: the kill waits for the first stepped
+    worker instead of a whole interval, and the next kill counts from when it struck."""
+    from rlpipe.supervisor import chaos as runner
+
+    monkeypatch.setattr(os, "kill", lambda pid, sig: None)
+    rows = []
+    services = SimpleNamespace(lifecycle=SimpleNamespace(record=lambda kind, detail, **f: rows.append(detail)))
+    chaos = runner.Chaos(_chaos("chaos.kill_worker_every_s=5"), seed=0, t0=0.0, services=services, pending={})
+    worker = _Handle(0)
+    worker.stepped = False  # a replacement still building
+    chaos.start(0.0)
+    for now in (5.0, 5.5, 6.0):
+        chaos.tick([worker], now)
+    assert rows == []
+    worker.stepped = True
+    for now in (6.5, 7.0):
+        chaos.tick([worker], now)
+    replacement = _Handle(1)  # a new process, stepped
+    for now in (11.0, 11.5):
+        chaos.tick([replacement], now)
+    assert [d["t"] for d in rows] == [6.5, 11.5]
 
 
 def test_the_quiet_end_leaves_a_replacements_heal_time_not_the_fleets_start():

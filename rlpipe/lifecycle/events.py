@@ -19,6 +19,7 @@ EVENT_KINDS = frozenset(
         "worker_restart",
         "redis_restart",
         "chaos_inject",
+        "chaos_quiet",
         "worker_ready",
         "redis_recovered",
         "driver_stall",

@@ -16,7 +16,9 @@ taken from its spawn to its first stepped slice (`heal_s`), so every injection o
 run has its recovery. Until the first replacement is ready, the fleet's own start stands in
 for it: that start spawns every worker at once beside the learner's start-up, so it is the
 pessimistic guess, and on a loaded machine (16 s against 2-3 s for one replacement) it held
-back most of a short run's schedule. A fault's follow-up (`upkeep`) still runs then.
+back most of a short run's schedule. A fault's follow-up (`upkeep`) still runs then. Each time
+injections stop, a `chaos_quiet` row says when and which heal time it was ("replacements" or
+"fleet start").
 """
 
 from __future__ import annotations
@@ -48,11 +50,13 @@ class Chaos:
         self.faults = []  # built by `start`, once the fleet is up
         self.started_at: float | None = None
         self.stopped: set[int] = set()  # pids we SIGSTOPped (continued or killed at teardown)
+        self.hit: set[int] = set()  # worker pids a fault struck: no target until replaced
         # No injections once too little run is left for the watchdog to see the fault healed.
         self.quiet_from = quiet_from
         self.fleet_start_s = 0.0  # the longest spawn -> worker_ready of the fleet's first workers
         self.replacement_heal_s: float | None = None  # the same over replacements, once one is ready
         self.injected = 0
+        self.quiet = False  # too little run left to heal an injection (the last tick's verdict)
 
     @property
     def heal_s(self) -> float:
@@ -67,24 +71,33 @@ class Chaos:
 
     # -- what a fault acts on (rlpipe.chaos_faults.ChaosRun) -------------------------------------
     def target(self, handles):
-        # a replacement that has not stepped yet is still healing the last fault: hit, its
-        # recovery and the new fault's would be one restart (two faults, one worker_ready)
+        # a replacement that has not stepped yet is still healing the last fault, and a worker
+        # struck already (stopped, or killed and not yet seen dead by the watchdog) waits for
+        # its replacement: hit again, its recovery and the new fault's would be one restart
+        # (two faults, one worker_ready; a kill and a stop struck one worker in one tick so)
         candidates = [
             h
             for h in handles
-            if h.awake
-            and h.alive()
-            and h.stepped
-            and h.worker_id not in self.pending
-            and h.proc.pid not in self.stopped
+            if h.awake and h.alive() and h.stepped and h.worker_id not in self.pending and h.proc.pid not in self.hit
         ]
         return self.rng.choice(candidates) if candidates else None
 
     def record(self, what: str, h=None, **detail) -> None:
         self.injected += 1
-        fields = dict(worker_id=h.worker_id, generation=h.generation) if h is not None else {}
+        fields = {}
+        if h is not None:
+            fields = dict(worker_id=h.worker_id, generation=h.generation)
+            self.hit = live_pids(self.hit) | {h.proc.pid}  # the dead forgotten, as in sigstop
         self.lifecycle.record("chaos_inject", detail={"what": what, **detail}, **fields)
         log.warning("chaos: %s %s", what, detail)
+
+    def record_quiet(self, now: float) -> None:
+        """Injections stop: the `chaos_quiet` row says when and which heal time decided it (a
+        window the fleet's start closed opens again when a faster replacement is ready)."""
+        by = "fleet start" if self.replacement_heal_s is None else "replacements"
+        detail = {"t": self.t(now), "heal_s": round(self.heal_s, 3), "heal_s_of": by}
+        self.lifecycle.record("chaos_quiet", detail=detail)
+        log.info("chaos: no injections while the heal time no longer fits before the end %s", detail)
 
     def t(self, now: float) -> float:
         return round(now - self.t0, 2)
@@ -111,8 +124,12 @@ class Chaos:
     def tick(self, handles, now: float) -> None:
         for fault in self.faults:
             fault.upkeep(self, now)
-        if self.quiet_from is not None and now >= self.quiet_from - self.heal_s:
+        quiet = self.quiet_from is not None and now >= self.quiet_from - self.heal_s
+        if quiet and not self.quiet:
+            self.record_quiet(now)
+        self.quiet = quiet
+        if quiet:
             return
         for fault in self.faults:
-            if fault.due(now):
-                fault.inject(self, handles, now)
+            if fault.due(now) and fault.inject(self, handles, now):
+                fault.struck(now)

@@ -286,7 +286,7 @@ class Fleet:
                     "worker_ready", worker_id=w, generation=gen, detail={"since_spawn_s": round(now - h.spawned_at, 3)}
                 )
                 if self.chaos is not None and h.spawned_awake:
-                    self.chaos.worker_ready(now - h.spawned_at, replacement=gen > 0)
+                    self.chaos.worker_ready(now - h.spawned_at, replacement=h.replacement)
                 self.hot_unready.discard(w)
                 if self.chaos is not None and self.chaos.started_at is None and not self.hot_unready:
                     self.chaos.start(now)  # every hot worker (or its replacement) has stepped

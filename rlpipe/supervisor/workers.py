@@ -67,7 +67,7 @@ class WorkerHandle:
         self.slice_types = [plan.env_type[env_lo + lo : env_lo + hi].astype(np.int64) for lo, hi in self.bounds]
         self.doorbells = doorbells  # reads the done words of this handle's current segment
         self.slot_lo = slot_lo  # its slices' first slot there
-        self.generation = 0
+        self.generation = 0  # next_generation makes the first process generation 1
         self.segment: Segment | None = None
         self.views: WorkerViews | None = None
         self.proc = None
@@ -112,6 +112,11 @@ class WorkerHandle:
         self.views.store(H_AWAKE, int(self.awake))
         self.parked = []
         self.slice_seq = [0] * len(self.bounds)
+
+    @property
+    def replacement(self) -> bool:
+        """This generation replaced an earlier process of the group (the first is generation 1)."""
+        return self.generation > 1
 
     @property
     def stepped(self) -> bool:
