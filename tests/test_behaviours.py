@@ -137,13 +137,18 @@ def test_scaling_end_to_end(chaos_run):
     weights = {t: tb[f"scaling/mean_weight/{t}"] for t in ("cartpole", "faulty", "web_sim")}
     assert all(v and all(0.3 - 1e-6 <= w <= 1.0 + 1e-6 for w in v) for v in weights.values()), weights
     assert any(w < 1.0 - 1e-6 for v in weights.values() for w in v), "scores never moved a weight"
-    # every generation that lived to the end received rates and explored with them
-    exits = [(w, g, d) for _ts, w, g, _e, _t, d in rows(run_dir, "worker_exit") if "eps_messages" in d]
+    # every generation that lived to the end received rates and explored with them, once it
+    # lived a few publish intervals (chaos strikes until the watchdog's heal time before the
+    # end, so a replacement may start a second before it)
+    spawned = {(w, g): ts for ts, w, g, *_x in rows(run_dir, "worker_spawn")}
+    exits = [(w, g, ts, d) for ts, w, g, _e, _t, d in rows(run_dir, "worker_exit") if "eps_messages" in d]
     final = {}
-    for w, g, d in exits:
-        final[w] = max(final.get(w, (0, {})), (g, d), key=lambda x: x[0])
+    for w, g, ts, d in exits:
+        final[w] = max(final.get(w, (0, 0.0, {})), (g, ts - spawned[(w, g)], d), key=lambda x: x[0])
     assert set(final) == {0, 1, 2}
-    for w, (_g, d) in final.items():
+    lived = {w: d for w, (_g, life_s, d) in final.items() if life_s >= 3.0}
+    assert lived, final
+    for w, d in lived.items():
         assert d["eps_messages"] >= 2 and d["explored_steps"] > 0, (w, d)
     assert math.isfinite(read_summary(run_dir)["loss_std"] or 0.0)
 
