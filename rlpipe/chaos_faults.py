@@ -60,7 +60,8 @@ class ChaosRun(Protocol):
 class Fault:
     """A chaos fault. `setting` reads its key of the chaos spec (None: off); the runner builds
     the fault from the spec and the schedule's start when it is on, asks `due` every tick and
-    then calls `inject`, and `struck` once it hit; `upkeep` runs every tick, also once injections stopped near the run's end."""
+    then calls `inject`, and `struck` once it hit; `upkeep` runs every tick, also once
+    injections stopped near the run's end."""
 
     what = ""  # the chaos_inject row's detail "what"
     healed_by: Healed
@@ -90,8 +91,8 @@ class EveryFault(Fault):
     """Due every `setting` seconds, the first time that long after the schedule's start (the
     fleet up: rlpipe.supervisor.chaos), the next that long after it struck. A due fault with
     nothing to strike (every worker hit, stopped or still rebuilding) stays due and strikes at
-    the first tick that has a target: skipped, a small run's schedule lost a whole interval each
-    time (a 3-worker run, a kill every 5 s: 1 kill in its last 20 s on a loaded machine)."""
+    the first tick that has a target: skipped, it lost a whole interval, and a small run (3
+    workers, each in turn struck or rebuilding) lost a good part of its schedule so."""
 
     def __init__(self, chaos, t0: float):
         self.every = self.setting(chaos)
