@@ -380,6 +380,7 @@ class RunSpec(_Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        checks.redis_faults_need_the_embedded_server(self.chaos, self.redis.url)
         self.env_types = checks.named_after_id(
             checks.env_types(self.env_mix.types, self.env_mix.weights, type_learner_checks()),
             self.env_mix.id,

@@ -140,6 +140,20 @@ def redis_url(key: str, value: Any) -> None:
         fail(key, value, "allowed is null (embedded) or a redis://, rediss:// or unix:// url")
 
 
+def redis_faults_need_the_embedded_server(chaos: Any, url: Optional[str]) -> None:
+    """The Redis faults (chaos.kill_redis_at_s, pause_redis_at_s) signal the redis-server the
+    driver started: with redis.url naming another server there is none to signal, and the
+    fault would wait for one the whole run."""
+    for name in ("kill_redis_at_s", "pause_redis_at_s"):
+        if url is not None and getattr(chaos, name) is not None:
+            fail(
+                f"chaos.{name}",
+                getattr(chaos, name),
+                f"allowed is null while redis.url={url!r} names an external server (the Redis "
+                "faults act on the embedded redis-server the driver starts with redis.url=null)",
+            )
+
+
 def resume_mode(key: str, value: Any) -> None:
     """run.resume: true, false or auto (bools as YAML and Hydra's overrides parse them)."""
     if value is not True and value is not False and value != "auto":

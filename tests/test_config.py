@@ -181,6 +181,18 @@ def test_bad_values_raise_config_error_naming_the_key(override, key):
     assert "allowed" in str(err.value)
 
 
+@pytest.mark.parametrize("fault", ["kill_redis_at_s", "pause_redis_at_s"])
+def test_a_redis_fault_with_an_external_server_is_refused(fault):
+    """The Redis faults signal the embedded redis-server: with redis.url set there is none."""
+    url = "redis://localhost:6379/0"
+    workers_only = run_spec(compose_cfg([f"redis.url={url}", "chaos=on", "chaos.kill_redis_at_s=null"]))
+    assert workers_only.chaos.kill_worker_every_s is not None  # the worker faults need no Redis of ours
+    assert run_spec(compose_cfg([f"chaos.{fault}=5"])).redis.url is None  # embedded: allowed
+    with pytest.raises(ConfigError) as err:
+        run_spec(compose_cfg([f"redis.url={url}", f"chaos.{fault}=5"]))
+    assert f"chaos.{fault}=5" in str(err.value) and "redis.url" in str(err.value) and "allowed" in str(err.value)
+
+
 def test_worker_slices_auto_double_buffers_only_few_workers(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr("rlpipe.process_layout.cgroup_cpu_limit", lambda: None)
