@@ -152,7 +152,7 @@ class WorkerPoolSpec(_Section):
 class LearnerSpec(_Section):
     _key = "learner"
     mode: str = setting(one_of("ppo", "random"))  # ppo: policy acts and trains | random: uniform actions
-    device: str = setting(one_of("cpu", "cuda", "auto"))
+    device: str = setting(checks.learner_device)
     torch_threads: int = setting(positive_int)
     hidden: list[int] = setting(positive_ints("a non-empty list of positive ints"))
     cnn_channels: list[int] = setting(positive_ints("a list of three positive ints", 3))

@@ -120,6 +120,24 @@ def one_of(*choices: str) -> Check:
     return check
 
 
+def learner_device(key: str, value: Any) -> None:
+    """cpu, cuda or auto; cuda only where torch sees a CUDA device, so a machine without one
+    stops here, before Redis or a worker starts, and not at the learner's first tensor."""
+    one_of("cpu", "cuda", "auto")(key, value)
+    if value != "cuda":
+        return
+    import torch  # only for this question: the other checks stay free of it
+
+    if not torch.cuda.is_available():
+        build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
+        fail(
+            key,
+            value,
+            f"this machine has no CUDA device torch {torch.__version__} ({build}) can use; allowed here "
+            f"are cpu, or auto (cuda where torch sees a GPU, cpu otherwise: the log says which)",
+        )
+
+
 def positive_ints(what: str, length: Optional[int] = None) -> Check:
     """A list of positive ints (of `length` items when given); `what` says so in the error."""
 

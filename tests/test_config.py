@@ -211,6 +211,7 @@ def test_learner_core_keeps_one_cpu_for_the_update_when_ppo_trains_here(monkeypa
     spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}"]))
     assert spec.worker.cpu_affinity == (1, 2) and spec.learner_cpu == 0
     assert spec.layout.affinity == "learner_core" and spec.layout.pin_after_startup
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # cuda is valid only where there is one
     for other in (["learner.mode=random"], ["learner.device=cuda"]):  # no update on these CPUs
         spec = run_spec(compose_cfg([f"worker.cpu_affinity={setting}", *other]))
         assert spec.worker.cpu_affinity is None and spec.learner_cpu is None

@@ -47,6 +47,9 @@ def load_spec(run_dir: Path) -> RunSpec:
         )
     try:
         cfg = OmegaConf.load(path)
+        # evaluation plays on the CPU, wherever the run trained: a run trained on cuda is
+        # evaluated on a machine without a GPU (its checkpoints hold host tensors)
+        cfg.learner.device = "cpu"
         return run_spec(cfg)
     except (ConfigError, OmegaConfBaseException, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise EvalError(

@@ -27,6 +27,7 @@ from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
 from rlpipe.learner.counters import FIRST_EPISODES, Counters
+from rlpipe.learner.device import pick_device
 from rlpipe.learner.latency import StepLatencies
 from rlpipe.learner.outcomes import OUTCOME_FIELDS, SCALING_FIELDS, slice_outcome, truncation_values
 from rlpipe.learner.policy import Policy
@@ -39,12 +40,6 @@ from rlpipe.learner.type_settings import TypeSettings
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
 POLICY_LAYOUT = "typed-towers-popart-1"
 RESUMED_COUNTERS = ("env_steps", "updates", "episodes", "trained_samples")  # carried by a checkpoint
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
 
 
 class CentralLearner:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from rlpipe.files import atomic_write
+from rlpipe.learner.device import to_host
 from rlpipe.procs import pid_alive
 from rlpipe.spec import ConfigError
 
@@ -73,7 +74,7 @@ def save_checkpoint(directory: str | os.PathLike, step: int, payload: dict, keep
         m = _TMP.match(p.name)
         if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             p.unlink(missing_ok=True)
-    record = {"format": FORMAT, "version": VERSION, "step": int(step), "payload": payload}
+    record = {"format": FORMAT, "version": VERSION, "step": int(step), "payload": to_host(payload)}
     atomic_write(final, lambda f: torch.save(record, f))
     for old in checkpoint_files(d)[:-keep]:
         old.unlink(missing_ok=True)
@@ -167,6 +168,9 @@ def rng_state(
             k: json.dumps(g.bit_generator.state, default=_json_default) for k, g in (numpy_generators or {}).items()
         },
         "torch_generators": {k: g.get_state() for k, g in (torch_generators or {}).items()},
+        # a CUDA generator's state is not a CPU one's (Philox offsets against a Mersenne
+        # Twister): set_rng_state restores a stream only on the kind of device it was saved on
+        "torch_generator_devices": {k: g.device.type for k, g in (torch_generators or {}).items()},
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -215,7 +219,16 @@ def set_rng_state(
         if k not in state["numpy"]:
             raise KeyError(f"checkpoint RNG state has no numpy generator {k!r}")
         g.bit_generator.state = json.loads(state["numpy"][k], object_hook=_json_hook)
+    saved_on = state.get("torch_generator_devices", {})
     for k, g in (torch_generators or {}).items():
         if k not in state["torch_generators"]:
             raise KeyError(f"checkpoint RNG state has no torch generator {k!r}")
+        if saved_on.get(k, g.device.type) != g.device.type:
+            log.warning(
+                "checkpoint's %r generator was saved on %s, this run's is on %s: it keeps this run's seed",
+                k,
+                saved_on[k],
+                g.device.type,
+            )
+            continue
         g.set_state(state["torch_generators"][k])

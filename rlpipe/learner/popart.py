@@ -16,7 +16,8 @@ instead of being averaged with the arbitrary starting point. sigma is clamped to
 `beta` is one float, or a float64 tensor [n_types] when the env types set their own
 (`learner.popart_beta` on an env node, rlpipe/learner/type_settings.py).
 
-Everything lives in buffers: it travels with `state_dict` (the serving copy of the policy,
+Everything lives in buffers, on the policy's device: a batch's statistics are computed there
+(its returns and types are moved to the buffers, never the reverse), and it travels with `state_dict` (the serving copy of the policy,
 checkpoints, export) and is restored bit for bit. With value_norm=none nothing is updated
 and (mu, sigma) stay (0, 1): the critic predicts returns directly.
 """
@@ -51,15 +52,15 @@ class PopArt(nn.Module):
         """Move each type's statistics toward `returns` (return space) and rescale row t of
         `out_layer` (a TypedLinear with one output: weight [n_types, 1, h], bias
         [n_types, 1]) so that sigma * v + mu is unchanged for every input."""
-        n_types = len(self.mu)
-        g = returns.detach().to(torch.float64).cpu()
-        t = types.detach().cpu()
+        n_types, dev = len(self.mu), self.mu.device
+        g = returns.detach().to(dev, torch.float64)
+        t = types.detach().to(dev)
         count = torch.bincount(t, minlength=n_types).to(torch.float64)
         seen = count > 0
         if not bool(seen.any()):
             return
-        mean = torch.zeros(n_types, dtype=torch.float64).index_add_(0, t, g) / count.clamp_min(1)
-        sq = torch.zeros(n_types, dtype=torch.float64).index_add_(0, t, g * g) / count.clamp_min(1)
+        mean = torch.zeros(n_types, dtype=torch.float64, device=dev).index_add_(0, t, g) / count.clamp_min(1)
+        sq = torch.zeros(n_types, dtype=torch.float64, device=dev).index_add_(0, t, g * g) / count.clamp_min(1)
         self._move(count, mean, sq, beta, out_layer)
 
     @torch.no_grad()
@@ -69,7 +70,7 @@ class PopArt(nn.Module):
         """`update` from per-type sample counts, sums and sums of squares of the returns
         (float64, [n_types]): what ranks all-reduce so every rank moves the same statistics
         by the same batch (rlpipe.ranks)."""
-        count, total, total_sq = (x.detach().to(torch.float64).cpu() for x in (count, total, total_sq))
+        count, total, total_sq = (x.detach().to(self.mu.device, torch.float64) for x in (count, total, total_sq))
         if not bool((count > 0).any()):
             return
         self._move(count, total / count.clamp_min(1), total_sq / count.clamp_min(1), beta, out_layer)
@@ -80,7 +81,7 @@ class PopArt(nn.Module):
     ) -> None:
         seen = count > 0
         if isinstance(beta, torch.Tensor):
-            beta = beta.to(torch.float64).cpu()
+            beta = beta.to(self.mu.device, torch.float64)
         keep = torch.where(seen, (1.0 - beta) ** count, torch.ones_like(count))
         self.m1.mul_(keep).add_((1 - keep) * mean)
         self.m2.mul_(keep).add_((1 - keep) * sq)

@@ -192,13 +192,13 @@ def ppo_update(
     if isinstance(ent_coef, torch.Tensor):  # types differ: each row's own (shuffled with it)
         rows["ent_coef"] = ent_coef
     params = [p for p in policy.parameters()]
-    terms_sum = torch.zeros(6, dtype=torch.float64)
+    terms_sum = torch.zeros(6, dtype=torch.float64, device=adv_all.device)
     count = 0
     for _epoch in range(cfg.epochs):
         # One gather per field and epoch; minibatch i is then rows [a_i, b_i) of the shuffled
         # batch: the same samples in the same order as indexing with the permutation's i-th
         # part, without a gather per field and minibatch.
-        perm = torch.randperm(n, generator=generator)
+        perm = torch.randperm(n, generator=generator).to(adv_all.device)  # the CPU stream, as before
         shuffled = _take(rows, perm)
         sizes = _split_sizes(n, n_minibatches)
         compact.shuffle(perm, sizes)

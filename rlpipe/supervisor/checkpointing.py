@@ -86,10 +86,12 @@ class Checkpointing:
         torch.load(weights_only=True)."""
         import torch
 
+        from rlpipe.learner.device import to_host
+
         path = self.run_dir / "export" / "policy.pt"
         path.parent.mkdir(exist_ok=True)
         exported = {
-            "policy": learner.policy.state_dict(),
+            "policy": to_host(learner.policy.state_dict()),
             "compat": learner.compat(),
             "env_steps": learner.counters.env_steps,
             "config_yaml": self.config_yaml,
