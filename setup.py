@@ -1,5 +1,5 @@
 """Build hook: compile rlpipe/native/*.pyx (the seqlock board, the worker step loop, the
-worker's per-slice statistics, the doorbells) with Cython."""
+worker's per-slice statistics, the doorbells, the driver's span copies) with Cython."""
 
 import numpy
 from Cython.Build import cythonize
@@ -17,7 +17,7 @@ extensions = [
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
-    for name in ("board", "steploop", "slicestats", "bell")
+    for name in ("board", "steploop", "slicestats", "bell", "spans")
 ]
 
 setup(ext_modules=cythonize(extensions, language_level=3))

@@ -108,12 +108,12 @@ def child_rlpipe(threshold: float, overrides: list[str]) -> None:
     book_keep = CentralLearner._episodes
     seen = []
 
-    def watched(self, ref, lo, hi, res):
-        book_keep(self, ref, lo, hi, res)
+    def watched(self, rnd):
+        book_keep(self, rnd)
         if not seen and crossed(self.counters.returns.get(TYPE, ()), threshold):
             seen.append(True)
-            # env_steps still lacks this serve's rows (counted after the episodes): add them
-            report_crossing(self.counters.env_steps + hi - lo)
+            # env_steps still lacks this round's rows (counted after the episodes): add them
+            report_crossing(self.counters.env_steps + int(rnd.stepped.sum()))
 
     CentralLearner._episodes = watched
     from rlpipe.app import main

@@ -5,11 +5,12 @@ the Redis keys and channels they share (the doorbells, words in shared memory, a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
+if TYPE_CHECKING:
     from rlpipe.shm.layout import WorkerViews
 
 
@@ -18,6 +19,13 @@ def slice_bounds(n_envs: int, slices: int) -> list[tuple[int, int]]:
     slices = max(1, min(slices, n_envs))
     edges = [round(i * n_envs / slices) for i in range(slices + 1)]
     return [(edges[i], edges[i + 1]) for i in range(slices)]
+
+
+def slot_count(env_count: int, group_size: int, slices: int) -> int:
+    """The slices of every worker: groups of `group_size` envs (the last one the rest), each
+    cut into `slices`. A slot is one of them; worker k's are numbered from the sum of the
+    slices of the workers before it (the doorbell board's and the slot table's numbering)."""
+    return sum(len(slice_bounds(min(group_size, env_count - lo), slices)) for lo in range(0, env_count, group_size))
 
 
 class SliceSource(Protocol):
@@ -36,6 +44,29 @@ class SliceSource(Protocol):
     def ring(self, slice_index: int, seq: int) -> bool:
         """Tell the worker the actions of step `seq` of a slice are written; False if it has
         no segment."""
+
+
+@dataclass
+class Round:
+    """The ready slices of one round, in the order they rang, as rows of one batch: what the
+    slice engine's `recv` hands its client (rlpipe.supervisor.slot_table) and the learner reads."""
+
+    slots: np.ndarray  # int64 [k]: the ready slots
+    seqs: np.ndarray  # int64 [k]: each slot's step (0: its worker's first obs, nothing stepped)
+    starts: np.ndarray  # int64 [k]: each slot's first row in the batch
+    counts: np.ndarray  # int64 [k]: each slot's rows (envs)
+    rows: np.ndarray  # int64 [n]: each row's env id (0 .. env_count)
+    types: np.ndarray  # int64 [n]: each row's env type index
+    obs: dict  # obs key -> [n, ...]: what the board shows now (after the step, autoreset done)
+    results: dict  # RESULT_FIELDS -> [n, ...]: the step that led there (rows of stepped slots)
+    stepped: np.ndarray  # bool [n]: the row's slot stepped (seq > 0): its results are a step's
+    final_rows: np.ndarray  # int64: batch rows whose episode a time limit ended (their final obs)
+    final_obs: dict  # obs key -> [len(final_rows), ...]: the obs each of them ended on
+    torn_retries: int
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
 
 
 # --- Redis key names -------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import threading
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +20,8 @@ from rlpipe.learner.policy import Policy, TypeOrder
 from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import _split_sizes, normalize_per_type
 from rlpipe.learner.rollout import SliceRollout
-from rlpipe.learner.slices import SliceRef
+from rlpipe.learner.rollout_store import RolloutStore
+from rlpipe.protocol import Round
 from rlpipe.worker.rewardnorm import RewardNormalizer
 
 STATE = ObsKey("state", (6,), "float32")
@@ -308,13 +308,32 @@ def test_a_short_first_block_runs_gae_over_its_own_length_then_blocks_are_T_long
 def test_slices_started_together_finish_their_blocks_spread_over_T_rounds():
     """A fleet whose slices all start in one round must not finish every block in the same
     round (under backlog=hold, a burst of many updates' worth of rollouts stalls the workers
-    until all of them are trained): the first block of slice k is T - k mod T long."""
+    until all of them are trained): the first block of slot k is T - k mod T long."""
     T = 16
     learner = _learner(f"learner.rollout_len={T}")
-    lengths = []
-    for worker in range(50):  # 50 workers of 2 slices: 100 slices
-        handle = SimpleNamespace(worker_id=worker, bounds=[(0, 35), (35, 70)])
-        lengths += [learner._first_len(SliceRef(handle, s, 0, 1)) for s in range(2)]
+    plan, ts = learner.plan, learner.type_settings
+    store = RolloutStore(plan, T, 100, ts.gamma, ts.gae_lambda, weighted=False)
+    slots = np.arange(100)  # 50 workers of 2 slices, one env each here, all rung in one round
+    rows = slots % len(plan.env_type)
+    ones = np.ones(100, dtype=np.int64)
+    rnd = Round(
+        slots=slots,
+        seqs=np.zeros(100, dtype=np.int64),
+        starts=slots,
+        counts=ones,
+        rows=rows,
+        types=plan.env_type[rows].astype(np.int64),
+        obs={k.name: np.zeros((100,) + k.shape, dtype=k.dtype) for k in plan.obs_keys},
+        results={},
+        stepped=np.zeros(100, dtype=bool),
+        final_rows=np.zeros(0, dtype=np.int64),
+        final_obs={},
+        torn_retries=0,
+    )
+    zeros = np.zeros(100, dtype=np.float32)
+    assert store.observe(rnd, slots, ones, np.zeros((100, 1), np.float32), zeros, zeros, None) == []
+    lengths = store.length[slots].tolist()
+    assert lengths[:3] == [T, T - 1, T - 2]
     assert set(lengths) == set(range(1, T + 1))
     finishing = collections.Counter(lengths)  # slices whose block ends in round r (mod T)
     assert max(finishing.values()) - min(finishing.values()) <= 1  # 6 or 7 of 100 every round

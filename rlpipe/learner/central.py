@@ -1,13 +1,17 @@
-"""Central inference and training: gathers ready slices from the boards, runs the policy,
-writes actions back, keeps rollouts per slice and runs PPO on what is ready.
+"""Central inference and training: the actions of each round of ready slices, the rollouts
+they make, and PPO on what is ready.
 
-The learner never waits for a particular worker: it serves whichever slices have rung, and
-a PPO update starts once `update_envs` env-rollouts' worth of samples (update_envs x
-rollout_len) is ready, wherever it came from.
+A round comes from the slice engine as arrays (rlpipe.protocol.Round: rows, obs, step results,
+restarts as seq 0): `act` picks the actions the engine sends, `observe` books what the round
+reported while the workers step. The learner never sees a worker or its shared memory, and
+never waits for a particular worker: it serves whichever slices have rung, and a PPO update
+starts once `update_envs` env-rollouts' worth of samples (update_envs x rollout_len) is
+ready, wherever it came from.
 
 Serving, the rollout queue, the update thread and the checkpointed state share the same few
 fields (the ready queue, the actor/policy pair, the counters and RNG streams); the pieces that
-need none of them live beside it (policy, ppo, rollout, popart, checkpoint, counters, latency).
+need none of them live beside it: acting (the policy or random actions on a round),
+rollout_store (the rollouts and GAE), ppo, policy, popart, checkpoint, counters, latency.
 """
 
 from __future__ import annotations
@@ -24,18 +28,18 @@ import torch
 from rlpipe import heap
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
+from rlpipe.learner.acting import Acted, policy_actions, random_actions, truncation_values
 from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
 from rlpipe.learner.counters import FIRST_EPISODES, Counters
 from rlpipe.learner.device import pick_device
 from rlpipe.learner.latency import StepLatencies
-from rlpipe.learner.outcomes import OUTCOME_FIELDS, SCALING_FIELDS, slice_outcome, truncation_values
 from rlpipe.learner.policy import Policy
 from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
-from rlpipe.learner.rollout import SliceRollout, key_rows
+from rlpipe.learner.rollout_store import RolloutStore
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
-from rlpipe.learner.slices import SliceRef
 from rlpipe.learner.type_settings import TypeSettings
+from rlpipe.protocol import Round, slot_count
 
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
 POLICY_LAYOUT = "typed-towers-popart-1"
@@ -67,15 +71,23 @@ class CentralLearner:
         self.actor = copy.deepcopy(self.policy)
         self._update_thread: threading.Thread | None = None
         self._update_result = None
-        # One batch buffer per obs key, sized for every env at once; each round uses a prefix.
-        self.obs_buf = {
-            k.name: torch.zeros((spec.env_count,) + k.shape, dtype=getattr(torch, k.dtype)) for k in plan.obs_keys
-        }
-        self.row_bytes = [k.nbytes for k in plan.obs_keys]
-        self.obs_base = [buf.data_ptr() for buf in self.obs_buf.values()]  # they never move
-        self.rollouts: dict[tuple[int, int], SliceRollout] = {}
-        # (gamma, lambda) per slice: its types never change (the env -> type map is fixed)
-        self.slice_gae: dict[tuple[int, int], tuple] = {}
+        self.random = self.cfg.mode == "random"
+        self.scaling = spec.scaling
+        # every env's rollout in (time x env) arrays, per slot its block's progress (none under
+        # random actions: nothing trains)
+        self.rollouts = (
+            None
+            if self.random
+            else RolloutStore(
+                plan,
+                self.cfg.rollout_len,
+                slot_count(spec.env_count, spec.groups.size, spec.worker.slices),
+                self.type_settings.gamma,
+                self.type_settings.gae_lambda,
+                weighted=self.scaling.enabled,
+            )
+        )
+        self._acted: Acted | None = None  # the round between act and observe
         self.ready_blocks: list[dict] = []
         self.ready_types: list[np.ndarray] = []
         self.ready_samples = 0  # transitions in ready_blocks
@@ -89,8 +101,6 @@ class CentralLearner:
         self.last_stats: UpdateStats | None = None
         self.recent_returns: dict[str, list[float]] = {n: [] for n in plan.names}
         self.step_ms = StepLatencies(plan.names)  # env step() latencies since the last chart
-        self.random = self.cfg.mode == "random"
-        self.scaling = spec.scaling
         # Exploration alternatives get their own stream: the policy's samples stay reproducible.
         self.explore_gen = torch.Generator(device=self.device).manual_seed(spec.run.seed + 1)
         self.scores = np.ones(spec.env_count, dtype=np.float32)  # latest stability score per env
@@ -99,140 +109,72 @@ class CentralLearner:
             [s.action_n if s.action_kind != "continuous" else 1 for s in plan.specs], dtype=np.int64
         )
 
-    # -- inference ---------------------------------------------------------------------------
-    def serve(self, ready: list[SliceRef]) -> None:
-        """One inference round over the slices that rang: gather, act, ring back, store.
-
-        A slice's step results (reward, end flags, episode stats, final obs) are copied out
-        of its worker's segment *before* the slice is rung: once rung, the worker steps
-        again and overwrites them."""
-        cfg = self.cfg
-        rows = []  # (ref, lo, hi, row offset)
-        off = 0
-        for ref in ready:
-            lo, hi = ref.handle.bounds[ref.slice_index]
-            rows.append((ref, lo, hi, off))
-            off += hi - lo
-        b = off
-        if b > self.spec.env_count:  # a slice served twice would write past the batch buffers
-            raise RuntimeError(f"inference round of {b} rows for {self.spec.env_count} envs: a slice was served twice")
-        torn = 0
-        for ref, lo, hi, row in rows:
-            ptrs = [base + row * nb for base, nb in zip(self.obs_base, self.row_bytes)]
-            torn += ref.handle.views.board.gather(ptrs, self.row_bytes, lo, hi - lo)
-        self.counters.torn_retries += torn
-        types_np = np.concatenate([ref.handle.slice_types[ref.slice_index] for ref in ready])
-        obs = {k: v[:b] for k, v in self.obs_buf.items()}
-        alt = None
+    # -- serving ----------------------------------------------------------------------------
+    def act(self, rnd: Round) -> dict:
+        """The actions of one round (an rlpipe.supervisor.slot_table.Round): the fields the
+        engine scatters to the ready slices. Called before the slices are rung; `observe`
+        does the book-keeping after, while the workers step."""
+        if rnd.n > self.spec.env_count:  # a slice served twice would write past the batch buffers
+            raise RuntimeError(
+                f"inference round of {rnd.n} rows for {self.spec.env_count} envs: a slice was served twice"
+            )
         if self.random:
-            a_disc, a_cont = self._random_actions(types_np)
+            acted = random_actions(self.rng, self.disc_counts, rnd.types, self.plan.actions.cont_dim)
         else:
-            types = torch.from_numpy(types_np)
-            dev_obs = {k: v.to(self.device, non_blocking=True) for k, v in obs.items()}
-            if self.scaling.enabled:
-                out = self.actor.act_explore(dev_obs, types.to(self.device), self.explore_gen)
-                a_disc, a_cont, logp, value = out.a_disc, out.a_cont, out.logp, out.value
-                alt = (out.alt_disc.cpu().numpy(), out.alt_cont.cpu().numpy(), out.alt_logp.cpu().numpy())
-            else:
-                a_disc, a_cont, logp, value = self.actor.act(dev_obs, types.to(self.device))
-            a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
-            logp, value = logp.cpu().numpy(), value.cpu().numpy()
+            acted = policy_actions(
+                self.actor,
+                rnd.obs,
+                rnd.types,
+                self.device,
+                self.explore_gen,
+                self.plan.actions.cont_dim,
+                self.scaling.enabled,
+            )
+        self._acted = acted
+        return acted.send
 
-        fields = OUTCOME_FIELDS + (SCALING_FIELDS if self.scaling.enabled and not self.random else ())
-        outcomes = [
-            slice_outcome(ref, lo, hi, fields, self.plan.obs_keys, not self.random) if ref.seq > 0 else None
-            for ref, lo, hi, _ in rows
-        ]
-        # Actions out: the workers step while we book-keep.
-        for ref, lo, hi, row in rows:
-            acts = ref.handle.views.actions
-            rs = slice(row, row + hi - lo)
-            acts["discrete"][lo:hi] = a_disc[rs]
-            if self.plan.actions.cont_dim:
-                acts["continuous"][lo:hi] = a_cont[rs]
-            if alt is not None:
-                acts["logp"][lo:hi] = logp[rs]
-                acts["alt_discrete"][lo:hi] = alt[0][rs]
-                if self.plan.actions.cont_dim:
-                    acts["alt_continuous"][lo:hi] = alt[1][rs]
-                acts["alt_logp"][lo:hi] = alt[2][rs]
-            ref.handle.ring(ref.slice_index, ref.seq)
-
-        now = time.monotonic()
-        for (ref, lo, hi, _row), res in zip(rows, outcomes):
-            if res is not None:
-                self._episodes(ref, lo, hi, res)
-                self.step_ms.add(ref.handle.slice_types[ref.slice_index], res["step_ms"])
-                self.counters.env_steps += hi - lo
-                if self.counters.first_step_at is None:
-                    self.counters.first_step_at = now
+    def observe(self, rnd: Round) -> None:
+        """What the round's slices reported and the policy did, into the counters, the
+        episode windows and the rollouts: vector ops over its rows, whatever their slices."""
+        acted, self._acted = self._acted, None
+        self.counters.torn_retries += rnd.torn_retries
+        stepped = rnd.stepped
+        if stepped.any():
+            res = rnd.results
+            self._episodes(rnd)
+            self.step_ms.add(rnd.types[stepped], res["step_ms"][stepped])
+            self.counters.env_steps += int(stepped.sum())
+            if self.counters.first_step_at is None:
+                self.counters.first_step_at = time.monotonic()
         if self.random:
             return
-        final_values = truncation_values(self.actor, self.plan.obs_keys, self.device, rows, outcomes)
-        for (ref, lo, hi, row), res, fv in zip(rows, outcomes, final_values):
-            key = (ref.handle.worker_id, ref.slice_index)
-            ro = self.rollouts.get(key)
-            sl = slice(row, row + hi - lo)
-            gae = self.slice_gae.get(key)
-            if gae is None:
-                gae = self.slice_gae[key] = self.type_settings.gae(types_np[sl])
-            gamma, lam = gae
-            if ro is None or ref.seq == 0:
-                # seq 0: a (re)started worker's first obs; anything half-collected is dropped.
-                ro = self.rollouts[key] = SliceRollout(
-                    hi - lo,
-                    cfg.rollout_len,
-                    self.plan.obs_keys,
-                    self.plan.actions.cont_dim,
-                    self.scaling.enabled,
-                    first_len=self._first_len(ref),
-                    key_rows=key_rows(self.plan, types_np[sl]),
-                )
-            else:
-                ro.add_outcome(res["reward"], res["terminated"], res["truncated"], gamma, fv)
-                if self.scaling.enabled:
-                    score = res["score"]
-                    self.scores[ref.handle.env_lo + lo : ref.handle.env_lo + hi] = score
-                    ro.add_behaviour(
-                        res["exec_discrete"],
-                        res["exec_continuous"],
-                        res["behaviour_logp"],
-                        score_to_weight(score, self.scaling.min_weight),
-                    )
-            if ro.full:
-                length = ro.length
-                self.ready_blocks.append(ro.finish(value[sl], gamma, lam))
-                self.ready_types.append(np.repeat(types_np[sl][None], length, 0).reshape(-1))
-                self.ready_samples += length * (hi - lo)
-            ro.add_step({k: v[sl].numpy() for k, v in obs.items()}, a_disc[sl], a_cont[sl], logp[sl], value[sl])
-
-    def _first_len(self, ref: SliceRef) -> int:
-        """Length of a new slice rollout's first block: T - (slice ordinal mod T), so the
-        slices of a fleet that started together finish their blocks spread evenly over T
-        rounds instead of all in one (rlpipe/learner/rollout.py)."""
-        T = self.cfg.rollout_len
-        ordinal = ref.handle.worker_id * len(ref.handle.bounds) + ref.slice_index
-        return T - ordinal % T
-
-    def _random_actions(self, types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Uniform actions over each env's valid entries (learner.mode=random: benchmarks)."""
-        a_disc = (self.rng.random(len(types)) * self.disc_counts[types]).astype(np.int64)
-        cont_dim = self.plan.actions.cont_dim
-        if not cont_dim:  # no continuous type: the head is never written
-            return a_disc, np.zeros((len(types), 1), dtype=np.float32)
-        return a_disc, self.rng.uniform(-1.0, 1.0, (len(types), cont_dim)).astype(np.float32)
+        behaviour = None
+        if self.scaling.enabled:
+            score = rnd.results["score"]
+            self.scores[rnd.rows[stepped]] = score[stepped]
+            res = rnd.results
+            weight = score_to_weight(score, self.scaling.min_weight)
+            behaviour = (res["exec_discrete"], res["exec_continuous"], res["behaviour_logp"], weight)
+        final_value = truncation_values(self.actor, self.device, rnd)
+        for block, types in self.rollouts.observe(
+            rnd, rnd.slots, acted.a_disc, acted.a_cont, acted.logp, acted.value, final_value, behaviour
+        ):
+            self.ready_blocks.append(block)
+            self.ready_types.append(types)
+            self.ready_samples += len(types)
 
     def latency_percentiles(self) -> dict[str, tuple[float, float]]:
         """(p50, p99) of each type's step latency since the last call, in ms."""
         return self.step_ms.percentiles()
 
-    def _episodes(self, ref: SliceRef, lo: int, hi: int, res: dict) -> None:
-        done = np.nonzero(res["ep_len"] > 0)[0]
+    def _episodes(self, rnd: Round) -> None:
+        """The episodes that ended this round, into each type's windows (in row order)."""
+        ep_len = rnd.results["ep_len"]
+        done = np.flatnonzero((ep_len > 0) & rnd.stepped)
         if not len(done):
             return
-        rets = res["ep_return"][done]
-        types = self.plan.env_type[ref.handle.env_lo + lo + done]
-        for r, t in zip(rets.tolist(), types.tolist()):
+        rets = rnd.results["ep_return"][done]
+        for r, t in zip(rets.tolist(), rnd.types[done].tolist()):
             name = self.plan.names[t]
             self.counters.returns[name].append(r)
             self.counters.episodes_by_type[name] += 1
@@ -304,28 +246,28 @@ class CentralLearner:
         """Start a PPO update on the ready rollouts in the background; rollouts arriving
         meanwhile make up the next update's batch."""
         lr = self.lr_now()
-        batch = self._take_batch()
-        self._update_thread = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update", daemon=True)
+        taken = self._take_blocks()
+        self._update_thread = threading.Thread(target=self._train, args=(taken, lr), name="ppo-update", daemon=True)
         self._update_thread.start()
 
-    def _take_batch(self) -> dict | None:
-        """The oldest ready blocks, about update_samples of them, as one batch (None: no block
-        ready); the rest wait for the next update."""
+    def _take_blocks(self) -> tuple[list[dict], list[np.ndarray]]:
+        """The oldest ready blocks, about update_samples of them, and their row types (empty
+        lists: none ready); the rest wait for the next update. The batch is made of them in the
+        update's thread (`concat_blocks`): its copy is not the serving thread's work."""
         take, samples = 0, 0
         while take < len(self.ready_blocks) and samples < self.update_samples:
             samples += len(self.ready_blocks[take]["adv"])
             take += 1
-        if not take:
-            return None
-        batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
+        taken = self.ready_blocks[:take], self.ready_types[:take]
         del self.ready_blocks[:take], self.ready_types[:take]
         self.ready_samples -= samples
-        return batch
+        return taken
 
-    def _train(self, batch: dict, lr: float) -> None:
+    def _train(self, taken: tuple[list[dict], list[np.ndarray]], lr: float) -> None:
         try:
             if self.spec.learner_cpu is not None:  # worker.cpu_affinity=learner_core
                 os.sched_setaffinity(threading.get_native_id(), {self.spec.learner_cpu})
+            batch = concat_blocks(*taken, self.device)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self._update_result = ppo_update(
@@ -432,8 +374,3 @@ class CentralLearner:
             numpy_generators={"actions": self.rng},
             torch_generators={"ppo": self.generator, "explore": self.explore_gen},
         )
-
-    def drop_worker(self, worker_id: int) -> None:
-        """Forget a replaced worker's half-collected rollouts (never mixed across a restart)."""
-        for key in [k for k in self.rollouts if k[0] == worker_id]:
-            del self.rollouts[key]

@@ -31,6 +31,8 @@ A wait also ends at its timeout, or at a signal (whose Python handler runs befor
 returns: a worker's OS beat, a driver's SIGTERM), so a caller looks around (is its driver
 alive, its generation current) at least that often.
 """
+import numpy as np
+
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free
@@ -99,6 +101,19 @@ def ring(uintptr_t word, uint64_t value, uintptr_t bell):
     """Store `value` into the uint64 at `word`, then ring the bell at `bell`."""
     rl_bell_store64(<uint64_t*>word, value)
     rl_bell_ring(<uint32_t*>bell)
+
+
+def ring_words(const uint64_t[::1] words, const uint64_t[::1] values, const uint64_t[::1] bells):
+    """Store values[i] into the uint64 at words[i] for every i, then ring each bell of `bells`
+    (each once: a worker whose several slices are answered in one round wakes once)."""
+    cdef Py_ssize_t i, n = words.shape[0]
+    if values.shape[0] != n:
+        raise ValueError("ring_words: words and values differ in length")
+    with nogil:
+        for i in range(n):
+            rl_bell_store64(<uint64_t*>words[i], values[i])
+        for i in range(bells.shape[0]):
+            rl_bell_ring(<uint32_t*>bells[i])
 
 
 def wake(uintptr_t bell):
@@ -248,6 +263,40 @@ cdef class RingBoard:
             finally:
                 rl_bell_disarm(self.bell)
         return out
+
+    cdef Py_ssize_t _scan_into(self, int64_t* slots, int64_t* seqs) noexcept:
+        cdef Py_ssize_t m = 0
+        cdef int k
+        cdef uint64_t v
+        for k in range(self.n_slots):
+            if self.done[k] != NULL:
+                v = rl_bell_load64(self.done[k])
+                if v != self.seen[k]:
+                    self.seen[k] = v
+                    slots[m] = k
+                    seqs[m] = <int64_t>v - 1
+                    m += 1
+        return m
+
+    def take_slots(self, int timeout_ms):
+        """`take` by slot, as two int64 arrays (slots, seqs): the rings since the last call,
+        waiting up to `timeout_ms` for the first. A slot is its worker's slot_lo + slice."""
+        slots = np.empty(max(self.n_slots, 1), dtype=np.int64)
+        seqs = np.empty(max(self.n_slots, 1), dtype=np.int64)
+        cdef int64_t[::1] sl = slots
+        cdef int64_t[::1] sq = seqs
+        cdef Py_ssize_t m = self._scan_into(&sl[0], &sq[0])
+        cdef uint32_t seen
+        if m == 0 and timeout_ms != 0:
+            seen = rl_bell_arm(self.bell)
+            try:
+                m = self._scan_into(&sl[0], &sq[0])
+                if m == 0:
+                    _sleep(self.bell, seen, timeout_ms)
+                    m = self._scan_into(&sl[0], &sq[0])
+            finally:
+                rl_bell_disarm(self.bell)
+        return slots[:m], seqs[:m]
 
     def close(self):
         cdef int k

@@ -245,3 +245,42 @@ def load_u64(uintptr_t addr):
 def store_u64(uintptr_t addr, uint64_t value):
     """Release-store of a uint64 word in shared memory."""
     rl_store_u64(<uint64_t*>addr, value)
+
+
+def gather_slices(list boards, const int64_t[::1] board_of, const int64_t[::1] env_lo,
+                  const int64_t[::1] count, ptrs, row_strides):
+    """Many boards' env ranges into one batch: range i (envs env_lo[i] .. + count[i] of
+    boards[board_of[i]]) fills the outputs' rows after range i - 1's (one pointer per key, as
+    BoardView.gather). One call per inference round, however many slices are ready: the
+    Python work of a round does not grow with them. Returns the torn-read retries it took."""
+    cdef uint8_t* dst[MAX_KEYS]
+    cdef uint8_t* at[MAX_KEYS]
+    cdef int64_t dstride[MAX_KEYS]
+    cdef int64_t retries = 0, r, row = 0
+    cdef Py_ssize_t i, n = board_of.shape[0]
+    cdef int k, stream
+    cdef BoardView bv
+    if env_lo.shape[0] != n or count.shape[0] != n:
+        raise ValueError("gather_slices: board_of, env_lo and count differ in length")
+    for i in range(n):
+        bv = <BoardView>boards[board_of[i]]
+        if i == 0:
+            bv._fill(ptrs, row_strides, dst, dstride)
+        elif bv.nkeys != len(ptrs):
+            raise ValueError("gather_slices: boards of different key sets")
+        bv._check_range(env_lo[i], count[i])
+        for k in range(bv.nkeys):
+            at[k] = dst[k] + row * dstride[k]
+        stream = bv._stream(count[i])
+        with nogil:
+            if bv.locked:
+                r = rl_lock_gather(bv.base, bv.ctrl_off, bv.nkeys, bv.key_off, bv.stride, bv.row_bytes,
+                                   at, dstride, NULL, env_lo[i], count[i], stream, bv.lock_envs)
+            else:
+                r = rl_seqlock_gather(bv.base, bv.ctrl_off, bv.nkeys, bv.key_off, bv.stride, bv.row_bytes,
+                                      at, dstride, NULL, env_lo[i], count[i], bv.max_retries, stream)
+        if r < 0:
+            raise RuntimeError(f"board: an env stayed torn for {bv.max_retries} read attempts")
+        retries += r
+        row += count[i]
+    return retries

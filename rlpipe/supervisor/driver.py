@@ -245,7 +245,9 @@ class Driver:
                 refs = current_refs(refs)
                 if refs:
                     marks.phase = "serving inference"
-                    learner.serve(refs)
+                    rnd = fleet.recv(refs)
+                    fleet.send(rnd, learner.act(rnd))
+                    learner.observe(rnd)  # while the workers step
                     marks.served_at, marks.serving = now, True
                     if metrics.all_ready_at is None and fleet.all_slices_stepped:
                         # after the serve that counted them: never before the learner's first step
@@ -267,7 +269,7 @@ class Driver:
         """Once a second: keep the workers and Redis up, publish exploration rates, chart
         health and reward statistics, and take the periodic checkpoint."""
         spec, learner, fleet, services, metrics = self.spec, self.learner, self.fleet, self.services, self.metrics
-        fleet.check_workers(now, learner)
+        fleet.check_workers(now)
         metrics.health_charts(now)
         self.evaluation.poll()
         self.evaluation.maybe_start(now, learner)

@@ -12,13 +12,14 @@ import resource
 import signal
 from typing import Callable
 
+import numpy as np
 import redis
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, preload_modules
 from rlpipe.learner.slices import SliceRef
 from rlpipe.procs import cpu_seconds, parent_pid
-from rlpipe.protocol import epsilon_channel, slice_bounds
+from rlpipe.protocol import Round, epsilon_channel, slice_bounds
 from rlpipe.shm.doorbell import DoorbellServer
 from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
@@ -26,6 +27,7 @@ from rlpipe.supervisor.chaos import Chaos
 from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
+from rlpipe.supervisor.slot_table import SlotTable
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import BackgroundStarts, WorkerHandle, group_ranges, stop_workers, worker_context
 from rlpipe.worker.exploration import pack_epsilons
@@ -89,6 +91,7 @@ class Fleet:
         self.sections: dict = {}  # every WorkerSpec's conf/ sections (built in start)
         self.ctx = None  # the multiprocessing context workers start from
         self.doorbells: DoorbellServer | None = None  # the driver's bell and every worker's done words
+        self.slots: SlotTable | None = None  # every slice's addresses: a round's moves (rlpipe.supervisor.slot_table)
         self.handles: list[WorkerHandle] = []
         self.by_id: dict[int, WorkerHandle] = {}
         self.n_slices = 0
@@ -140,10 +143,14 @@ class Fleet:
         )
         slices = [len(slice_bounds(hi - lo, spec.worker.slices)) for lo, hi in ranges]
         self.doorbells = DoorbellServer(self.run_id, sum(slices))  # before any worker's segment
+        self.slots = SlotTable(
+            sum(slices), [lo for lo, _ in ranges], plan.env_type, plan.obs_keys, plan.actions.cont_dim
+        )
         for k, (lo, hi) in enumerate(ranges):
             h = WorkerHandle(k, lo, hi, spec, plan, self.run_id, self.doorbells, sum(slices[:k]))
             h.awake = self.schedule.awake[k]
             h.on_retire = self._retire
+            h.on_attach = self.slots.attach
             self.handles.append(h)
         self.by_id = {h.worker_id: h for h in self.handles}
         self.n_slices = sum(len(h.bounds) for h in self.handles)
@@ -294,6 +301,16 @@ class Fleet:
                 self.slice_first_step[(w, s)] = now
         return refs
 
+    def recv(self, refs: list[SliceRef]) -> Round:
+        """The obs and step results of the slices these current rings are for, as one batch."""
+        slots = np.fromiter((r.handle.slot_lo + r.slice_index for r in refs), dtype=np.int64, count=len(refs))
+        seqs = np.fromiter((r.seq for r in refs), dtype=np.int64, count=len(refs))
+        return self.slots.recv(slots, seqs)
+
+    def send(self, rnd: Round, actions: dict) -> None:
+        """The round's actions out to its slices, and their rings."""
+        self.slots.send(rnd, actions)
+
     @property
     def all_slices_stepped(self) -> bool:
         return len(self.slice_first_step) == self.n_slices
@@ -321,27 +338,29 @@ class Fleet:
             h.parked = []
         return refs
 
-    def check_workers(self, now: float, learner) -> None:
+    def check_workers(self, now: float, on_replace=None) -> None:
         """Replace workers that exited, inject the configured faults, advance the watchdog and
-        replace the workers it has ended."""
+        replace the workers it has ended; `on_replace(worker_id)` hears of each replacement (the
+        learner needs not: a new generation's first ring, seq 0, restarts its slices)."""
         for h in self.handles:
             if h.worker_id in self.watchdog.pending or h.proc is None or h.proc.is_alive():
                 continue
             h.proc.join()
             code = h.proc.exitcode
             reason = "rss" if code == EXIT_RECYCLE else "exited"
-            self._replace(h, reason, {"exitcode": code}, learner)
+            self._replace(h, reason, {"exitcode": code}, on_replace)
         if self.chaos is not None:
             self.chaos.tick(self.handles, now)
         self.watchdog.scan(self.handles, now)
         for rep in self.watchdog.reap(now):
-            self._replace(rep.handle, rep.reason, rep.detail, learner)
+            self._replace(rep.handle, rep.reason, rep.detail, on_replace)
 
-    def _replace(self, h: WorkerHandle, reason: str, detail: dict, learner) -> None:
+    def _replace(self, h: WorkerHandle, reason: str, detail: dict, on_replace) -> None:
         self.services.lifecycle.record(
             "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
         )
-        learner.drop_worker(h.worker_id)
+        if on_replace is not None:
+            on_replace(h.worker_id)
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
         self._spawn(h)
@@ -410,6 +429,7 @@ class Fleet:
         segments and sockets; the caller guards each one."""
         return [
             lambda: self.cgroups.cleanup() if self.cgroups is not None else None,
+            lambda: self.slots.close() if self.slots is not None else None,  # before the segments go
             lambda: [h.close() for h in self.handles],
             lambda: self.doorbells.close() if self.doorbells is not None else None,
         ]

@@ -77,6 +77,7 @@ class WorkerHandle:
         self.awake = False
         self.error_log: ErrorLog | None = None
         self.on_retire = None  # called with the handle before a segment goes
+        self.on_attach = None  # called with the handle once a new segment is in place
         self.parked: list = []  # rings of a dormant group, served on wake
         self.slice_seq = [0] * len(self.bounds)  # last step seq per slice (steps per env)
 
@@ -101,6 +102,8 @@ class WorkerHandle:
         if self.spec.buffer.sync == "lock":
             self.views.board.init_locks(self.n)
         self.doorbells.attach(self.worker_id, self.slot_lo, n_slices, self.views)
+        if self.on_attach is not None:
+            self.on_attach(self)  # before the old segment goes: nothing may point into it after
         if old is not None:
             old.unlink()
             old.close()

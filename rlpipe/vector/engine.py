@@ -193,7 +193,7 @@ class Engine:
     def supervise(self, now: float) -> None:
         fleet, services = self.fleet, self.services
         with hidden_main():  # it may start replacements
-            fleet.check_workers(now, self)
+            fleet.check_workers(now, self.drop_worker)
         if services.restart_dead_redis(now):
             fleet.watchdog.redis_restarted()
         if services.redis_down_since is not None:
