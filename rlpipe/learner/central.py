@@ -69,6 +69,7 @@ class CentralLearner:
         # PPO updates run in a thread on `policy` while `actor`, a copy refreshed after every
         # update, keeps serving the workers: inference never waits for training.
         self.actor = copy.deepcopy(self.policy)
+        self._actor_pairs = None  # (actor tensors, policy tensors) in one order, for _refresh_actor
         self._update_thread: threading.Thread | None = None
         self._update_result = None
         self.random = self.cfg.mode == "random"
@@ -299,13 +300,22 @@ class CentralLearner:
         result, self._update_result = self._update_result, None
         if isinstance(result, BaseException):
             raise result
-        self.actor.load_state_dict(self.policy.state_dict())
+        self._refresh_actor()
         self.counters.updates += 1
         self.counters.trained_samples += result.samples
         self.counters.losses.add((time.monotonic(), result.total_loss))
         self.counters.recent_losses.append(result.total_loss)
         self.last_stats = result
         return result
+
+    def _refresh_actor(self) -> None:
+        """The serving copy takes the trained weights: one fused copy over every parameter and
+        buffer (load_state_dict walks the module tree and copies them one by one)."""
+        if self._actor_pairs is None:
+            mine = [*self.actor.parameters(), *self.actor.buffers()]
+            theirs = [*self.policy.parameters(), *self.policy.buffers()]
+            self._actor_pairs = ([t.data for t in mine], [t.data for t in theirs])
+        torch._foreach_copy_(*self._actor_pairs)
 
     @property
     def learning_rate(self) -> float:
