@@ -21,13 +21,14 @@ from emulated_accelerator import EmuTensor, emulated
 from rlpipe.config import run_spec
 from rlpipe.envs.registry import plan_mix
 from rlpipe.learner import central
+from rlpipe.learner.acting import truncation_values
 from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.checkpoint import load_latest, save_checkpoint
-from rlpipe.learner.outcomes import truncation_values
 from rlpipe.learner.policy import Policy, TypedLinear
 from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import concat_blocks, ppo_update
 from rlpipe.learner.type_settings import TypeSettings
+from rlpipe.protocol import Round
 
 # day4 at a test's size (tests/test_ppo_batch.py): 12 types, rgb through the CNN, stability
 # weights and per-type settings, 3 minibatches in each of 2 epochs
@@ -134,29 +135,57 @@ def _learner(monkeypatch, device, *overrides: str) -> central.CentralLearner:
     return central.CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
 
 
-def _obs(learner, n: int, seed: int) -> tuple[dict, torch.Tensor]:
+def _round(learner, seq: int, seed: int) -> Round:
+    """One round of the learner's 8 envs as one slot, some episodes ended by a time limit."""
     rng = np.random.default_rng(seed)
-    obs = {k.name: torch.from_numpy(rng.normal(size=(n,) + k.shape).astype(k.dtype)) for k in learner.plan.obs_keys}
-    return obs, torch.from_numpy(learner.plan.env_type[:n].astype(np.int64))
+    n, plan = 8, learner.plan
+    rows = np.arange(n)
+    final_rows = np.array([1, 5]) if seq else np.zeros(0, dtype=np.int64)
+    results = {
+        "reward": rng.normal(size=n).astype(np.float32),
+        "terminated": np.zeros(n, dtype=np.uint8),
+        "truncated": np.isin(rows, final_rows).astype(np.uint8),
+        "step_ms": np.ones(n, dtype=np.float32),
+        "ep_return": np.ones(n, dtype=np.float32),
+        "ep_len": np.isin(rows, final_rows).astype(np.int32),
+        "score": np.ones(n, dtype=np.float32),
+        "exec_discrete": np.zeros(n, dtype=np.int32),
+        "exec_continuous": np.zeros((n, max(plan.actions.cont_dim, 1)), dtype=np.float32),
+        "behaviour_logp": np.zeros(n, dtype=np.float32),
+    }
+    obs = {k.name: rng.normal(size=(n,) + k.shape).astype(k.dtype) for k in plan.obs_keys}
+    return Round(
+        slots=np.array([0]),
+        seqs=np.array([seq]),
+        starts=np.array([0]),
+        counts=np.array([n]),
+        rows=rows,
+        types=plan.env_type[:n].astype(np.int64),
+        obs=obs,
+        results=results,
+        stepped=np.full(n, seq > 0),
+        final_rows=final_rows,
+        final_obs={k: v[final_rows] for k, v in obs.items()},
+        torn_retries=0,
+    )
 
 
-def test_inference_on_the_device(monkeypatch):
+def test_serving_on_the_device(monkeypatch):
+    """Rounds through the learner as the driver serves them: the policy's actions and the
+    exploration alternatives on the device, the critic's pass over time-limit truncations,
+    the rollouts and GAE until blocks are ready to train on."""
     with emulated() as dev:
-        learner = _learner(monkeypatch, dev)
-        obs, types = _obs(learner, 8, seed=0)
-        dev_obs = {k: v.to(dev, non_blocking=True) for k, v in obs.items()}
-        a_disc, a_cont, logp, value = learner.actor.act(dev_obs, types.to(dev))
-        out = learner.actor.act_explore(dev_obs, types.to(dev), learner.explore_gen)
-        assert out.alt_logp.cpu().numpy().shape == (8,)
-        for t in (a_disc, a_cont, logp, value):
-            assert t.device == dev and np.isfinite(t.cpu().numpy().astype(np.float64)).all()
-        # the critic's pass over the round's time-limit truncations
-        ref = type(
-            "Ref", (), {"handle": type("H", (), {"slice_types": [learner.plan.env_type[:8]]})(), "slice_index": 0}
-        )
-        res = {"final_rows": np.array([1, 5]), "final_obs": {k: v[[1, 5]].numpy() for k, v in obs.items()}}
-        res["reward"] = np.zeros(8, dtype=np.float32)
-        (fv,) = truncation_values(learner.actor, learner.plan.obs_keys, dev, [(ref, 0, 8, 0)], [res])
+        learner = _learner(monkeypatch, dev, "learner.rollout_len=4")
+        for seq in range(12):
+            rnd = _round(learner, seq, seed=seq)
+            sent = learner.act(rnd)
+            assert set(sent) >= {"discrete", "logp", "alt_discrete", "alt_logp"}
+            assert all(isinstance(v, np.ndarray) and len(v) == 8 for v in sent.values())
+            learner.observe(rnd)
+        assert learner.ready_samples >= 16 and learner.counters.env_steps == 88
+        block = learner.ready_blocks[0]
+        assert np.isfinite(block["adv"]).all() and np.isfinite(block["ret"]).all()
+        fv = truncation_values(learner.actor, dev, _round(learner, 1, seed=99))
         assert np.isfinite(fv[[1, 5]]).all() and np.isnan(np.delete(fv, [1, 5])).all()
 
 

@@ -630,3 +630,33 @@ def test_rollouts_store_a_key_only_for_the_envs_that_produce_it_and_the_batch_ke
     assert torch.equal(spread, whole["obs"]["rgb"])
     assert torch.equal(whole["obs"]["state"], mixed["obs"]["state"])
     assert torch.equal(whole["adv"], mixed["adv"])
+
+
+def test_a_rounds_episodes_go_to_their_types_windows_in_row_order():
+    learner = _learner("learner.mode=random")
+    names, n = learner.plan.names, 8
+    types = learner.plan.env_type[:n].astype(np.int64)
+    ep_len = np.array([0, 5, 7, 0, 3, 9, 2, 4], dtype=np.int32)
+    ep_return = np.arange(n, dtype=np.float32) * 10
+    rnd = Round(
+        slots=np.array([0]),
+        seqs=np.array([3]),
+        starts=np.array([0]),
+        counts=np.array([n]),
+        rows=np.arange(n),
+        types=types,
+        obs={},
+        results={"ep_len": ep_len, "ep_return": ep_return},
+        stepped=np.ones(n, dtype=bool),
+        final_rows=np.zeros(0, dtype=np.int64),
+        final_obs={},
+        torn_retries=0,
+    )
+    learner._episodes(rnd)
+    ended = np.flatnonzero(ep_len)
+    for t, name in enumerate(names):
+        mine = [float(ep_return[i]) for i in ended if types[i] == t]
+        assert list(learner.counters.returns[name]) == mine
+        assert learner.counters.first_returns[name] == mine
+        assert learner.counters.episodes_by_type[name] == len(mine)
+    assert learner.counters.episodes == len(ended)

@@ -169,20 +169,25 @@ class CentralLearner:
         return self.step_ms.percentiles()
 
     def _episodes(self, rnd: Round) -> None:
-        """The episodes that ended this round, into each type's windows (in row order)."""
-        ep_len = rnd.results["ep_len"]
-        done = np.flatnonzero((ep_len > 0) & rnd.stepped)
+        """The episodes that ended this round, into each type's windows: one extend per type
+        (a round of short episodes ends hundreds), each type's in row order."""
+        done = np.flatnonzero((rnd.results["ep_len"] > 0) & rnd.stepped)
         if not len(done):
             return
-        rets = rnd.results["ep_return"][done]
-        for r, t in zip(rets.tolist(), rnd.types[done].tolist()):
-            name = self.plan.names[t]
-            self.counters.returns[name].append(r)
-            self.counters.episodes_by_type[name] += 1
-            if len(self.counters.first_returns[name]) < FIRST_EPISODES:
-                self.counters.first_returns[name].append(r)
-            self.recent_returns[name].append(r)
-        self.counters.episodes += len(done)
+        rets, types = rnd.results["ep_return"][done], rnd.types[done]
+        order = np.argsort(types, kind="stable")
+        cuts = np.flatnonzero(np.diff(types[order])) + 1
+        c = self.counters
+        for part in np.split(order, cuts):
+            name = self.plan.names[types[part[0]]]
+            values = rets[part].tolist()
+            c.returns[name].extend(values)
+            c.episodes_by_type[name] += len(values)
+            first = c.first_returns[name]
+            if len(first) < FIRST_EPISODES:
+                first.extend(values[: FIRST_EPISODES - len(first)])
+            self.recent_returns[name].extend(values)
+        c.episodes += len(done)
 
     # -- training ----------------------------------------------------------------------------
     @property

@@ -1,4 +1,9 @@
-"""Rollout storage kept per slice of envs, and GAE.
+"""One slice's rollout block and its GAE: the per-slice form of the learner's storage.
+
+The learner keeps every env's rollout in (time x env) arrays (rollout_store.py), which make
+the same blocks bit for bit (tests/test_rollout_store.py replays a stream through both). This
+form, one object per slice, stays as that test's reference, the GAE unit tests' subject and
+the block maker of the update benchmarks (benchmarks/ppo_update.py, driver_memory.py).
 
 A slice's envs step in lockstep, so a slice collects T transitions as one [T, n] block.
 When the T-th reward arrives, the value of the current obs bootstraps the block, GAE runs,

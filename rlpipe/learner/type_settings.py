@@ -2,7 +2,7 @@
 own values (the keys of rlpipe.config.TYPE_LEARNER_KEYS), one value per type index.
 
 Rows carry their type index, so every use is a lookup by type, vectorized as the policy is:
-GAE's gamma and lambda per env column of a slice's block (rollout.py), the entropy bonus per
+GAE's gamma and lambda per env column of the rollout arrays (rollout_store.py), the entropy bonus per
 row of a minibatch, PopArt's step size and the advantages' std floor per type (ppo.py,
 popart.py); the Gaussian head's initial log std is each type's row of the policy's log-std
 parameter and the value output's init gain scales each type's row of the critic's output
