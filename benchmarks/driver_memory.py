@@ -5,9 +5,9 @@
 Builds, in this one process and in the driver's order, what the driver holds, and reads this
 process's RSS (smaps_rollup) after each part, so every row is a measured increment, not an
 estimate: the interpreter with numpy; torch and the env modules imported; the learner
-(policy, its acting copy, the inference batch buffers, written as gathers write them); every
-slice's rollout storage filled for T steps as `serve` fills it (each key kept only for the envs
-whose type produces it); one PPO update on a full
+(policy, its acting copy) and the slot table's inference batch buffers, written as gathers
+write them; the (time x env) rollout storage filled for T steps as `observe` fills it (each key
+kept only for the envs whose type produces it); one PPO update on a full
 batch of those rollouts (its peak: the concatenated batch, the policy's activations and
 gradients, Adam's moments). Beside them the nominal bytes of each part from the layout and
 the config, and the board: the worker segments the driver maps, whose pages count in its
@@ -58,9 +58,9 @@ def main() -> int:
     from rlpipe.config import conf_dir, register_schema, run_spec
     from rlpipe.envs.registry import plan_mix, preload_modules
     from rlpipe.learner.central import CentralLearner
-    from rlpipe.learner.rollout import SliceRollout, key_rows
-    from rlpipe.protocol import slice_bounds
+    from rlpipe.protocol import slice_bounds, slot_count
     from rlpipe.shm.layout import WorkerLayout
+    from rlpipe.supervisor.slot_table import SlotTable
     from rlpipe.supervisor.workers import group_ranges
 
     register_schema()
@@ -74,58 +74,40 @@ def main() -> int:
 
     n, lc = spec.env_count, spec.learner
     row_bytes = sum(k.nbytes for k in plan.obs_keys)
-    learner = CentralLearner(spec, plan)
-    for buf in learner.obs_buf.values():
-        buf.fill_(1)  # the gathers write every row
-    params = sum(p.numel() * p.element_size() for p in learner.policy.parameters())
-    mark("learner: policy, acting copy, inference batch", 2 * params + n * row_bytes)
-
     ranges = group_ranges(n, spec.groups.size)
+    learner = CentralLearner(spec, plan)
+    n_slots = slot_count(n, spec.groups.size, spec.worker.slices)
+    table = SlotTable(n_slots, [lo for lo, _ in ranges], plan.env_type, plan.obs_keys, plan.actions.cont_dim)
+    for buf in table.obs_buf.values():
+        buf.fill(1)  # the gathers write every row
+    params = sum(p.numel() * p.element_size() for p in learner.policy.parameters())
+    mark("learner: policy, acting copy; the slot table's inference batch", 2 * params + n * row_bytes)
+
     layouts = [WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim) for lo, hi in ranges]
     board_bytes = sum(lay.size for lay in layouts)
 
     T = lc.rollout_len
-    rollouts = []
-    for lo, hi in ranges:
-        for s_lo, s_hi in slice_bounds(hi - lo, spec.worker.slices):
-            k = s_hi - s_lo
-            slice_types = plan.env_type[lo + s_lo : lo + s_hi].astype(np.int64)
-            ro = SliceRollout(
-                k,
-                T,
-                plan.obs_keys,
-                plan.actions.cont_dim,
-                spec.scaling.enabled,
-                key_rows=key_rows(learner.plan, slice_types),
-            )
-            for _t in range(T):
-                ro.add_step(
-                    {key.name: np.ones((k,) + key.shape, dtype=key.dtype) for key in plan.obs_keys},
-                    np.zeros(k, np.int64),
-                    np.zeros((k, max(plan.actions.cont_dim, 1)), np.float32),
-                    np.zeros(k, np.float32),
-                    np.zeros(k, np.float32),
-                )
-                ro.add_outcome(np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool), lc.gamma)
-            rollouts.append(ro)
-    stored = sum(a.nbytes for ro in rollouts for a in ro.obs.values())
+    store = learner.rollouts  # every env's (time x env) arrays, written over T rounds as observe writes them
+    parts = [*store.obs.values(), store.a_disc, store.a_cont, store.logp, store.value, store.reward, store.done]
+    for arr in parts + ([store.weight] if store.weight is not None else []):
+        arr.fill(1)
+    stored = sum(a.nbytes for a in store.obs.values())
     mark(
-        f"rollout storage: {len(rollouts)} slices x T={T} (obs {stored / MB:,.0f} MB of "
+        f"rollout storage: {n:,} envs x T={T} (obs {stored / MB:,.0f} MB of "
         f"{T * n * row_bytes / MB:,.0f} MB if every env kept every key)",
         stored,
     )
 
-    types = []
     taken = 0
-    env_lo = 0
-    for ro in rollouts:
+    slices = [(lo + a, b - a) for lo, hi in ranges for a, b in slice_bounds(hi - lo, spec.worker.slices)]
+    for slot, (env_lo, k) in enumerate(slices):
         if taken >= learner.update_samples:
             break
-        learner.ready_blocks.append(ro.finish(np.zeros(ro.n, np.float32), lc.gamma, lc.gae_lambda))
-        types.append(np.repeat(plan.env_type[env_lo : env_lo + ro.n][None].astype(np.int64), T, 0).reshape(-1))
-        env_lo += ro.n
-        taken += ro.n * T
-    learner.ready_types.extend(types)
+        zeros = np.zeros((T, k), np.float32)
+        block, types = store._block(slot, env_lo, k, zeros, zeros, plan.env_type[env_lo : env_lo + k].astype(np.int64))
+        learner.ready_blocks.append(block)
+        learner.ready_types.append(types)
+        taken += k * T
     learner.ready_samples = taken
     mark(
         f"ready blocks: {taken:,} transitions (one update's batch)",
