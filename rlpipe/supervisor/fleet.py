@@ -309,7 +309,7 @@ class Fleet:
 
     def send(self, rnd: Round, actions: dict) -> None:
         """The round's actions out to its slices, and their rings."""
-        self.slots.send(rnd, actions)
+        self.slots.send(rnd.slots, rnd.seqs, actions)
 
     @property
     def all_slices_stepped(self) -> bool:

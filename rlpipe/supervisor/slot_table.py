@@ -11,7 +11,7 @@ native calls however many slices are ready (at 7,000 envs, about a hundred):
   of all of them in one call), their step results (`spans.copy_spans` over every results
   field), and the final obs of the rows whose episode a time limit ended, into preallocated
   arrays, handed out as a `Round` of views;
-- `send(round, actions)`: the action fields scattered back (`copy_spans`), then each slice's
+- `send(slots, seqs, actions)`: the action fields scattered back (`copy_spans`), then each slice's
   act word stored and each worker's bell rung once (`bell.ring_words`).
 
 What the learner sees is a Round's arrays: never a worker, its segment or a field's address.
@@ -27,10 +27,11 @@ from rlpipe.native.board import gather_slices
 from rlpipe.native.spans import copy_spans
 from rlpipe.protocol import Round
 
-# The step results a round gathers (rlpipe.shm.layout's results, less the raw reward, which
-# only the workers' reward statistics read, and the final obs rows, gathered by row).
+# The step results a round gathers (rlpipe.shm.layout's results but the final obs rows, which
+# are gathered by row: only those of time-limit truncations, or of every end in rlpipe.vector).
 RESULT_FIELDS = (
     "reward",
+    "reward_raw",
     "terminated",
     "truncated",
     "final",
@@ -64,6 +65,7 @@ class SlotTable:
         cd = (max(cont_dim, 1),)
         self.result_shapes = {
             "reward": ("float32", ()),
+            "reward_raw": ("float32", ()),
             "terminated": ("uint8", ()),
             "truncated": ("uint8", ()),
             "final": ("uint8", ()),
@@ -181,17 +183,19 @@ class SlotTable:
             out[k.name] = buf[:m]
         return out
 
-    def send(self, rnd: Round, actions: dict) -> None:
-        """Scatter the round's `actions` (field -> contiguous [n, ...] array, any of the
-        action fields) into the ready slices' segments, then ring each of them."""
-        slots, starts, counts = rnd.slots, rnd.starts, rnd.counts
+    def send(self, slots: np.ndarray, seqs: np.ndarray, actions: dict) -> None:
+        """Scatter `actions` (field -> [n, ...] array, any of the action fields; the rows of
+        `slots` one after another, as `recv` made them) into the slices' segments, then ring
+        each slice (its step `seqs`) and each worker's bell once."""
+        counts = self.count[slots]
+        starts = np.cumsum(counts) - counts
         for f, arr in actions.items():
             b = self.action_bytes[f]
             if arr.dtype != np.dtype(self.action_shapes[f][0]) or not arr.flags.c_contiguous:
                 arr = np.ascontiguousarray(arr, dtype=self.action_shapes[f][0])
                 actions[f] = arr  # kept alive by the caller's dict until the copy is done
             copy_spans(arr.ctypes.data + starts * b, self.action_addr[f][slots], counts * b)
-        ring_words(self.act_word[slots], (rnd.seqs + 1).astype(np.uint64), np.unique(self.bell[slots]))
+        ring_words(self.act_word[slots], (seqs + 1).astype(np.uint64), np.unique(self.bell[slots]))
 
 
 def _row_bytes(dtype: str, shape: tuple) -> int:

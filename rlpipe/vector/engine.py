@@ -2,9 +2,8 @@
 Redis, the lifecycle writer) and its worker fleet (forkserver, one worker per group, the
 doorbells, the watchdog that replaces dead and silent workers), exactly as a training run
 starts them (rlpipe/supervisor/driver.py `Driver.setup`), and one inference round's moves as
-`rlpipe.learner.central.CentralLearner.serve` makes them: actions into a worker's action
-arrays, a ring per slice, and back the ring, the board's obs (native gather) and the result
-arrays.
+a training round makes them: the fleet's slot table (rlpipe/supervisor/slot_table.py) scatters
+actions and rings, and gathers the obs, step results and final obs of the slices that rang.
 
 The unit of stepping is a worker's slice (rlpipe/protocol.py `slice_bounds`): each slice of
 the fleet is in one of three states, moved only here:
@@ -205,20 +204,33 @@ class Engine:
             self.poll()
 
     def send(self, keys, disc: np.ndarray, cont: np.ndarray | None) -> None:
-        """Held slices' actions (rows of the full-size `disc`/`cont`) out, and their rings."""
+        """Held slices' actions (rows of the full-size `disc`/`cont`) out, and their rings: the
+        slot table's scatter and rings, as a training round's (a gone worker leaves them
+        unanswered: the fleet replaces it and its new generation rings)."""
+        slots, seqs = self.slots_of(keys)
+        rows = self.rows_of(keys)
+        actions = {"discrete": disc[rows]}
+        if cont is not None:
+            actions["continuous"] = cont[rows]
+        self.fleet.slots.send(slots, seqs, actions)
         for key in keys:
-            ref = self.ref[key]
-            h = ref.handle
-            lo, hi = h.bounds[ref.slice_index]
-            a, b = self.rows[key]
-            acts = h.views.actions
-            acts["discrete"][lo:hi] = disc[a:b]
-            if cont is not None:
-                acts["continuous"][lo:hi] = cont[a:b]
             self.held.discard(key)
             self.flight.add(key)
-            # a gone worker leaves it unanswered: the fleet replaces it and its new generation rings
-            h.ring(ref.slice_index, ref.seq)
+
+    def recv(self, keys):
+        """The obs, step results and final obs of these arrived slices, in their order (the slot
+        table's gather, as a training round's): an rlpipe.protocol.Round."""
+        return self.fleet.slots.recv(*self.slots_of(keys))
+
+    def slots_of(self, keys) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, seqs) of these slices' latest rings."""
+        refs = [self.ref[key] for key in keys]
+        slots = np.fromiter((r.handle.slot_lo + r.slice_index for r in refs), dtype=np.int64, count=len(refs))
+        return slots, np.fromiter((r.seq for r in refs), dtype=np.int64, count=len(refs))
+
+    def rows_of(self, keys) -> np.ndarray:
+        """The env ids of these slices, one after another."""
+        return np.concatenate([np.arange(*self.rows[key]) for key in keys]) if keys else np.zeros(0, np.int64)
 
     def hand_out(self, keys) -> None:
         for key in keys:

@@ -84,8 +84,6 @@ class RlpipeVectorEnv(VectorEnv):
             self.observation_space = batch_space(self.single_observation_space, num_envs)
             self.action_space = batch_space(self.single_action_space, num_envs)
             self._bufs = {k.name: np.zeros((num_envs,) + k.shape, dtype=k.dtype) for k in plan.obs_keys}
-            self._ptr = {k: b.ctypes.data for k, b in self._bufs.items()}
-            self._row_bytes = {k: b.strides[0] for k, b in self._bufs.items()}
             self._keys = [k.name for k in plan.obs_keys]
             # An env type with an rgb obs renders it into every step (the board's frame)
             self.render_mode = "rgb_array" if "rgb" in self.spaces.keys else None
@@ -227,58 +225,42 @@ class RlpipeVectorEnv(VectorEnv):
         return obs, rew, term, trunc, info
 
     # -- results ----------------------------------------------------------------------------
-    def _gather(self, keys) -> None:
-        """The slices' current obs from their boards into the vector's buffers."""
-        engine = self.engine
-        for key in keys:
-            ref = engine.ref[key]
-            h = ref.handle
-            lo, hi = h.bounds[ref.slice_index]
-            a = engine.rows[key][0]
-            ptrs = [self._ptr[k] + a * self._row_bytes[k] for k in self._keys]
-            h.views.board.gather(ptrs, [self._row_bytes[k] for k in self._keys], lo, hi - lo)
+    def _gather(self, keys):
+        """The slices' obs into the vector's buffers, their results and final obs beside them:
+        one gather for all of them (an rlpipe.protocol.Round, rows in the order of `keys`)."""
+        rnd = self.engine.recv(keys)
+        for k in self._keys:
+            self._bufs[k][rnd.rows] = rnd.obs[k]
+        return rnd
 
     def _results(self, keys, ids: np.ndarray):
         """Obs into the buffers; rewards, flags and infos of the slices `keys` (rows `ids`, in
         the same order), read before the slices are handed out (and rung again)."""
         engine = self.engine
         m = len(ids)
-        rew = np.zeros(m, dtype=np.float64)
-        term = np.zeros(m, dtype=np.bool_)
-        trunc = np.zeros(m, dtype=np.bool_)
-        ep_ret = np.zeros(m, dtype=np.float64)
-        ep_len = np.zeros(m, dtype=np.int64)
+        rnd = self._gather(keys)
+        res = rnd.results
+        restarted = np.repeat(np.fromiter((key in engine.restarted for key in keys), bool, len(keys)), rnd.counts)
+        stepped = rnd.stepped & ~restarted
+        rew = np.where(stepped, res["reward_raw"], 0.0).astype(np.float64)
+        term = stepped & res["terminated"].astype(bool)
+        trunc = restarted | (stepped & res["truncated"].astype(bool))
+        ep_len = np.where(stepped, res["ep_len"], 0).astype(np.int64)
+        ep_ret = np.where(stepped, res["ep_return"], 0.0).astype(np.float64)
         final_obs = np.full(m, None, dtype=object)
         has_final = np.zeros(m, dtype=np.bool_)
+        for i, j in enumerate(rnd.final_rows.tolist()):
+            if stepped[j]:
+                final_obs[j] = self.spaces.final_obs({k: rnd.final_obs[k][i] for k in self.spaces.keys})
+                has_final[j] = True
         faults: dict[int, dict] = {}
-        self._gather(keys)
-        at = 0
-        for key in keys:
-            ref = engine.ref[key]
-            h = ref.handle
-            lo, hi = h.bounds[ref.slice_index]
-            n = hi - lo
-            rows = slice(at, at + n)
-            a = engine.rows[key][0]
-            if key in engine.restarted:
-                trunc[rows] = True
-                for j in range(n):
-                    faults[at + j] = WORKER_RESTART
-                engine.faults.forget(range(a, a + n))
-            elif ref.seq > 0:
-                res = h.views.results
-                rew[rows] = res["reward_raw"][lo:hi]
-                term[rows] = res["terminated"][lo:hi]
-                trunc[rows] = res["truncated"][lo:hi]
-                ep_len[rows] = res["ep_len"][lo:hi]
-                ep_ret[rows] = res["ep_return"][lo:hi]
-                cut = np.flatnonzero(trunc[rows] & ~term[rows] & (ep_len[rows] == 0))
-                for j in cut.tolist():
-                    faults[at + j] = fault_info(engine.faults.take(a + j, h.worker_id))
-                for j in np.flatnonzero(res["final"][lo:hi]).tolist():
-                    final_obs[at + j] = self.spaces.final_obs({k: res[f"final_{k}"][lo + j] for k in self.spaces.keys})
-                    has_final[at + j] = True
-            at += n
+        for j in np.flatnonzero(restarted).tolist():
+            faults[j] = WORKER_RESTART
+        if restarted.any():
+            engine.faults.forget(ids[restarted].tolist())
+        worker = np.repeat(engine.fleet.slots.worker[rnd.slots], rnd.counts)
+        for j in np.flatnonzero(trunc & ~term & (ep_len == 0) & stepped).tolist():
+            faults[j] = fault_info(engine.faults.take(int(ids[j]), int(worker[j])))
         engine.hand_out(keys)
         info: dict[str, Any] = {}
         ended = (term | trunc) & (ep_len > 0)  # a cut step (a fault) has no end obs
