@@ -1,17 +1,13 @@
 """What the driver, the learner and the workers agree on, in one place: how a worker's envs
-split into slices, what the learner may use of a worker to serve its slices, and the names of
+split into slices and slices into slots, what the learner gets of a round, and the names of
 the Redis keys and channels they share (the doorbells, words in shared memory, are
 `rlpipe.shm.doorbell`'s). Every side imports these; none spells them out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from rlpipe.shm.layout import WorkerViews
 
 
 def slice_bounds(n_envs: int, slices: int) -> list[tuple[int, int]]:
@@ -26,24 +22,6 @@ def slot_count(env_count: int, group_size: int, slices: int) -> int:
     cut into `slices`. A slot is one of them; worker k's are numbered from the sum of the
     slices of the workers before it (the doorbell board's and the slot table's numbering)."""
     return sum(len(slice_bounds(min(group_size, env_count - lo), slices)) for lo in range(0, env_count, group_size))
-
-
-class SliceSource(Protocol):
-    """What the learner uses of a worker to serve its slices (the driver's WorkerHandle is one).
-
-    The learner gathers obs from `views.board`, writes actions into `views.actions`, reads
-    `views.results`, and rings the worker back; it never starts, stops or replaces a worker.
-    """
-
-    worker_id: int
-    env_lo: int  # first env id of the worker, local to this engine
-    bounds: list[tuple[int, int]]  # per slice: [lo, hi) inside the worker
-    slice_types: list[np.ndarray]  # per slice: env type index of each env
-    views: WorkerViews  # the current generation's shared memory
-
-    def ring(self, slice_index: int, seq: int) -> bool:
-        """Tell the worker the actions of step `seq` of a slice are written; False if it has
-        no segment."""
 
 
 @dataclass

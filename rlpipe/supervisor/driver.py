@@ -34,7 +34,6 @@ from rlpipe.config import EnvTypeSpec, RunSpec
 from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.budget import check_memory_budget
-from rlpipe.learner.slices import SliceRef
 from rlpipe.shm.segment import run_segments, sweep_dead_segments
 from rlpipe.supervisor.checkpointing import Checkpointing
 from rlpipe.supervisor.evaluation import Evaluation
@@ -43,7 +42,7 @@ from rlpipe.supervisor.metrics import RunMetrics
 from rlpipe.supervisor.runmode import RunMode
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
 from rlpipe.supervisor.stall import LIFECYCLE_FLUSH_S, LoopMarks, StallWatch, emergency_cleanup
-from rlpipe.supervisor.workers import group_ranges
+from rlpipe.supervisor.workers import SliceRef, group_ranges
 from rlpipe.telemetry.progress import Progress
 
 log = logging.getLogger("rlpipe")

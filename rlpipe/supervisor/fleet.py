@@ -17,7 +17,6 @@ import redis
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, preload_modules
-from rlpipe.learner.slices import SliceRef
 from rlpipe.procs import cpu_seconds, parent_pid
 from rlpipe.protocol import Round, epsilon_channel, slice_bounds
 from rlpipe.shm.doorbell import DoorbellServer
@@ -29,7 +28,14 @@ from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
 from rlpipe.supervisor.slot_table import SlotTable
 from rlpipe.supervisor.watchdog import Watchdog
-from rlpipe.supervisor.workers import BackgroundStarts, WorkerHandle, group_ranges, stop_workers, worker_context
+from rlpipe.supervisor.workers import (
+    BackgroundStarts,
+    SliceRef,
+    WorkerHandle,
+    group_ranges,
+    stop_workers,
+    worker_context,
+)
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
 from rlpipe.worker.spec import (

@@ -7,13 +7,12 @@ import os
 import queue
 import threading
 import time
-
-import numpy as np
+from dataclasses import dataclass
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.protocol import reward_stats_key, slice_bounds
-from rlpipe.shm.doorbell import DoorbellServer, send_act, send_stop, wake_worker
+from rlpipe.shm.doorbell import DoorbellServer, send_stop, wake_worker
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.layout import H_AWAKE, H_GENERATION, H_MAGIC, MAGIC, WorkerLayout, WorkerViews
 from rlpipe.shm.segment import Segment, segment_name
@@ -43,6 +42,17 @@ def reward_stats_keys(spec: RunSpec, run_id: str) -> list[str]:
     return [reward_stats_key(run_id, k) for k in range(n_workers)]
 
 
+@dataclass
+class SliceRef:
+    """One ring: a slice of a worker that stepped (`seq`), by the worker generation that rang
+    (a replaced generation's rings are stale)."""
+
+    handle: "WorkerHandle"
+    slice_index: int
+    seq: int
+    generation: int
+
+
 class WorkerHandle:
     def __init__(
         self,
@@ -63,8 +73,6 @@ class WorkerHandle:
         self.run_id = run_id
         self.layout = WorkerLayout.build(self.n, plan.obs_keys, plan.actions.cont_dim)
         self.bounds = slice_bounds(self.n, spec.worker.slices)
-        # env type index of each slice's envs (the learner's per-round lookups, made once)
-        self.slice_types = [plan.env_type[env_lo + lo : env_lo + hi].astype(np.int64) for lo, hi in self.bounds]
         self.doorbells = doorbells  # reads the done words of this handle's current segment
         self.slot_lo = slot_lo  # its slices' first slot there
         self.generation = 0  # next_generation makes the first process generation 1
@@ -139,10 +147,6 @@ class WorkerHandle:
         self.proc = proc
         self.spawned_at = time.monotonic()
         self.spawned_wall = time.time()
-
-    def ring(self, slice_index: int, seq: int) -> bool:
-        # a dead worker's ring goes unanswered; the watchdog deals with the worker, not the learner
-        return send_act(self.views, slice_index, seq)
 
     def request_stop(self) -> bool:
         """STOP over the doorbell; False if the worker cannot hear it (not attached yet)."""
