@@ -40,7 +40,8 @@ import torch  # noqa: E402
 from inference_round import module_at_rev, stage_plan  # noqa: E402
 
 from rlpipe import heap  # noqa: E402
-from rlpipe.learner.rollout import SliceRollout, key_rows  # noqa: E402
+from rlpipe.learner.rollout import SliceRollout  # noqa: E402
+from rlpipe.learner.rollout_store import key_rows  # noqa: E402
 from rlpipe.learner.type_settings import TypeSettings  # noqa: E402
 
 

@@ -29,17 +29,7 @@ from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import concat_blocks, ppo_update
 from rlpipe.learner.type_settings import TypeSettings
 from rlpipe.protocol import Round
-
-# day4 at a test's size (tests/test_ppo_batch.py): 12 types, rgb through the CNN, stability
-# weights and per-type settings, 3 minibatches in each of 2 epochs
-DAY4_SMALL = (
-    "+stage=day4",
-    "env_count=350",
-    "learner.update_envs=280",
-    "learner.rollout_len=4",
-    "learner.minibatch_size=400",
-    "learner.epochs=2",
-)
+from test_ppo_batch import DAY4_SMALL  # day4 at a test's size: 12 types, rgb, weights, per-type settings
 
 
 def host(x):

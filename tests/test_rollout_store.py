@@ -12,8 +12,8 @@ import pytest
 from conftest import compose_cfg
 from rlpipe.config import run_spec
 from rlpipe.envs.registry import plan_mix
-from rlpipe.learner.rollout import SliceRollout, key_rows
-from rlpipe.learner.rollout_store import RolloutStore
+from rlpipe.learner.rollout import SliceRollout
+from rlpipe.learner.rollout_store import RolloutStore, key_rows
 from rlpipe.learner.type_settings import TypeSettings
 from rlpipe.protocol import Round, slice_bounds
 

@@ -150,14 +150,3 @@ def _value_discount(gamma: float | np.ndarray) -> float | np.ndarray:
     """gamma as it multiplies a float32 value: a Python float as it is (NumPy computes the
     product in float32), per-env gammas as float32 (the same product, column by column)."""
     return gamma if isinstance(gamma, float) else np.asarray(gamma, dtype=np.float32)
-
-
-def key_rows(plan, types: np.ndarray) -> dict[str, np.ndarray]:
-    """For each obs key of `plan` (a MixPlan) that only some of these envs' types produce, those
-    envs' rows: the rollout stores nothing for the others (SliceRollout's `key_rows`)."""
-    out = {}
-    for k in plan.obs_keys:
-        produces = np.array([k.name in plan.specs[t].obs for t in types])
-        if not produces.all():
-            out[k.name] = np.flatnonzero(produces)
-    return out

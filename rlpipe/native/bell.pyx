@@ -236,34 +236,6 @@ cdef class RingBoard:
             self.done[k] = NULL
         self.keepalive.pop(worker_id, None)
 
-    cdef list _scan(self):
-        cdef list out = []
-        cdef int k
-        cdef uint64_t v
-        for k in range(self.n_slots):
-            if self.done[k] != NULL:
-                v = rl_bell_load64(self.done[k])
-                if v != self.seen[k]:
-                    self.seen[k] = v
-                    out.append((self.owner[k], self.slice_of[k], v - 1))
-        return out
-
-    def take(self, int timeout_ms):
-        """[(worker id, slice, seq)] rung since the last call, waiting up to `timeout_ms` for
-        the first (0: do not wait; a signal may end a wait early)."""
-        cdef list out = self._scan()
-        cdef uint32_t seen
-        if not out and timeout_ms != 0:
-            seen = rl_bell_arm(self.bell)
-            try:
-                out = self._scan()
-                if not out:
-                    _sleep(self.bell, seen, timeout_ms)
-                    out = self._scan()
-            finally:
-                rl_bell_disarm(self.bell)
-        return out
-
     cdef Py_ssize_t _scan_into(self, int64_t* slots, int64_t* seqs) noexcept:
         cdef Py_ssize_t m = 0
         cdef int k
@@ -297,6 +269,12 @@ cdef class RingBoard:
             finally:
                 rl_bell_disarm(self.bell)
         return slots[:m], seqs[:m]
+
+    def take(self, int timeout_ms):
+        """[(worker id, slice, seq)] rung since the last call, waiting up to `timeout_ms` for
+        the first (0: do not wait; a signal may end a wait early)."""
+        slots, seqs = self.take_slots(timeout_ms)
+        return [(self.owner[k], self.slice_of[k], q) for k, q in zip(slots.tolist(), seqs.tolist())]
 
     def close(self):
         cdef int k
