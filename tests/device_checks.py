@@ -29,7 +29,7 @@ from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import concat_blocks, ppo_update
 from rlpipe.learner.type_settings import TypeSettings
 from rlpipe.protocol import Round
-from test_ppo_batch import DAY4_SMALL  # day4 at a test's size: 12 types, rgb, weights, per-type settings
+from test_ppo_batch import day4  # noqa: F401  (the fixture: day4 at a test's size, its rollouts through SliceRollout)
 
 
 def host(x):
@@ -84,18 +84,6 @@ def test_popart_moves_its_statistics_on_the_policys_device(beta):
         same(moved(dev), on_cpu)
 
 
-@pytest.fixture(scope="module")
-def day4():
-    spec = run_spec(compose_cfg(list(DAY4_SMALL)))
-    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
-    lc = spec.learner
-    torch.manual_seed(0)
-    policy = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
-    # rollouts through SliceRollout: GAE as the learner computes it
-    blocks, types = load_benchmark("ppo_update").stage_blocks(spec, plan, policy, 70, seed=3)
-    return spec, plan, policy.state_dict(), blocks, types
-
-
 def _update(spec, plan, init, blocks, types, device) -> tuple[list, dict]:
     lc = spec.learner
     policy = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
@@ -109,7 +97,7 @@ def _update(spec, plan, init, blocks, types, device) -> tuple[list, dict]:
     return stats, policy.state_dict()
 
 
-def test_the_ppo_update_trains_on_the_device_as_on_the_cpu(day4):
+def test_the_ppo_update_trains_on_the_device_as_on_the_cpu(day4):  # noqa: F811  (the imported fixture)
     spec, plan, init, blocks, types = day4
     stats_cpu, after_cpu = _update(spec, plan, init, blocks, types, "cpu")
     with emulated() as dev:
