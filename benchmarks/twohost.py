@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,15 +140,15 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the agent stops its ranks
 
 
-@dataclass
 class Node:
-    name: str  # "a" or "b"
-    ns: str
-    addr: str
-    host_dir: Path  # this host's disk: the job directory in its mount namespace
-    proc: subprocess.Popen | None = None
-    log_path: Path | None = None
-    starts: int = 0
+    """One host: its namespace, its address on the link, its disk, its torchrun agent."""
+
+    def __init__(self, name: str, ns: str, addr: str, host_dir: Path):
+        self.name, self.ns, self.addr = name, ns, addr  # name: "a" or "b"
+        self.host_dir = host_dir  # this host's disk: the job directory in its mount namespace
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self.starts = 0
 
 
 class TwoHosts:
@@ -164,9 +163,7 @@ class TwoHosts:
         self.job_dir.mkdir(parents=True, exist_ok=True)
         self.nodes = {n: Node(n, f"{self.tag}{n}", ADDRS[n], self.base / f"host-{n}") for n in ("a", "b")}
         self.hosts_file = self.base / "hosts"
-        self.hosts_file.write_text(
-            "127.0.0.1 localhost\n" + "".join(f"{addr} host-{n}\n" for n, addr in ADDRS.items())
-        )
+        self.hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{addr} host-{n}\n" for n, addr in ADDRS.items()))
         self.link = None  # a shaped link's emulator (benchmarks/twohost_link.py), closed with us
         self.closed = False
         self._old_handlers = {}
@@ -352,12 +349,15 @@ def main() -> None:
         print(reason)
         sys.exit(0)
     with TwoHosts() as hosts:
+        print(f"twohost: {hosts.tag} in {hosts.base}", flush=True)  # what a test waits for
         overrides = short_job() + sys.argv[1:]
         for node in ("a", "b"):
             hosts.start_node(node, overrides)
         codes = {node: hosts.wait(node, 300) for node in ("a", "b")}
         summary = hosts.run_dir("a") / "summary.json"
-        print(json.dumps({"exit_codes": codes, "summary": json.loads(summary.read_text()) if summary.exists() else None}))
+        print(
+            json.dumps({"exit_codes": codes, "summary": json.loads(summary.read_text()) if summary.exists() else None})
+        )
         if any(codes.values()):
             print(hosts.output("a")[-3000:], hosts.output("b")[-3000:], sep="\n")
 

@@ -44,6 +44,20 @@ def _digest(tensors) -> str:
     return h.hexdigest()
 
 
+def local_address() -> str | None:
+    """The address this host reaches rank 0's store from (its interface toward MASTER_ADDR: on
+    rank 0's host, that address itself); None without MASTER_ADDR. No packet is sent."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "29500")
+    if not host:
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port)))
+            return probe.getsockname()[0]
+    except (OSError, ValueError):
+        return None
+
+
 def state_checksums(learner) -> dict[str, str]:
     """sha256 of what must be equal on every rank: the policy's parameters, its PopArt
     buffers, the optimizer's state (moments and step counts per parameter, learning rate),
@@ -129,6 +143,8 @@ class Ranks(RunMode):
         self.line_prefix = f"rank {self.rank}/{self.world} "
         self.learner = None
         self.root: Path | None = None
+        self.host = socket.gethostname()
+        self.addr = local_address()
 
     def start(self, output_dir: Path) -> Path:
         self._init_process_group()
@@ -261,6 +277,9 @@ class Ranks(RunMode):
         return {
             "world_size": self.world,
             "rank": self.rank,
+            "host": self.host,  # where this rank ran: the run dirs of a multi-node job say which
+            "addr": self.addr,
+            "restart": self.info.restart,
             "backend": self.backend,
             "sync_frac": self.spec.dist.sync_frac,
             "env_id_offset": self.spec.env_id_offset,
@@ -281,7 +300,8 @@ class Ranks(RunMode):
         learner = self.learner
         mine = {
             "rank": self.rank,
-            "host": socket.gethostname(),
+            "host": self.host,
+            "addr": self.addr,
             "pid": os.getpid(),
             "env_count": self.spec.env_count,
             "env_id_offset": self.spec.env_id_offset,
@@ -322,6 +342,7 @@ class Ranks(RunMode):
         section["ranks"] = [
             {k: v for k, v in r.items() if k not in ("returns", "first_returns", "episodes_by_type")} for r in ranks
         ]
+        section["hosts"] = [{"rank": r["rank"], "host": r["host"], "addr": r["addr"]} for r in ranks]
         if self.rank == 0:
             result["env_steps_rank0"] = result["env_steps"]
             result["env_steps"] = sum(r["env_steps"] for r in ranks)

@@ -1,0 +1,130 @@
+"""DD-PPO across two hosts for real: two network namespaces joined by a veth link, a torchrun
+node in each (c10d rendezvous on host a's address over TCP), each host with its own run
+directory, embedded Redis and engine (benchmarks/twohost.py). Skipped, with one line, where
+namespaces cannot be made (not root, no iproute2)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, load_benchmark
+
+twohost = load_benchmark("twohost")
+UNAVAILABLE = twohost.namespaces_unavailable()
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")
+
+
+def _alive(pids) -> list[int]:
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _nothing_left(tag: str, pids) -> None:
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert tag not in netns and tag not in links, (netns, links)
+    assert _alive(pids) == []
+    for pid in pids:
+        assert not list(Path("/dev/shm").glob(f"rlpipe_{pid}-*"))
+        assert not list(Path("/tmp").glob(f"rlpipe_{pid}-*"))
+
+
+def test_two_hosts_over_a_veth_link_train_in_sync_and_leave_nothing():
+    """CartPole, 2 x 32 envs, 4,000 env steps: both nodes exit 0; the policy, PopArt,
+    optimizer and schedule checksums are equal on both hosts; each host's disk holds its own
+    rank's outputs and says which host (hostname, address on the link) it ran on; rank 0's
+    summary names both; then no namespace, link, process, segment or socket dir is left."""
+    with twohost.TwoHosts() as hosts:
+        for node in ("a", "b"):
+            hosts.start_node(node, twohost.short_job(4000))
+        codes = {node: hosts.wait(node, 240) for node in ("a", "b")}
+        logs = hosts.output("a")[-3000:] + "\n---\n" + hosts.output("b")[-3000:]
+        assert codes == {"a": 0, "b": 0}, logs
+        run_a, run_b = hosts.run_dir("a"), hosts.run_dir("b")
+        s0 = json.loads((run_a / "summary.json").read_text())
+        s1 = json.loads((run_b / "rank1" / "summary.json").read_text())
+        # each host wrote to its own disk only (the same hydra.run.dir on both command lines)
+        assert not (run_a / "rank1").exists() and not (run_b / "summary.json").exists()
+        assert (run_a / "tb").is_dir() and (run_b / "rank1" / "checkpoints").is_dir()
+        tag = hosts.tag
+    d0, d1 = s0["dist"], s1["dist"]
+    assert d0["world_size"] == 2 and d0["params_in_sync"] is True and all(d0["state_in_sync"].values())
+    sums = [r["checksums"] for r in d0["ranks"]]
+    assert sums[0] == sums[1] and set(sums[0]) == {"policy", "popart", "optimizer", "schedule"}
+    assert (d0["host"], d0["addr"]) == ("host-a", twohost.ADDRS["a"])
+    assert (d1["host"], d1["addr"], d1["rank"]) == ("host-b", twohost.ADDRS["b"], 1)
+    assert d0["hosts"] == [
+        {"rank": 0, "host": "host-a", "addr": twohost.ADDRS["a"]},
+        {"rank": 1, "host": "host-b", "addr": twohost.ADDRS["b"]},
+    ]
+    assert s0["env_steps"] >= 4000 and s0["updates"] == s1["updates"] > 0
+    _nothing_left(tag, [r["pid"] for r in d0["ranks"]])
+
+
+def _ranks_running(base: Path) -> bool:
+    return all(
+        (base / f"host-{n}" / "run" / sub / "lifecycle.sqlite").exists() for n, sub in (("a", ""), ("b", "rank1"))
+    )
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)], ids=["SIGTERM", "SIGKILL"]
+)
+def test_the_harness_killed_mid_job_leaves_nothing(sig):
+    """The harness script stopped while both ranks run: SIGTERM unwinds it (its cleanup runs);
+    after SIGKILL the agents get SIGTERM from the kernel and the next harness sweeps the
+    namespaces named after the dead pid. Either way nothing of the job is left."""
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "twohost.py"), "run.total_env_steps=10000000", "run.duration_s=300"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("twohost: "), first
+        tag, base = first.split()[1], Path(first.split()[3])
+        deadline = time.monotonic() + 120
+        while not _ranks_running(base) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+        assert _ranks_running(base), proc.stdout.read()[-3000:] if proc.poll() is not None else "no ranks in 120 s"
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert len(tree) > 4  # agents, ranks, workers, Redis servers
+        proc.send_signal(sig)
+        proc.wait(90)
+        if sig == signal.SIGKILL:
+            deadline = time.monotonic() + 60  # PR_SET_PDEATHSIG: the agents stop their ranks
+            while _alive(tree) and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert tag in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            assert {f"{tag}a", f"{tag}b"} <= set(twohost.sweep_stale())
+            twohost._sweep_rank_leftovers()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _nothing_left(tag, tree)
+    if sig == signal.SIGTERM:
+        assert not base.exists()  # the harness's own cleanup ran
+    else:  # a SIGKILLed harness cannot remove its temp dir: that is the caller's
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
