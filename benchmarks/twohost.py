@@ -44,6 +44,12 @@ SUBNET = "10.213.0"  # a /30 that exists only inside the two namespaces this har
 ADDRS = {"a": f"{SUBNET}.1", "b": f"{SUBNET}.2"}  # host a sorts first: c10d gives it node rank 0
 RDZV_PORT = 29400
 IFNAME = "eth0"  # the veth end's name inside each namespace (GLOO_SOCKET_IFNAME)
+# What each node's environment needs (docs/scale-out.md, "Two nodes"): gloo binds to the link's
+# interface (by default it binds to what the hostname resolves to); and torchrun's agents do
+# not share their rendezvous store with the ranks: with the shared store (torch's default) an
+# agent that joins after a host was lost waits for a MASTER_ADDR the surviving agent never
+# writes again, and both fail after 60 s (torch 2.13, measured with this harness).
+NODE_ENV = {"GLOO_SOCKET_IFNAME": IFNAME, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -232,7 +238,7 @@ class TwoHosts:
         full = ["ip", "netns", "exec", me.ns, "unshare", "--uts", "--mount", "sh", "-c", inner, "sh", *cmd]
         me.starts += 1
         me.log_path = self.base / f"host-{node}.{me.starts}.log"
-        child_env = {**os.environ, "GLOO_SOCKET_IFNAME": IFNAME, "PYTHONUNBUFFERED": "1", **(env or {})}
+        child_env = {**os.environ, **NODE_ENV, "PYTHONUNBUFFERED": "1", **(env or {})}
         with open(me.log_path, "w") as log:
             me.proc = subprocess.Popen(
                 full,

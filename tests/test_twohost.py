@@ -128,3 +128,94 @@ def test_the_harness_killed_mid_job_leaves_nothing(sig):
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- a host lost (power loss: link down, every process SIGKILLed) --------------------------------
+
+LOSS_JOB = [
+    "env_mix=cartpole",
+    "env_count=16",
+    "groups.size=8",
+    "learner.update_envs=16",
+    "learner.checkpoint_interval_s=1",
+    "run.duration_s=600",
+    "dist.timeout_s=20",  # how long a rank waits for a lost peer (default 300 s)
+    "logging.random_return_episodes=0",
+    "logging.initial_policy_episodes=0",
+]
+
+
+def _wait_for_checkpoints(hosts, timeout_s: float = 120) -> None:
+    dirs = [hosts.run_dir("a") / "checkpoints", hosts.run_dir("b") / "rank1" / "checkpoints"]
+    deadline = time.monotonic() + timeout_s
+    while not all(list(d.glob("ckpt_*.pt")) for d in dirs):
+        running = all(hosts.nodes[n].proc.poll() is None for n in ("a", "b"))
+        assert running and time.monotonic() < deadline, hosts.output("a")[-3000:] + hosts.output("b")[-3000:]
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_host_lost_without_restarts_ends_host_a_with_a_clear_error():
+    """Host b loses power after both ranks checkpointed: host a's rank notices within
+    dist.timeout_s (its collective or its wait for the round times out; no FIN or RST
+    arrives), says so in one line and exits 3, torchrun names it and exits non-zero; nothing
+    of either host is left."""
+    with twohost.TwoHosts() as hosts:
+        for node in ("a", "b"):
+            hosts.start_node(node, [*LOSS_JOB, "run.total_env_steps=100000000"])
+        _wait_for_checkpoints(hosts)
+        killed = hosts.lose_host("b")
+        lost_at = time.monotonic()
+        code = hosts.wait("a", 180)  # a hang would be 600 s (run.duration_s) or never
+        noticed_s = time.monotonic() - lost_at
+        out = hosts.output("a")
+        survivors = [p for n in ("a", "b") for p in twohost.ns_pids(hosts.nodes[n].ns)]
+        tag = hosts.tag
+    print(f"host a exited {code} {noticed_s:.1f} s after host b was lost (dist.timeout_s=20)")
+    assert code not in (None, 0), out[-3000:]
+    assert "rlpipe: rank 0/2: " in out and ("Another rank of the job died" in out or "peer rank is gone" in out), out[
+        -3000:
+    ]
+    assert "exitcode  : 3" in out and "host      : host-a" in out, out[-3000:]
+    assert survivors == []
+    _nothing_left(tag, killed)
+
+
+@pytest.mark.slow
+def test_host_lost_and_back_with_max_restarts_resumes_in_sync():
+    """--max-restarts=1 on both nodes; host b loses power after both ranks checkpointed and
+    comes back (a new torchrun agent, as after a reboot): host a's agent restarts its rank, both
+    ranks resume from their newest checkpoints (env steps continue, counted over both), the
+    job ends at run.total_env_steps with exit 0 on both hosts and every checksum equal, and
+    nothing of b's dead generation (processes, segments, socket dirs) is left."""
+    total = 40000
+    job = [*LOSS_JOB, f"run.total_env_steps={total}"]
+    with twohost.TwoHosts() as hosts:
+        for node in ("a", "b"):
+            hosts.start_node(node, job, max_restarts=1)
+        _wait_for_checkpoints(hosts)
+        killed = hosts.lose_host("b")
+        lost_at = time.monotonic()
+        time.sleep(3)  # b is off
+        hosts.set_link("b", True)
+        hosts.start_node("b", job, max_restarts=1)
+        codes = {n: hosts.wait(n, 300) for n in ("a", "b")}
+        done_s = time.monotonic() - lost_at
+        logs = hosts.output("a")[-4000:] + "\n---\n" + hosts.output("b")[-4000:]
+        assert codes == {"a": 0, "b": 0}, logs
+        s0 = json.loads((hosts.run_dir("a") / "summary.json").read_text())
+        s1 = json.loads((hosts.run_dir("b") / "rank1" / "summary.json").read_text())
+        tag = hosts.tag
+    print(
+        f"job done {done_s:.1f} s after host b was lost; resumed at {s0['resumed_from_step']} / {s1['resumed_from_step']}"
+    )
+    d0, d1 = s0["dist"], s1["dist"]
+    assert d0["params_in_sync"] is True and all(d0["state_in_sync"].values()), d0
+    assert d1["params_in_sync"] is True
+    assert s0["resumed_from_step"] > 0 and s1["resumed_from_step"] > 0  # each from its own disk
+    assert d1["restart"] == 0  # b's new agent counts from 0 ...
+    assert d0["job_restarted"] is d1["job_restarted"] is True  # ... yet both resumed
+    assert d0["attempt"] == d1["attempt"] == 2
+    assert s0["env_steps"] >= total and s0["updates"] == s1["updates"] > 0
+    assert {h["host"] for h in d0["hosts"]} == {"host-a", "host-b"}
+    _nothing_left(tag, killed)

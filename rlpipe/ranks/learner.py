@@ -54,7 +54,7 @@ class RankLearner(CentralLearner):
     def __init__(self, spec: RunSpec, plan: MixPlan, rank: int, world: int, store, sync_device):
         super().__init__(spec, plan)
         self.rank, self.world = rank, world
-        self.rounds = Rounds(store, rank, world, spec.dist.sync_frac)
+        self.rounds = Rounds(store, rank, world, spec.dist.sync_frac, spec.dist.timeout_s)
         self.sync = RankSync(rank, world, sync_device)
         self.round_steps = 0  # env steps of all ranks up to the start of the last round
         self.local_at_round = 0  # this rank's count when the last round started

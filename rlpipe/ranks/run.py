@@ -4,10 +4,14 @@ learner and TensorBoard writer of this rank, stopping and checkpointing after th
 round that says so, and the end-of-run check that all ranks hold the same learner state
 (measured by checksums, never assumed)."""
 
+import contextlib
+import dataclasses
 import hashlib
+import json
 import logging
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,12 +22,14 @@ import torch.distributed as tdist
 from rlpipe.config import RunSpec
 from rlpipe.envs import random_return
 from rlpipe.ranks import RankInfo, rank_spec
+from rlpipe.ranks.generation import AttemptToken
 from rlpipe.ranks.sync import rank_lost
 from rlpipe.shm.segment import new_run_id, sweep_dead_segments
 from rlpipe.supervisor.runmode import RunMode
 from rlpipe.supervisor.services import sweep_dead_socket_dirs
 
 log = logging.getLogger("rlpipe.ranks")
+ATTEMPTS_FILE = "attempts.jsonl"  # per rank dir: one line per attempt of the job that ran there
 
 
 def resolve_backend(spec: RunSpec) -> str:
@@ -148,34 +154,79 @@ class Ranks(RunMode):
 
     def start(self, output_dir: Path) -> Path:
         self._init_process_group()
-        return self._agree_run_dir(output_dir)
+        run_dir = self._agree_run_dir(output_dir)
+        self._resume_if_any_ran_before(run_dir)
+        return run_dir
+
+    def _resume_if_any_ran_before(self, run_dir: Path) -> None:
+        """Every rank resumes (run.resume=auto) when any rank of this job ran before: torchrun's
+        restart count does not say so on every node (a node that was lost and came back runs a
+        new agent counting from 0; an agent restarting its ranks for a node that joined does not
+        count at all), so each rank's run dir keeps a line per attempt of the job
+        (`attempts.jsonl`: job id, host, address, pid) and the ranks all-reduce whether theirs
+        held one already."""
+        marker = run_dir / ATTEMPTS_FILE
+        job = self.info.job_id
+        seen = []
+        if marker.exists():
+            for line in marker.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    seen.append(json.loads(line))
+        ran_before = self.info.restart > 0 or any(entry.get("job") == job for entry in seen)
+        self.attempt = 1 + sum(entry.get("job") == job for entry in seen)
+        with open(marker, "a") as out:
+            entry = {"job": job, "host": self.host, "addr": self.addr, "pid": os.getpid(), "restart": self.info.restart}
+            out.write(json.dumps({**entry, "unix_time": round(time.time(), 3)}) + "\n")
+        flag = torch.tensor([float(ran_before)], dtype=torch.float64, device=self.sync_device)
+        try:
+            tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+        except Exception as exc:
+            raise rank_lost(self.rank, self.world, "the start-up all-reduce of earlier attempts", exc) from exc
+        self.job_restarted = flag.item() > 0
+        if self.job_restarted and not self.spec.run.resume:
+            self.spec = dataclasses.replace(self.spec, run=dataclasses.replace(self.spec.run, resume="auto"))
 
     def _init_process_group(self) -> None:
-        """The process group, on a store prefixed with torchrun's restart count: the agent
-        keeps one store server across --max-restarts restarts, and the previous attempt's
-        keys (the dead ranks' gloo addresses among them) would otherwise be read as fresh."""
+        """The process group, on a store prefix of this attempt's own: torchrun's agent keeps
+        one store server across --max-restarts restarts, and the previous attempt's keys (the
+        dead ranks' gloo addresses among them) would otherwise be read as fresh. The prefix is
+        agreed with rank 0 (`AttemptToken`), not taken from torchrun's restart count, which a
+        node that was lost and came back counts from 0 again."""
         if self.backend == "nccl":
             torch.cuda.set_device(self.info.local_rank)
         timeout = timedelta(seconds=self.spec.dist.timeout_s)
-        prefix = f"rlpipe/{self.info.job_id}/{self.info.restart}/"
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             from torch.distributed.rendezvous import _create_c10d_store  # env:// does the same, unprefixed
 
-            base = _create_c10d_store(
-                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank, self.world, timeout
+            addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+            base = _create_c10d_store(addr, port, self.rank, self.world, timeout)
+            attempt = AttemptToken(
+                base,
+                lambda: tdist.TCPStore(addr, port, self.world, is_master=False, timeout=timeout),
+                self.rank,
+                self.world,
+                self.info.job_id,
             )
-            tdist.init_process_group(
-                self.backend,
-                store=tdist.PrefixStore(prefix + "pg/", base),
-                rank=self.rank,
-                world_size=self.world,
-                timeout=timeout,
-            )
+            try:
+                try:
+                    prefix = f"rlpipe/{self.info.job_id}/{attempt.agree()}/"
+                except Exception as exc:  # the store's timeout (dist.timeout_s), or no store
+                    raise rank_lost(self.rank, self.world, "waiting for rank 0 to start this attempt", exc) from exc
+                tdist.init_process_group(
+                    self.backend,
+                    store=tdist.PrefixStore(prefix + "pg/", base),
+                    rank=self.rank,
+                    world_size=self.world,
+                    timeout=timeout,
+                )
+            finally:
+                attempt.done()
         else:
             tdist.init_process_group(self.backend, timeout=timeout)
             from torch.distributed.distributed_c10d import _get_default_store
 
             base = _get_default_store()
+            prefix = f"rlpipe/{self.info.job_id}/{self.info.restart}/"
         self.store = tdist.PrefixStore(prefix + "rounds/", base)
         log.info(
             "rank %d/%d up (%s backend, %d envs from env id %d)",
@@ -279,7 +330,9 @@ class Ranks(RunMode):
             "rank": self.rank,
             "host": self.host,  # where this rank ran: the run dirs of a multi-node job say which
             "addr": self.addr,
-            "restart": self.info.restart,
+            "restart": self.info.restart,  # this node's agent's count (a node that came back: 0)
+            "attempt": getattr(self, "attempt", None),  # of this job in this rank's run dir, from 1
+            "job_restarted": getattr(self, "job_restarted", None),  # any rank's: all resumed
             "backend": self.backend,
             "sync_frac": self.spec.dist.sync_frac,
             "env_id_offset": self.spec.env_id_offset,
