@@ -160,7 +160,9 @@ class Node:
 class TwoHosts:
     """Two namespaces joined by a veth link; `start_node` runs torchrun in one of them."""
 
-    def __init__(self, base: Path | None = None):
+    def __init__(self, base: Path | None = None, link=None):
+        """`link`: None for the veth pair; else an emulated link (benchmarks/twohost_link.py's
+        `Wire`) that makes the two ends itself (`start(ns_a, ns_b, ifname)`, `close()`)."""
         sweep_stale()
         self.tag = f"{PREFIX}{os.getpid()}"
         self.base = Path(base or tempfile.mkdtemp(prefix=self.tag, dir="/tmp"))  # short: unix socket paths
@@ -170,7 +172,7 @@ class TwoHosts:
         self.nodes = {n: Node(n, f"{self.tag}{n}", ADDRS[n], self.base / f"host-{n}") for n in ("a", "b")}
         self.hosts_file = self.base / "hosts"
         self.hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{addr} host-{n}\n" for n, addr in ADDRS.items()))
-        self.link = None  # a shaped link's emulator (benchmarks/twohost_link.py), closed with us
+        self.link = link
         self.closed = False
         self._old_handlers = {}
         atexit.register(self.close)
@@ -188,12 +190,23 @@ class TwoHosts:
             node.host_dir.mkdir(parents=True, exist_ok=True)
             _ip("netns", "add", node.ns)
             _ip("-n", node.ns, "link", "set", "lo", "up")
-        # made inside namespace a, so no interface of ours ever exists in the machine's namespace
-        _ip("-n", a.ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1", "netns", b.ns)
-        for node, dev in ((a, "v0"), (b, "v1")):
-            _ip("-n", node.ns, "link", "set", dev, "name", IFNAME)
+        if self.link is not None:
+            self.link.start(a.ns, b.ns, IFNAME)
+        else:
+            # made inside namespace a, so no interface of ours ever exists in the machine's namespace
+            _ip("-n", a.ns, "link", "add", "v0", "type", "veth", "peer", "name", "v1", "netns", b.ns)
+            for node, dev in ((a, "v0"), (b, "v1")):
+                _ip("-n", node.ns, "link", "set", dev, "name", IFNAME)
+        for node in (a, b):
             _ip("-n", node.ns, "addr", "add", f"{node.addr}/30", "dev", IFNAME)
             _ip("-n", node.ns, "link", "set", IFNAME, "up")
+
+    def netem(self, *params: str) -> None:
+        """netem on both ends of the veth (each direction gets `params`: `delay 20ms rate
+        100mbit loss 0.5%`), where the kernel has it (`netem_unavailable()`)."""
+        for node in self.nodes.values():
+            cmd = ["ip", "netns", "exec", node.ns, "tc", "qdisc", "add", "dev", IFNAME, "root", "netem", *params]
+            subprocess.run(cmd, check=True, capture_output=True)
 
     def set_link(self, node: str, up: bool) -> None:
         _ip("-n", self.nodes[node].ns, "link", "set", IFNAME, "up" if up else "down")

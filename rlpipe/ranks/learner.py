@@ -17,6 +17,7 @@ A round where no rank has a sample skips training on every rank.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import torch
@@ -65,6 +66,7 @@ class RankLearner(CentralLearner):
         self.preempted_rounds = 0  # rounds this rank joined without its full share
         self._round = None  # (local count at start, header sums) of the round in flight
         self._abandoned = False  # teardown gave up on the round in flight
+        self.round_s = 0.0  # wall time of the update rounds (header to last optimizer step)
 
     # -- the schedule ------------------------------------------------------------------------
     @property
@@ -100,6 +102,7 @@ class RankLearner(CentralLearner):
         self._update_thread.start()
 
     def _train_round(self, batch: dict, header: list[float]) -> None:
+        start = time.perf_counter()
         try:
             sums = self.sync.header(header)
             self._round[1] = sums
@@ -122,6 +125,8 @@ class RankLearner(CentralLearner):
                 heap.trim()
         except BaseException as exc:  # re-raised in the main thread by poll_update
             self._update_result = exc
+        finally:
+            self.round_s += time.perf_counter() - start
 
     def poll_update(self, wait: bool = False):
         thread = self._update_thread

@@ -367,6 +367,8 @@ class Ranks(RunMode):
             "preempted_rounds": learner.preempted_rounds,
             "rounds": learner.rounds.round,
             "collectives": learner.sync.collectives,
+            "collective_s": round(learner.sync.collective_s, 3),  # benchmarks/twohost_link.py
+            "round_s": round(learner.round_s, 3),
             "returns": {k: list(v) for k, v in learner.counters.returns.items()},
             "first_returns": {k: list(v) for k, v in learner.counters.first_returns.items()},
             "episodes_by_type": dict(learner.counters.episodes_by_type),

@@ -58,12 +58,15 @@ class RankSync:
         self.rank, self.world = rank, world
         self.device = device
         self.collectives = 0  # calls made (equal on every rank after every round)
+        self.collective_s = 0.0  # wall time in them (the link, and waiting for the slowest rank)
 
     def all_sum(self, t: torch.Tensor, what: str) -> torch.Tensor:
+        start = time.perf_counter()
         try:
             tdist.all_reduce(t)
         except Exception as exc:  # gloo/nccl raise RuntimeError or DistError subclasses
             raise rank_lost(self.rank, self.world, what, exc) from exc
+        self.collective_s += time.perf_counter() - start
         self.collectives += 1
         return t
 
