@@ -213,6 +213,19 @@ def measure_allreduce(link: str, size_floats: int, repeats: int = 30, gap_s: flo
     return json.loads(out[0].strip().splitlines()[-1])["allreduce_s"]
 
 
+def predict_from_veth(veth: dict, row: dict) -> dict:
+    """What the arithmetic predicts for a shaped link from the veth run: the update cycle grows
+    by the predicted communication (the cartpole mix trains on-policy: stepping waits out each
+    update), and the all-reduce share is the predicted communication over the veth run's
+    compute per update (its round time less its time in collectives) plus that communication."""
+    comm = row["predicted_comm_s_per_update"]
+    compute = sum(veth["round_s_per_update"]) / 2 - sum(veth["collective_s_per_update"]) / 2
+    return {
+        "predicted_updates_per_min": round(60 / (60 / veth["updates_per_min"] + comm), 1),
+        "predicted_allreduce_share": round(comm / (compute + comm), 3),
+    }
+
+
 def job(seconds: float) -> list[str]:
     return [
         "env_mix=cartpole",
@@ -298,6 +311,9 @@ def main() -> None:
             row["predicted_allreduce_s"] = round(predicted_allreduce_s(size, shape[0], shape[1]), 5)
             row["predicted_comm_s_per_update"] = round(predicted_comm_s(size, grads, shape[0], shape[1]), 4)
         row.update(measure(link, args.seconds))
+        veth = next((r for r in results if r["link"] == "veth"), None)
+        if veth is not None and "predicted_comm_s_per_update" in row:
+            row.update(predict_from_veth(veth, row))
         results.append(row)
         print(json.dumps(row), flush=True)
     print(json.dumps({"allreduce_bytes": size, "gradient_allreduces_per_update": grads, "cores": os.cpu_count()}))

@@ -219,3 +219,74 @@ def test_host_lost_and_back_with_max_restarts_resumes_in_sync():
     assert s0["env_steps"] >= total and s0["updates"] == s1["updates"] > 0
     assert {h["host"] for h in d0["hosts"]} == {"host-a", "host-b"}
     _nothing_left(tag, killed)
+
+
+# -- the emulated link (benchmarks/twohost_link.py) ----------------------------------------------
+
+ECHO_SERVER = """
+import socket
+s = socket.create_server(("{addr}", 5000))
+print("listening", flush=True)
+c, _ = s.accept()
+while data := c.recv(65536):
+    c.sendall(data)
+"""
+ECHO_CLIENT = """
+import socket, time, json
+c = socket.create_connection(("{addr}", 5000), timeout=30)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(5):
+    t = time.monotonic()
+    c.sendall(b"x" * 100)
+    got = b""
+    while len(got) < 100:
+        got += c.recv(100)
+    rtts.append(time.monotonic() - t)
+print(json.dumps(rtts))
+"""
+
+
+def test_the_emulated_link_carries_tcp_with_its_delay_and_is_gone_after():
+    """The user-space link (TUN ends in each namespace, one process between them) carries a TCP
+    connection from host a to host b; no round trip beats twice the one-way delay (a lower
+    bound: the emulator cannot deliver a packet early); its packet counts come back; and
+    nothing (namespaces, TUN devices, the emulator) is left after close."""
+    link_mod = load_benchmark("twohost_link")
+    wire = link_mod.Wire(1e8, 0.01, 0.0)
+    with twohost.TwoHosts(link=wire) as hosts:
+        server = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                hosts.nodes["b"].ns,
+                sys.executable,
+                "-c",
+                ECHO_SERVER.format(addr=twohost.ADDRS["b"]),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert server.stdout.readline().strip() == "listening"
+            client = hosts.ns_exec(
+                "a",
+                sys.executable,
+                "-c",
+                ECHO_CLIENT.format(addr=twohost.ADDRS["b"]),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            server.kill()
+            server.wait()
+        assert client.returncode == 0, client.stderr
+        rtts = json.loads(client.stdout)
+        emulator = wire.proc
+        tag = hosts.tag
+    assert len(rtts) == 5 and min(rtts) >= 0.02
+    assert wire.counts and wire.counts["packets"] >= 10 and wire.counts["lost"] == 0
+    assert emulator.poll() is not None
+    _nothing_left(tag, [emulator.pid, server.pid])
