@@ -18,7 +18,7 @@ from conftest import REPO, load_benchmark
 
 twohost = load_benchmark("twohost")
 UNAVAILABLE = twohost.namespaces_unavailable()
-pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")
+needs_namespaces = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")
 
 
 def _alive(pids) -> list[int]:
@@ -44,6 +44,7 @@ def _nothing_left(tag: str, pids) -> None:
         assert not list(Path("/tmp").glob(f"rlpipe_{pid}-*"))
 
 
+@needs_namespaces
 def test_two_hosts_over_a_veth_link_train_in_sync_and_leave_nothing():
     """CartPole, 2 x 32 envs, 4,000 env steps: both nodes exit 0; the policy, PopArt,
     optimizer and schedule checksums are equal on both hosts; each host's disk holds its own
@@ -82,6 +83,7 @@ def _ranks_running(base: Path) -> bool:
     )
 
 
+@needs_namespaces
 @pytest.mark.parametrize(
     "sig", [signal.SIGTERM, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)], ids=["SIGTERM", "SIGKILL"]
 )
@@ -154,6 +156,7 @@ def _wait_for_checkpoints(hosts, timeout_s: float = 120) -> None:
         time.sleep(0.2)
 
 
+@needs_namespaces
 @pytest.mark.slow
 def test_host_lost_without_restarts_ends_host_a_with_a_clear_error():
     """Host b loses power after both ranks checkpointed: host a's rank notices within
@@ -181,6 +184,7 @@ def test_host_lost_without_restarts_ends_host_a_with_a_clear_error():
     _nothing_left(tag, killed)
 
 
+@needs_namespaces
 @pytest.mark.slow
 def test_host_lost_and_back_with_max_restarts_resumes_in_sync():
     """--max-restarts=1 on both nodes; host b loses power after both ranks checkpointed and
@@ -247,6 +251,7 @@ print(json.dumps(rtts))
 """
 
 
+@needs_namespaces
 def test_the_emulated_link_carries_tcp_with_its_delay_and_is_gone_after():
     """The user-space link (TUN ends in each namespace, one process between them) carries a TCP
     connection from host a to host b; no round trip beats twice the one-way delay (a lower
@@ -290,3 +295,75 @@ def test_the_emulated_link_carries_tcp_with_its_delay_and_is_gone_after():
     assert wire.counts and wire.counts["packets"] >= 10 and wire.counts["lost"] == 0
     assert emulator.poll() is not None
     _nothing_left(tag, [emulator.pid, server.pid])
+
+
+# -- what needs no namespace ----------------------------------------------------------------------
+
+
+def test_the_documented_two_node_command_is_the_harness_command():
+    """docs/scale-out.md's node-A command line has the flags and environment the harness runs
+    (addresses, ids and directories aside)."""
+    doc = (REPO / "docs" / "scale-out.md").read_text()
+    block = doc[doc.index("# node A") : doc.index("# node B")]
+    documented = {tok.split("=")[0] for tok in block.split() if tok.startswith("--")}
+    hosts = twohost.TwoHosts.__new__(twohost.TwoHosts)  # the command only, no namespaces
+    hosts.nodes = {"a": twohost.Node("a", "ns", twohost.ADDRS["a"], Path("/x"))}
+    hosts.job_dir = Path("/job")
+    cmd = hosts.torchrun_cmd("a", [], "job42", max_restarts=3)
+    harness = {tok.split("=")[0] for tok in cmd if tok.startswith("--")}
+    assert documented == harness, documented ^ harness
+    for name, value in twohost.NODE_ENV.items():
+        assert f"{name}={'eth0' if value == twohost.IFNAME else value}" in block
+    assert "-m rlpipe hydra.run.dir=" in block
+
+
+def test_ranks_agree_on_an_attempt_token_and_a_stale_request_does_not_confuse_them():
+    """rlpipe.ranks.generation over a real TCPStore: a request left by a dead rank 1 of an
+    earlier attempt is answered (nobody reads it) and the live rank 1 gets rank 0's token."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as tdist
+
+    from rlpipe.ranks.generation import AttemptToken
+
+    timeout = timedelta(seconds=30)
+    server = tdist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=timeout, wait_for_workers=False)
+    port = server.port
+
+    def client():
+        return tdist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timeout)
+
+    server.set("rlpipe/j/attempt/ask/1", "dead-rank-of-an-earlier-attempt")
+    zero = AttemptToken(client(), client, 0, 2, "j")
+    token0 = zero.agree()
+    # rank 0 answers the stale request (nobody reads the answer) before the live rank 1 asks
+    assert server.get("rlpipe/j/attempt/token/dead-rank-of-an-earlier-attempt").decode() == token0
+    got = {}
+    one = threading.Thread(target=lambda: got.update(t=AttemptToken(client(), client, 1, 2, "j").agree()))
+    one.start()
+    one.join(30)
+    zero.done()
+    assert got["t"] == token0
+
+
+def test_a_round_nobody_else_announces_fails_after_the_timeout(monkeypatch):
+    """A rank that announced its rollout and waits longer than dist.timeout_s for the others
+    (a lost host's rank never announces) raises RankLost naming the round, not a hang."""
+    from rlpipe.ranks import sync
+
+    monkeypatch.setattr(sync, "POLL_S", 0.0)
+
+    class Store:
+        def __init__(self):
+            self.kv = {}
+
+        def add(self, key, amount):
+            self.kv[key] = self.kv.get(key, 0) + amount
+            return self.kv[key]
+
+    rounds = sync.Rounds(Store(), 0, 2, 0.6, timeout_s=0.05)
+    assert not rounds.due(have_rollout=True, want_stop=False)
+    time.sleep(0.1)
+    with pytest.raises(sync.RankLost, match="update round 0 had 1 of the 2 ranks"):
+        rounds.due(have_rollout=True, want_stop=False)
