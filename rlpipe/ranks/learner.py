@@ -17,6 +17,7 @@ A round where no rank has a sample skips training on every rank.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import torch
@@ -54,7 +55,7 @@ class RankLearner(CentralLearner):
     def __init__(self, spec: RunSpec, plan: MixPlan, rank: int, world: int, store, sync_device):
         super().__init__(spec, plan)
         self.rank, self.world = rank, world
-        self.rounds = Rounds(store, rank, world, spec.dist.sync_frac)
+        self.rounds = Rounds(store, rank, world, spec.dist.sync_frac, spec.dist.timeout_s)
         self.sync = RankSync(rank, world, sync_device)
         self.round_steps = 0  # env steps of all ranks up to the start of the last round
         self.local_at_round = 0  # this rank's count when the last round started
@@ -65,6 +66,7 @@ class RankLearner(CentralLearner):
         self.preempted_rounds = 0  # rounds this rank joined without its full share
         self._round = None  # (local count at start, header sums) of the round in flight
         self._abandoned = False  # teardown gave up on the round in flight
+        self.round_s = 0.0  # wall time of the update rounds (header to last optimizer step)
 
     # -- the schedule ------------------------------------------------------------------------
     @property
@@ -98,6 +100,7 @@ class RankLearner(CentralLearner):
         self._update_thread.start()
 
     def _train_round(self, taken: tuple[list, list], header: list[float]) -> None:
+        start = time.perf_counter()
         try:
             # no block here (this rank was preempted): it still joins every collective
             batch = (
@@ -126,6 +129,8 @@ class RankLearner(CentralLearner):
                 heap.trim()
         except BaseException as exc:  # re-raised in the main thread by poll_update
             self._update_result = exc
+        finally:
+            self.round_s += time.perf_counter() - start
 
     def poll_update(self, wait: bool = False):
         thread = self._update_thread

@@ -4,10 +4,14 @@ learner and TensorBoard writer of this rank, stopping and checkpointing after th
 round that says so, and the end-of-run check that all ranks hold the same learner state
 (measured by checksums, never assumed)."""
 
+import contextlib
+import dataclasses
 import hashlib
+import json
 import logging
 import os
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,12 +22,14 @@ import torch.distributed as tdist
 from rlpipe.config import RunSpec
 from rlpipe.envs import random_return
 from rlpipe.ranks import RankInfo, rank_spec
+from rlpipe.ranks.generation import AttemptToken
 from rlpipe.ranks.sync import rank_lost
 from rlpipe.shm.segment import new_run_id, sweep_dead_segments
 from rlpipe.supervisor.runmode import RunMode
 from rlpipe.supervisor.services import sweep_dead_socket_dirs
 
 log = logging.getLogger("rlpipe.ranks")
+ATTEMPTS_FILE = "attempts.jsonl"  # per rank dir: one line per attempt of the job that ran there
 
 
 def resolve_backend(spec: RunSpec) -> str:
@@ -42,6 +48,20 @@ def _digest(tensors) -> str:
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def local_address() -> str | None:
+    """The address this host reaches rank 0's store from (its interface toward MASTER_ADDR: on
+    rank 0's host, that address itself); None without MASTER_ADDR. No packet is sent."""
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "29500")
+    if not host:
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port)))
+            return probe.getsockname()[0]
+    except (OSError, ValueError):
+        return None
 
 
 def state_checksums(learner) -> dict[str, str]:
@@ -129,37 +149,84 @@ class Ranks(RunMode):
         self.line_prefix = f"rank {self.rank}/{self.world} "
         self.learner = None
         self.root: Path | None = None
+        self.host = socket.gethostname()
+        self.addr = local_address()
 
     def start(self, output_dir: Path) -> Path:
         self._init_process_group()
-        return self._agree_run_dir(output_dir)
+        run_dir = self._agree_run_dir(output_dir)
+        self._resume_if_any_ran_before(run_dir)
+        return run_dir
+
+    def _resume_if_any_ran_before(self, run_dir: Path) -> None:
+        """Every rank resumes (run.resume=auto) when any rank of this job ran before: torchrun's
+        restart count does not say so on every node (a node that was lost and came back runs a
+        new agent counting from 0; an agent restarting its ranks for a node that joined does not
+        count at all), so each rank's run dir keeps a line per attempt of the job
+        (`attempts.jsonl`: job id, host, address, pid) and the ranks all-reduce whether theirs
+        held one already."""
+        marker = run_dir / ATTEMPTS_FILE
+        job = self.info.job_id
+        seen = []
+        if marker.exists():
+            for line in marker.read_text().splitlines():
+                with contextlib.suppress(ValueError):
+                    seen.append(json.loads(line))
+        ran_before = self.info.restart > 0 or any(entry.get("job") == job for entry in seen)
+        self.attempt = 1 + sum(entry.get("job") == job for entry in seen)
+        with open(marker, "a") as out:
+            entry = {"job": job, "host": self.host, "addr": self.addr, "pid": os.getpid(), "restart": self.info.restart}
+            out.write(json.dumps({**entry, "unix_time": round(time.time(), 3)}) + "\n")
+        flag = torch.tensor([float(ran_before)], dtype=torch.float64, device=self.sync_device)
+        try:
+            tdist.all_reduce(flag, op=tdist.ReduceOp.MAX)
+        except Exception as exc:
+            raise rank_lost(self.rank, self.world, "the start-up all-reduce of earlier attempts", exc) from exc
+        self.job_restarted = flag.item() > 0
+        if self.job_restarted and not self.spec.run.resume:
+            self.spec = dataclasses.replace(self.spec, run=dataclasses.replace(self.spec.run, resume="auto"))
 
     def _init_process_group(self) -> None:
-        """The process group, on a store prefixed with torchrun's restart count: the agent
-        keeps one store server across --max-restarts restarts, and the previous attempt's
-        keys (the dead ranks' gloo addresses among them) would otherwise be read as fresh."""
+        """The process group, on a store prefix of this attempt's own: torchrun's agent keeps
+        one store server across --max-restarts restarts, and the previous attempt's keys (the
+        dead ranks' gloo addresses among them) would otherwise be read as fresh. The prefix is
+        agreed with rank 0 (`AttemptToken`), not taken from torchrun's restart count, which a
+        node that was lost and came back counts from 0 again."""
         if self.backend == "nccl":
             torch.cuda.set_device(self.info.local_rank)
         timeout = timedelta(seconds=self.spec.dist.timeout_s)
-        prefix = f"rlpipe/{self.info.job_id}/{self.info.restart}/"
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             from torch.distributed.rendezvous import _create_c10d_store  # env:// does the same, unprefixed
 
-            base = _create_c10d_store(
-                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), self.rank, self.world, timeout
+            addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+            base = _create_c10d_store(addr, port, self.rank, self.world, timeout)
+            attempt = AttemptToken(
+                base,
+                lambda: tdist.TCPStore(addr, port, self.world, is_master=False, timeout=timeout),
+                self.rank,
+                self.world,
+                self.info.job_id,
             )
-            tdist.init_process_group(
-                self.backend,
-                store=tdist.PrefixStore(prefix + "pg/", base),
-                rank=self.rank,
-                world_size=self.world,
-                timeout=timeout,
-            )
+            try:
+                try:
+                    prefix = f"rlpipe/{self.info.job_id}/{attempt.agree()}/"
+                except Exception as exc:  # the store's timeout (dist.timeout_s), or no store
+                    raise rank_lost(self.rank, self.world, "waiting for rank 0 to start this attempt", exc) from exc
+                tdist.init_process_group(
+                    self.backend,
+                    store=tdist.PrefixStore(prefix + "pg/", base),
+                    rank=self.rank,
+                    world_size=self.world,
+                    timeout=timeout,
+                )
+            finally:
+                attempt.done()
         else:
             tdist.init_process_group(self.backend, timeout=timeout)
             from torch.distributed.distributed_c10d import _get_default_store
 
             base = _get_default_store()
+            prefix = f"rlpipe/{self.info.job_id}/{self.info.restart}/"
         self.store = tdist.PrefixStore(prefix + "rounds/", base)
         log.info(
             "rank %d/%d up (%s backend, %d envs from env id %d)",
@@ -261,6 +328,11 @@ class Ranks(RunMode):
         return {
             "world_size": self.world,
             "rank": self.rank,
+            "host": self.host,  # where this rank ran: the run dirs of a multi-node job say which
+            "addr": self.addr,
+            "restart": self.info.restart,  # this node's agent's count (a node that came back: 0)
+            "attempt": getattr(self, "attempt", None),  # of this job in this rank's run dir, from 1
+            "job_restarted": getattr(self, "job_restarted", None),  # any rank's: all resumed
             "backend": self.backend,
             "sync_frac": self.spec.dist.sync_frac,
             "env_id_offset": self.spec.env_id_offset,
@@ -281,7 +353,8 @@ class Ranks(RunMode):
         learner = self.learner
         mine = {
             "rank": self.rank,
-            "host": socket.gethostname(),
+            "host": self.host,
+            "addr": self.addr,
             "pid": os.getpid(),
             "env_count": self.spec.env_count,
             "env_id_offset": self.spec.env_id_offset,
@@ -294,6 +367,8 @@ class Ranks(RunMode):
             "preempted_rounds": learner.preempted_rounds,
             "rounds": learner.rounds.round,
             "collectives": learner.sync.collectives,
+            "collective_s": round(learner.sync.collective_s, 3),  # benchmarks/twohost_link.py
+            "round_s": round(learner.round_s, 3),
             "returns": {k: list(v) for k, v in learner.counters.returns.items()},
             "first_returns": {k: list(v) for k, v in learner.counters.first_returns.items()},
             "episodes_by_type": dict(learner.counters.episodes_by_type),
@@ -322,6 +397,7 @@ class Ranks(RunMode):
         section["ranks"] = [
             {k: v for k, v in r.items() if k not in ("returns", "first_returns", "episodes_by_type")} for r in ranks
         ]
+        section["hosts"] = [{"rank": r["rank"], "host": r["host"], "addr": r["addr"]} for r in ranks]
         if self.rank == 0:
             result["env_steps_rank0"] = result["env_steps"]
             result["env_steps"] = sum(r["env_steps"] for r in ranks)

@@ -58,12 +58,15 @@ class RankSync:
         self.rank, self.world = rank, world
         self.device = device
         self.collectives = 0  # calls made (equal on every rank after every round)
+        self.collective_s = 0.0  # wall time in them (the link, and waiting for the slowest rank)
 
     def all_sum(self, t: torch.Tensor, what: str) -> torch.Tensor:
+        start = time.perf_counter()
         try:
             tdist.all_reduce(t)
         except Exception as exc:  # gloo/nccl raise RuntimeError or DistError subclasses
             raise rank_lost(self.rank, self.world, what, exc) from exc
+        self.collective_s += time.perf_counter() - start
         self.collectives += 1
         return t
 
@@ -148,8 +151,10 @@ class Rounds:
     round on every rank at once; that round's header then ends the run everywhere.
     """
 
-    def __init__(self, store, rank: int, world: int, sync_frac: float):
+    def __init__(self, store, rank: int, world: int, sync_frac: float, timeout_s: float = float("inf")):
         self.store = store
+        self.timeout_s = timeout_s  # announced and waited longer: a peer is gone (its host lost)
+        self.announced_at = 0.0
         self.rank, self.world = rank, world
         self.need = max(1, min(world, math.ceil(sync_frac * world - 1e-9)))
         self.round = 0
@@ -171,13 +176,26 @@ class Rounds:
         if have_rollout and not self.announced:
             self._add(f"ready/{self.round}", 1)
             self.announced = True
+            self.announced_at = time.monotonic()
         now = time.monotonic()
         if now < self.next_poll:
             return False
         self.next_poll = now + POLL_S
-        if self.stop_sent or self._add(f"ready/{self.round}", 0) >= self.need:
+        ready = self._add(f"ready/{self.round}", 0)
+        if self.stop_sent or ready >= self.need:
             return True
-        return self._add("stop", 0) > 0
+        if self._add("stop", 0) > 0:
+            return True
+        if self.announced and now - self.announced_at > self.timeout_s:
+            # the store is this job's (it answers), but too few ranks announce: a lost host's
+            # rank never will, and no collective is in flight to time out instead
+            raise RankLost(
+                f"rank {self.rank}/{self.world}: update round {self.round} had {ready} of the {self.need} "
+                f"ranks it needs ready after dist.timeout_s={self.timeout_s:g} s: a peer rank is gone or "
+                "stalled (its host lost?). This rank stops; torchrun --max-restarts=N restarts the job "
+                "from its checkpoints when the host is back, or restart it with run.resume=auto."
+            )
+        return False
 
     def begin(self) -> bool:
         """This rank starts the round; returns whether it had its rollout (False: preempted)."""
