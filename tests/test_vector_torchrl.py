@@ -55,10 +55,18 @@ def test_gym_wrapper_takes_the_vector_as_sync_vector_env_step_for_step():
             # the envs' continued RNG in SyncVectorEnv)
             first = env.reset(seed=seed)
             rollouts.append(
-                env.rollout(steps, scripted_policy(actions), break_when_any_done=False, auto_reset=False, tensordict=first)
+                env.rollout(
+                    steps, scripted_policy(actions), break_when_any_done=False, auto_reset=False, tensordict=first
+                )
             )
         a, b = rollouts
-        for key in ("observation", ("next", "observation"), ("next", "reward"), ("next", "terminated"), ("next", "truncated")):
+        for key in (
+            "observation",
+            ("next", "observation"),
+            ("next", "reward"),
+            ("next", "terminated"),
+            ("next", "truncated"),
+        ):
             torch.testing.assert_close(a[key], b[key], msg=lambda m, key=key: f"{key}: {m}")
         assert a["next", "terminated"].sum() > 5 and a["next", "truncated"].any()
         # an ended step's next obs is the episode's end obs; the next step starts the new episode
