@@ -109,7 +109,7 @@ def ppo_to_475(backend: str, seed: int, max_steps: int = ZOO_TIMESTEPS) -> dict:
         "steps_to_475": crossing.get("steps"),
         "s_to_475": crossing.get("seconds"),
         "steps": model.num_timesteps,
-        "last_100_mean": round(sum(buf) / len(buf), 1) if buf else None,
+        "last_100_mean": round(float(sum(buf)) / len(buf), 1) if buf else None,
         "faults": faults,
     }
 

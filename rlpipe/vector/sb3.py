@@ -38,7 +38,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv
+
+try:
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnv
+except ImportError as exc:  # an extra, never required by the engine
+    raise ImportError("rlpipe.vector.sb3 needs Stable-Baselines3: pip install rlpipe[sb3]") from exc
 
 from rlpipe.vector.env import FAULT_FIELDS, RlpipeVectorEnv
 from rlpipe.vector.spaces import GYM_TARGET

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torchrl.data import Binary, Composite
-from torchrl.envs import EnvBase, GymWrapper
-from torchrl.envs.gym_like import BaseInfoDictReader
+
+try:
+    from torchrl.data import Binary, Composite
+    from torchrl.envs import EnvBase, GymWrapper
+    from torchrl.envs.gym_like import BaseInfoDictReader
+except ImportError as exc:  # an extra, never required by the engine
+    raise ImportError("rlpipe.vector.torchrl_env needs TorchRL: pip install rlpipe[torchrl]") from exc
 
 from rlpipe.vector.env import make
 
