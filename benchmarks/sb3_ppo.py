@@ -28,12 +28,13 @@ N_ENVS = 8
 BACKENDS = ("sb3_rlpipe", "sb3_dummy", "sb3_subproc")
 
 
-def make_vec_env(backend: str, n: int, seed: int, env_id: str = "CartPole-v1"):
-    """The VecEnv of a backend, seeded as SB3's make_vec_env seeds (env i: seed + i)."""
+def make_vec_env(backend: str, n: int, seed: int, env_id: str = "CartPole-v1", overrides=()):
+    """The VecEnv of a backend, seeded as SB3's make_vec_env seeds (env i: seed + i);
+    `overrides`: Hydra overrides for the rlpipe adapter's vector."""
     if backend == "sb3_rlpipe":
         from rlpipe.vector.sb3 import RlpipeVecEnv
 
-        env = RlpipeVecEnv(env_id, n)
+        env = RlpipeVecEnv(env_id, n, overrides=list(overrides))
     else:
         import gymnasium as gym
         from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
