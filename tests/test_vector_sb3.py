@@ -39,7 +39,7 @@ def test_steps_as_dummy_vec_env_step_for_step():
             assert r1.dtype == r2.dtype and d1.dtype == d2.dtype
             np.testing.assert_array_equal(d1, d2)
             for j in range(n):
-                assert i1[j].keys() <= {"TimeLimit.truncated", "terminal_observation"}
+                assert i1[j].keys() == i2[j].keys()
                 if d2[j]:
                     np.testing.assert_array_equal(i1[j]["terminal_observation"], i2[j]["terminal_observation"])
                     assert i1[j]["TimeLimit.truncated"] == i2[j]["TimeLimit.truncated"]

@@ -117,7 +117,8 @@ class RlpipeVecEnv(VecEnv):
         else:
             obs, rew, term, trunc, info = _merge(parts, n)
         dones = term | trunc
-        infos: list[dict[str, Any]] = [{} for _ in range(n)]
+        # every env's info says TimeLimit.truncated, as DummyVecEnv's and SubprocVecEnv's do
+        infos: list[dict[str, Any]] = [{"TimeLimit.truncated": False} for _ in range(n)]
         ended = np.flatnonzero(dones)
         if ended.size:
             has_final = info.get("_final_obs")
