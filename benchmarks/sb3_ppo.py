@@ -3,7 +3,7 @@ SB3's DummyVecEnv or its SubprocVecEnv, with rl-zoo's CartPole-v1 settings. Used
 vector_sps.py's `--sb3-ppo` rows and by tests/test_vector_sb3_ppo.py (slow).
 
     python benchmarks/sb3_ppo.py [--backends sb3_rlpipe sb3_dummy sb3_subproc] [--seeds 1]
-                                 [--max-steps 100000]
+                                 [--max-steps 100000] [--torch-threads 0 1]
 
 rl-zoo's hyperparams/ppo.yml, CartPole-v1: 8 envs, MlpPolicy, n_steps 32, batch_size 256,
 gae_lambda 0.8, gamma 0.98, n_epochs 20, ent_coef 0.0, learning_rate lin_0.001, clip_range
@@ -11,7 +11,10 @@ lin_0.2, n_timesteps 1e5 (the linear schedules run to 0 over --max-steps, by def
 1e5, as rl-zoo's run over its n_timesteps). Episodes are counted by SB3's
 VecMonitor over the VecEnv (`ep_info_buffer`, the last 100); PPO stops the first time their
 mean reaches 475 (Gymnasium's reward_threshold), or at --max-steps. Seconds count from the
-VecEnv's construction (its workers' start-up included) to that moment. Needs rlpipe[sb3].
+VecEnv's construction (its workers' start-up included) to that moment. --torch-threads runs
+each with torch.set_num_threads(N) (0: torch's default, a thread per core): on a machine with
+few cores, torch's threads and the VecEnv's processes (rlpipe's workers, SubprocVecEnv's)
+contend for them. Needs rlpipe[sb3].
 """
 
 from __future__ import annotations
@@ -62,13 +65,18 @@ def linear(initial: float):
     return schedule
 
 
-def ppo_to_475(backend: str, seed: int, max_steps: int = ZOO_TIMESTEPS) -> dict:
-    """PPO with rl-zoo's settings until the last 100 episodes average 475 (or max_steps)."""
+def ppo_to_475(backend: str, seed: int, max_steps: int = ZOO_TIMESTEPS, torch_threads: int | None = None) -> dict:
+    """PPO with rl-zoo's settings until the last 100 episodes average 475 (or max_steps);
+    torch_threads: torch.set_num_threads for the run (None: torch's default, one per core)."""
+    import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecMonitor
 
+    threads_before = torch.get_num_threads()
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
     t0 = time.perf_counter()
     env = VecMonitor(make_vec_env(backend, N_ENVS, seed))
     crossing: dict = {}
@@ -104,9 +112,11 @@ def ppo_to_475(backend: str, seed: int, max_steps: int = ZOO_TIMESTEPS) -> dict:
         faults = getattr(getattr(env.venv, "vector", None), "fault_count", None)
     finally:
         env.close()
+        torch.set_num_threads(threads_before)
     return {
         "backend": backend,
         "seed": seed,
+        "torch_threads": torch_threads or threads_before,
         "steps_to_475": crossing.get("steps"),
         "s_to_475": crossing.get("seconds"),
         "steps": model.num_timesteps,
@@ -120,10 +130,12 @@ def main(argv=None) -> int:
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--max-steps", type=int, default=ZOO_TIMESTEPS)
+    p.add_argument("--torch-threads", type=int, nargs="+", default=[0], help="0: torch's default")
     args = p.parse_args(argv)
-    for seed in args.seeds:
-        for backend in args.backends:
-            print(json.dumps(ppo_to_475(backend, seed, args.max_steps)), flush=True)
+    for threads in args.torch_threads:
+        for seed in args.seeds:
+            for backend in args.backends:
+                print(json.dumps(ppo_to_475(backend, seed, args.max_steps, threads or None)), flush=True)
     return 0
 
 

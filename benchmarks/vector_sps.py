@@ -30,7 +30,8 @@ rlpipe.vector runs with worker.step_timeout_s=2 (the trial's deadline).
 adapter (rlpipe.vector.sb3, sync step_async/step_wait), DummyVecEnv and SubprocVecEnv (one
 process per env, started with fork), SB3's API throughout (infos as a list of dicts), built and
 timed as the other rows. --sb3-ppo times SB3's PPO with rl-zoo's CartPole settings to a
-100-episode mean of 475 on each of the three (benchmarks/sb3_ppo.py), one run per --sb3-seeds.
+100-episode mean of 475 on each of the three (benchmarks/sb3_ppo.py), one run per --sb3-seeds
+and --sb3-torch-threads (0: torch's default).
 """
 
 from __future__ import annotations
@@ -232,6 +233,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--sb3-ppo", action="store_true", help="SB3 PPO's time to CartPole 475 on each SB3 VecEnv")
     p.add_argument("--sb3-seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--sb3-torch-threads", type=int, nargs="+", default=[0], help="0: torch's default")
     p.add_argument("--fault-envs", type=int, default=1000)
     p.add_argument("--fault-seconds", type=float, default=600.0)
     p.add_argument("--hang-limit", type=float, default=30.0)
@@ -281,15 +283,16 @@ def main(argv=None) -> int:
     if args.sb3_ppo:
         from sb3_ppo import ppo_to_475
 
-        for seed in args.sb3_seeds:
-            for backend in SB3_BACKENDS:
-                res = ppo_to_475(backend, seed)
-                ppo.append(res)
-                print(
-                    f"sb3 ppo {backend:11s} seed {seed}: 475 at {res['steps_to_475']} steps, {res['s_to_475']} s "
-                    f"(last 100: {res['last_100_mean']})",
-                    flush=True,
-                )
+        for threads in args.sb3_torch_threads:
+            for seed in args.sb3_seeds:
+                for backend in SB3_BACKENDS:
+                    res = ppo_to_475(backend, seed, torch_threads=threads or None)
+                    ppo.append(res)
+                    print(
+                        f"sb3 ppo {backend:11s} seed {seed}, torch threads {res['torch_threads']}: 475 at "
+                        f"{res['steps_to_475']} steps, {res['s_to_475']} s (last 100: {res['last_100_mean']})",
+                        flush=True,
+                    )
     if not args.skip_faults:
         for backend in args.backends:
             res = trial_in_child(backend, args.fault_envs, args.fault_seconds, args.hang_limit)
