@@ -29,6 +29,9 @@ What SB3 expects, and where it comes from:
   `WorkerSideError` (an AttributeError, so `has_attr` says False) naming the attribute and
   what to do instead.
 - `VecNormalize`, `VecMonitor`, `VecFrameStack` stack on it as on any VecEnv.
+- On few cores, give torch fewer threads than cores (`torch.set_num_threads(1)` on 2): the
+  workers need a core while the learner's threads hold them all (SB3's PPO to CartPole 475
+  took 11x longer with torch's default on 2 cores: docs/benchmarks.md).
 """
 
 from __future__ import annotations
