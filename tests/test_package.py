@@ -8,18 +8,21 @@ learner libraries stay out (`rlpipe[sb3]`, `rlpipe[torchrl]`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, driver_dies_with_pytest
 
 pytest.importorskip("build")
 TORCH = "torch==2.13.0"  # the Makefile's CPU build
@@ -41,10 +44,30 @@ print(rlpipe.__file__, conf_dir(), obs.shape, len(envs.return_queue), extra, sep
 """
 
 
+# The command runs under a shell that leads a process group of its own and ends the whole group
+# when pytest goes (PDEATHSIG, then `kill 0`): build's isolated pip, its compilers and a run's
+# workers go with it, also when pytest is killed.
+GROUP_LEADER = 'trap "trap - TERM; kill -TERM 0" TERM; "$@" & wait $!'
+
+
 def run(cmd, cwd, timeout=900):
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    proc = subprocess.Popen(
+        ["bash", "-c", GROUP_LEADER, "run", *map(str, cmd)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=driver_dies_with_pytest,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left (a timeout, a stray)
+        proc.wait()
+    assert proc.returncode == 0, f"{cmd} exited {proc.returncode}:\n{out[-3000:]}\n{err[-3000:]}"
+    return out
 
 
 def checkout_copy(dest: Path) -> Path:
@@ -63,9 +86,19 @@ def checkout_copy(dest: Path) -> Path:
     return dest
 
 
+@pytest.fixture
+def pkg_tmp():
+    """A directory of its own under /tmp (not pytest's numbered tmp dirs, which pytest sessions
+    running beside this one on the machine may tidy), removed at the end."""
+    path = Path(tempfile.mkdtemp(prefix="rlpkg", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_sdist_and_wheel_build_install_in_a_clean_venv_and_run(tmp_path):
+def test_sdist_and_wheel_build_install_in_a_clean_venv_and_run(pkg_tmp):
+    tmp_path = pkg_tmp
     src = checkout_copy(tmp_path / "src")
     dist = tmp_path / "dist"
     run([sys.executable, "-m", "build", "--outdir", str(dist), str(src)], tmp_path, timeout=1800)
