@@ -89,8 +89,13 @@ def checkout_copy(dest: Path) -> Path:
 @pytest.fixture
 def pkg_tmp():
     """A directory of its own under /tmp (not pytest's numbered tmp dirs, which pytest sessions
-    running beside this one on the machine may tidy), removed at the end."""
-    path = Path(tempfile.mkdtemp(prefix="rlpkg", dir="/tmp"))
+    running beside this one on the machine may tidy), removed at the end; one a killed session
+    left (its pid in the name, the process gone) is removed by the next."""
+    for stale in Path("/tmp").glob("rlpkg*_*"):
+        pid = stale.name[len("rlpkg") :].split("_", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=f"rlpkg{os.getpid()}_", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
