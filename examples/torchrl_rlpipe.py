@@ -1,7 +1,7 @@
 """TorchRL's PPO on rlpipe.vector: TorchRL's own pieces (GymWrapper, Collector, GAE,
 ClipPPOLoss) over envs stepped by rlpipe's workers. `pip install rlpipe[torchrl]`, then
 
-    python examples/torchrl_rlpipe.py [--env CartPole-v1] [--num-envs 8] [--iters 60]
+    python examples/torchrl_rlpipe.py [--env CartPole-v1] [--num-envs 8] [--iters 60] [--torch-threads 1]
 
 prints each batch's mean return of the episodes that ended in it, and how many steps were
 cut by a fault (an env that raised, hung or broke the contract: rebuilt by its worker,
@@ -31,8 +31,11 @@ def main(argv=None) -> None:
     p.add_argument("--steps-per-batch", type=int, default=1024)
     p.add_argument("--iters", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
+    # torch's default (a thread per core) leaves rlpipe's workers no core on a small machine
+    p.add_argument("--torch-threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.manual_seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
 
     env = make_env(args.env, args.num_envs, seed=args.seed)  # TorchRL's GymWrapper over rlpipe.vector
     try:
