@@ -31,7 +31,13 @@ def test_sb3_ppo_reaches_475_on_cartpole_through_the_adapter():
 @pytest.mark.slow
 def test_the_torchrl_example_trains_a_few_batches(monkeypatch, capsys):
     pytest.importorskip("torchrl")
+    import torch
+
     monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--iters", "3", "--steps-per-batch", "256"])
-    runpy.run_path(str(EXAMPLE), run_name="__main__")
+    threads = torch.get_num_threads()
+    try:
+        runpy.run_path(str(EXAMPLE), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)  # the example sets the process's torch threads
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("batch ")]
     assert len(lines) == 3 and all("faults 0" in ln for ln in lines), lines
