@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard rlpipe/native/*.pyx rlpip
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: install run lint test test-slow bench
+.PHONY: install run lint test test-slow test-package bench
 install: $(VENV)/.installed
 
 run: $(VENV)/.installed      ## the main job on its embedded defaults
@@ -32,6 +32,12 @@ test: $(VENV)/.installed     ## the default (fast) test suite; the ten slowest t
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow
+
+# The package a user installs: sdist and wheel built from the checkout's files, the wheel
+# installed in a fresh venv with only the CPU torch, `python -m rlpipe` and rlpipe.vector run
+# from outside the checkout (tests/test_package.py; several minutes, most of them pip's).
+test-package: $(VENV)/.installed
+	$(PY) -m pytest -q -m slow tests/test_package.py
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/engine_sps.py

@@ -35,8 +35,10 @@ episodes' mean at the end; `load1`, the load average when the run began. A run p
 label, and each label's median to_475_s over SB3's. Wall figures are only as good as the
 machine is quiet: run it on an idle one, and compare the labels of one invocation.
 
-Stable-Baselines3 is no dependency of rlpipe. It lives in a venv of its own, installed with
---no-deps, that borrows rlpipe's venv for torch, gymnasium, numpy and the rest:
+Stable-Baselines3 is an optional extra of rlpipe (`rlpipe[sb3]`, in the `test` extra), so
+`--sb3-python` defaults to this interpreter. docs/benchmarks.md's figures were measured before
+that, with SB3 in a venv of its own, installed with --no-deps, that borrows rlpipe's venv for
+torch, gymnasium, numpy and the rest:
 
     python3 -m venv /tmp/sb3-venv
     /tmp/sb3-venv/bin/pip install --no-deps stable-baselines3

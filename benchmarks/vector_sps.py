@@ -5,7 +5,8 @@ forever once (benchmarks/vector_faults.py).
 
     python benchmarks/vector_sps.py [--counts 64 1000 7000] [--seconds 20]
                                     [--async-max 256] [--fault-envs 1000] [--fault-seconds 600]
-                                    [--skip-sps] [--skip-faults] [--json] [rlpipe overrides...]
+                                    [--skip-sps] [--skip-faults] [--sb3] [--sb3-ppo] [--json]
+                                    [rlpipe overrides...]
 
 PufferLib's `Multiprocessing` (the `pufferlib-core` wheel, in a bench venv:
 benchmarks/baselines.py says how; run this script with that venv's python) is the `puffer`
@@ -24,6 +25,13 @@ Survival trial: each backend in its own process for --fault-seconds (a hang must
 script down): survived (steps/s, faults reported, every env stepped in the last tenth), raised
 (the exception that ended it) or hung (no step returned for --hang-limit seconds).
 rlpipe.vector runs with worker.step_timeout_s=2 (the trial's deadline).
+
+--sb3 (needs rlpipe[sb3]) adds Stable-Baselines3's VecEnvs to the env-steps/s rows: rlpipe's
+adapter (rlpipe.vector.sb3, sync step_async/step_wait), DummyVecEnv and SubprocVecEnv (one
+process per env, started with fork), SB3's API throughout (infos as a list of dicts), built and
+timed as the other rows. --sb3-ppo times SB3's PPO with rl-zoo's CartPole settings to a
+100-episode mean of 475 on each of the three (benchmarks/sb3_ppo.py), one run per --sb3-seeds
+and --sb3-torch-threads (0: torch's default).
 """
 
 from __future__ import annotations
@@ -48,12 +56,18 @@ FAULTY_ID = "vector_faults:FaultyCartPole-v0"
 RAISE_EVERY = 10_000
 HANG_AT = 200
 BACKENDS = ("rlpipe_sync", "rlpipe_async", "gym_sync", "gym_async", "puffer")
+# --sb3: Stable-Baselines3's VecEnvs (rlpipe[sb3]): rlpipe's adapter, DummyVecEnv, SubprocVecEnv
+SB3_BACKENDS = ("sb3_rlpipe", "sb3_dummy", "sb3_subproc")
 START_SLACK_S = 60.0  # a trial's start-up allowance (1,000 AsyncVectorEnv processes, a loaded machine)
 
 
 def build(backend: str, env_id: str, n: int, seed: int, make_kwargs: dict | None = None, overrides: tuple = ()):
     """(vector, stepping function(actions) -> per-step results, the batch's action count)"""
     make_kwargs = make_kwargs or {}
+    if backend in SB3_BACKENDS:
+        from sb3_ppo import make_vec_env
+
+        return make_vec_env(backend, n, seed, env_id, overrides)
     if backend.startswith("rlpipe"):
         import rlpipe.vector
 
@@ -98,6 +112,12 @@ def run_steps(
             if on_step is not None:
                 on_step(ids, info)
             envs.send(rng.integers(0, 2, len(ids)), ids)
+        return steps, time.perf_counter() - t0
+    if backend in SB3_BACKENDS:  # SB3's API: reset() -> obs, step -> (obs, rewards, dones, infos)
+        envs.reset()
+        while time.perf_counter() - t0 < seconds:
+            envs.step(rng.integers(0, 2, n))
+            steps += n
         return steps, time.perf_counter() - t0
     envs.reset(seed=0)
     ids = np.arange(n)
@@ -208,6 +228,12 @@ def main(argv=None) -> int:
         choices=BACKENDS,
         help="(put rlpipe overrides before this flag, or after `--`)",
     )
+    p.add_argument(
+        "--sb3", action="store_true", help="also SB3's VecEnvs (random-action rows at --counts; no survival trial)"
+    )
+    p.add_argument("--sb3-ppo", action="store_true", help="SB3 PPO's time to CartPole 475 on each SB3 VecEnv")
+    p.add_argument("--sb3-seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--sb3-torch-threads", type=int, nargs="+", default=[0], help="0: torch's default")
     p.add_argument("--fault-envs", type=int, default=1000)
     p.add_argument("--fault-seconds", type=float, default=600.0)
     p.add_argument("--hang-limit", type=float, default=30.0)
@@ -241,11 +267,32 @@ def main(argv=None) -> int:
                 row = sps(backend, n, args.seconds, tuple(args.overrides))
                 rows.append(row)
                 print(f"{backend:13s} {n:6d} envs: {row['sps']:>9,d} env steps/s", flush=True)
+            for backend in SB3_BACKENDS if args.sb3 else ():
+                row = sps(backend, n, args.seconds, tuple(args.overrides))
+                rows.append(row)
+                print(f"{backend:13s} {n:6d} envs: {row['sps']:>9,d} env steps/s", flush=True)
             base = {r["backend"]: r["sps"] for r in rows if r["envs"] == n}
+            for b, other in (("sb3_rlpipe", "sb3_dummy"), ("sb3_rlpipe", "sb3_subproc")):
+                if b in base and other in base:
+                    print(f"  {b} / {other} at {n}: {base[b] / base[other]:.2f}x")
             for b in ("rlpipe_sync", "rlpipe_async"):
                 for other in ("gym_sync", "puffer"):
                     if b in base and other in base:
                         print(f"  {b} / {other} at {n}: {base[b] / base[other]:.2f}x")
+    ppo = []
+    if args.sb3_ppo:
+        from sb3_ppo import ppo_to_475
+
+        for threads in args.sb3_torch_threads:
+            for seed in args.sb3_seeds:
+                for backend in SB3_BACKENDS:
+                    res = ppo_to_475(backend, seed, torch_threads=threads or None)
+                    ppo.append(res)
+                    print(
+                        f"sb3 ppo {backend:11s} seed {seed}, torch threads {res['torch_threads']}: 475 at "
+                        f"{res['steps_to_475']} steps, {res['s_to_475']} s (last 100: {res['last_100_mean']})",
+                        flush=True,
+                    )
     if not args.skip_faults:
         for backend in args.backends:
             res = trial_in_child(backend, args.fault_envs, args.fault_seconds, args.hang_limit)
@@ -261,7 +308,7 @@ def main(argv=None) -> int:
                 flush=True,
             )
     if args.json:
-        print(json.dumps({"sps": rows, "survival": survival, "load_end": os.getloadavg()[0]}))
+        print(json.dumps({"sps": rows, "sb3_ppo": ppo, "survival": survival, "load_end": os.getloadavg()[0]}))
     return 0
 
 

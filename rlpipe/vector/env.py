@@ -48,6 +48,9 @@ class ClosedError(RuntimeError):
 
 class RlpipeVectorEnv(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    # also as the attribute SyncVectorEnv and AsyncVectorEnv have: TorchRL's GymWrapper (0.14)
+    # reads `env.autoreset_mode`, not the metadata, to take a Gymnasium vector as it is
+    autoreset_mode = AutoresetMode.SAME_STEP
 
     def __init__(
         self,
