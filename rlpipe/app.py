@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
+from rlpipe.files import make_private
 from rlpipe.ranks import hydra_run_dir
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def run_job(cfg: DictConfig) -> int:
         import_torch_early()
         mode = _run_mode(spec)
         run_dir = mode.start(run_dir)
+        make_private(run_dir)
         driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
         return driver.run()
     except (ConfigError, OmegaConfBaseException) as exc:

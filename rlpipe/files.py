@@ -35,13 +35,14 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, content: Content) -> Path:
+def atomic_write(path: str | os.PathLike, content: Content, mode: int = 0o666) -> Path:
     """Write `content` (text as UTF-8, bytes, or a function that writes into a binary file)
-    to `path` atomically; returns the path."""
+    to `path` atomically; returns the path. `mode` is the new file's (less the umask), set
+    as it is created: 0o600 keeps it its owner's from the first byte."""
     path = Path(path)
     tmp = temp_name(path)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as f:
             if callable(content):
                 content(f)
             else:
@@ -54,3 +55,22 @@ def atomic_write(path: str | os.PathLike, content: Content) -> Path:
         raise
     fsync_dir(path.parent)
     return path
+
+
+PRIVATE_UMASK = 0o077
+
+
+def make_private(run_dir: Path) -> None:
+    """The run dir and what is already in it (Hydra's config copies and log file) for its
+    owner only, and everything this process and its children create from now on too (umask
+    077: files 0600, dirs 0700). A run dir holds the checkpoints, the config, the lifecycle
+    db and Redis's socket: nothing another local user should read."""
+    os.umask(PRIVATE_UMASK)
+    run_dir.chmod(0o700)
+    for root, dirs, files in os.walk(run_dir):
+        for name in dirs:
+            Path(root, name).chmod(0o700)
+        for name in files:
+            p = Path(root, name)
+            if not p.is_symlink():
+                p.chmod(0o600)

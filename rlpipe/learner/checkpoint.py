@@ -74,7 +74,7 @@ def save_checkpoint(directory: str | os.PathLike, step: int, payload: dict, keep
         if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             p.unlink(missing_ok=True)
     record = {"format": FORMAT, "version": VERSION, "step": int(step), "payload": payload}
-    atomic_write(final, lambda f: torch.save(record, f))
+    atomic_write(final, lambda f: torch.save(record, f), mode=0o600)  # weights: the owner's alone
     for old in checkpoint_files(d)[:-keep]:
         old.unlink(missing_ok=True)
     return final

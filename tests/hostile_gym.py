@@ -1,0 +1,64 @@
+"""Gymnasium envs written to misbehave, for the tests of issue 49 (a bad env costs one env,
+never the run or the machine). Registered on import; a run reaches one as
+`env_mix=gym env_mix.id=hostile_gym:<Id>` with tests/ on PYTHONPATH.
+
+Each env is a small valid env (4 floats, 2 actions, 20-step episodes) with one hostile habit.
+What a test needs to find afterwards (the pids of the processes an env started) goes to the
+directory named by $HOSTILE_MARKS, one file per pid.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import gymnasium as gym
+import numpy as np
+
+EPISODE_STEPS = 20
+CHATTY_BYTES = 100_000  # what Chatty writes to each of fd 1 and fd 2 every step
+
+
+class Plain(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(4, np.float32), float(action), False, self.t >= EPISODE_STEPS, {}
+
+
+def _mark(pid: int) -> None:
+    marks = os.environ.get("HOSTILE_MARKS")
+    if marks:
+        open(os.path.join(marks, str(pid)), "w").close()
+
+
+class Spawner(Plain):
+    """Starts `sleep 3600` at construction and never waits for it: one in the worker's process
+    group, one in a session of its own (setsid), the way a simulator's helper escapes."""
+
+    def __init__(self):
+        for new_session in (False, True):
+            child = subprocess.Popen(["sleep", "3600"], start_new_session=new_session)
+            _mark(child.pid)
+
+
+class Chatty(Plain):
+    """Writes 100 KB a step to fd 1 and fd 2 with os.write: what a C library's printf does,
+    below Python's sys.stdout."""
+
+    def step(self, action):
+        os.write(1, b"o" * CHATTY_BYTES)
+        os.write(2, b"e" * CHATTY_BYTES)
+        return super().step(action)
+
+
+for _name in ("Plain", "Spawner", "Chatty"):
+    if f"{_name}-v0" not in gym.registry:
+        gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}")
