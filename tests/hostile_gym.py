@@ -49,6 +49,16 @@ class Spawner(Plain):
             _mark(child.pid)
 
 
+class SpawnerCrash(Spawner):
+    """A Spawner whose worker dies under it at its 5th step (`os._exit`: no clean-up runs),
+    leaving its two sleeps to whoever adopts them."""
+
+    def step(self, action):
+        if self.t >= 4:
+            os._exit(1)
+        return super().step(action)
+
+
 class Chatty(Plain):
     """Writes 100 KB a step to fd 1 and fd 2 with os.write: what a C library's printf does,
     below Python's sys.stdout."""
@@ -59,6 +69,6 @@ class Chatty(Plain):
         return super().step(action)
 
 
-for _name in ("Plain", "Spawner", "Chatty"):
+for _name in ("Plain", "Spawner", "SpawnerCrash", "Chatty"):
     if f"{_name}-v0" not in gym.registry:
         gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}")

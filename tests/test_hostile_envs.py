@@ -8,7 +8,6 @@ import os
 import re
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -24,24 +23,36 @@ def hostile(env_id: str, *overrides: str) -> list[str]:
 
 
 def start_run(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        rlpipe_cmd(run_dir, *overrides),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env or HOSTILE_ENV,
-        preexec_fn=driver_dies_with_pytest,
-    )
+    """The driver, its stdout and stderr to files beside the run dir (a pipe would keep
+    `finish` waiting on any process that inherited it and outlived the run)."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.parent / "stdout.txt", "w") as out, open(run_dir.parent / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(
+            rlpipe_cmd(run_dir, *overrides),
+            cwd=REPO,
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=env or HOSTILE_ENV,
+            preexec_fn=driver_dies_with_pytest,
+        )
+    proc.run_dir = run_dir
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    """Wait for the driver's end; its stdout and stderr."""
     try:
-        return proc.communicate(timeout=timeout)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"rlpipe did not finish in {timeout} s:\n{err[-3000:]}") from None
+        proc.wait()
+    parent = proc.run_dir.parent
+    out, err = (parent / "stdout.txt").read_text(), (parent / "stderr.txt").read_text()
+    assert proc.returncode is not None and proc.returncode != -9, (
+        f"rlpipe did not finish in {timeout} s:\n{err[-3000:]}"
+    )
+    return out, err
 
 
 # -- secrets: the Redis password off the command line, the run dir its owner's ------------------
@@ -80,3 +91,39 @@ def test_redis_password_is_not_on_the_command_line_and_the_run_dir_is_private(sh
         if not p.is_symlink() and stat.S_IMODE(p.lstat().st_mode) & 0o077
     }
     assert not loose, f"group/other may read: {loose}"
+
+
+# -- children: whatever an env starts dies with its worker ---------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.parametrize("env_id", ["Spawner-v0", "SpawnerCrash-v0"])
+def test_processes_an_env_starts_die_with_its_worker(short_tmp, env_id):
+    """Each env starts two `sleep 3600`s, one in a session of its own (setsid). Spawner's
+    worker exits cleanly at the end; SpawnerCrash's dies under its envs (os._exit) every few
+    steps, so its sleeps are orphans of a dead worker. The probe steps them too."""
+    marks = short_tmp / "marks"
+    marks.mkdir()
+    proc = start_run(
+        short_tmp / "run",
+        *hostile(env_id, "env_count=8", "run.duration_s=4"),
+        env={**HOSTILE_ENV, "HOSTILE_MARKS": str(marks)},
+    )
+    out, err = finish(proc)
+    started = [int(p.name) for p in marks.iterdir()]
+    try:
+        assert proc.returncode == 0, err[-3000:]
+        assert len(started) >= 16  # eight envs, two sleeps each (more: rebuilds, the probe)
+        wait_for(lambda: not any(_alive(pid) for pid in started), 2)  # SIGKILLed: gone at once
+        left = [pid for pid in started if _alive(pid)]
+        assert not left, f"{len(left)} of {len(started)} processes the envs started are still running"
+    finally:
+        for pid in started:  # never leave them to the next test
+            if _alive(pid):
+                os.kill(pid, 9)

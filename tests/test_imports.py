@@ -21,6 +21,7 @@ BASE = (
     "rlpipe.redis_client",
     "rlpipe.files",
     "rlpipe.procs",
+    "rlpipe.proctree",
     "rlpipe.cadence",
     "rlpipe.bounded",
     "rlpipe.heap",

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import pickle
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +43,7 @@ from rlpipe.envs import harness
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
 from rlpipe.procs import exit_when_gone
+from rlpipe.proctree import become_subreaper, kill_descendants
 
 if TYPE_CHECKING:  # the learner layer's: this module only calls its build() and play()
     from rlpipe.learner.initial_return import InitialPolicy
@@ -111,11 +113,23 @@ def measure_all(
     figures: that imports torch (seconds at nice 10 on a busy machine), and a short run ended
     before its random floor was written while the child's arguments waited on the import."""
     exit_when_gone(driver_pid)
+    # What its envs start dies with it, as with a worker (rlpipe.proctree): on its own end and
+    # on the driver's SIGTERM (`stop`).
+    become_subreaper()
+    signal.signal(signal.SIGTERM, _end_with_descendants)
     try:
         os.nice(PROBE_NICE)
     except OSError:
         pass
-    measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle)
+    try:
+        measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle)
+    finally:
+        kill_descendants()
+
+
+def _end_with_descendants(*_) -> None:
+    kill_descendants()
+    os._exit(0)
 
 
 def measure(

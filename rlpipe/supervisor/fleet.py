@@ -25,6 +25,7 @@ from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
 from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
+from rlpipe.supervisor.orphans import kill_orphans
 from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import BackgroundStarts, WorkerHandle, group_ranges, stop_workers, worker_context
@@ -344,7 +345,11 @@ class Fleet:
         learner.drop_worker(h.worker_id)
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
+        kill_orphans(self.forkserver_pid, self._worker_pids())  # what its envs started, if it could not
         self._spawn(h)
+
+    def _worker_pids(self) -> set[int]:
+        return {h.proc.pid for h in self.handles if h.proc is not None and h.proc.pid is not None}
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds this job has used so far: the driver (every thread), its live workers
@@ -399,6 +404,7 @@ class Fleet:
 
     def stop_workers(self) -> None:
         stop_workers(self.handles, self.spec.heartbeat.term_grace_s)
+        kill_orphans(self.forkserver_pid, self._worker_pids())  # left by workers that were killed
 
     def count_lifecycle_drops(self) -> None:
         for h in self.handles:

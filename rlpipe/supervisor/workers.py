@@ -20,7 +20,8 @@ from rlpipe.shm.segment import Segment, segment_name
 from rlpipe.worker.process import run_worker
 from rlpipe.worker.spec import WorkerSpec
 
-WORKER_PRELOAD = ["rlpipe.worker.process"]
+# zygote first: the forkserver is a subreaper before anything it imports could start a process
+WORKER_PRELOAD = ["rlpipe.worker.zygote", "rlpipe.worker.process"]
 
 
 def worker_context(start_method: str, env_modules: list[str]):

@@ -21,6 +21,7 @@ from rlpipe.envs.registry import make_factory
 from rlpipe.lifecycle import LifecycleClient
 from rlpipe.native.board import store_u64
 from rlpipe.procs import die_with_parent, pid_alive
+from rlpipe.proctree import become_subreaper, kill_descendants
 from rlpipe.protocol import epsilon_channel, reward_stats_key, slice_bounds, worker_key
 from rlpipe.shm.doorbell import STOP_SLICE, DoorbellClient
 from rlpipe.shm.errorlog import ErrorLog
@@ -114,6 +115,7 @@ class Worker:
     def attach(self) -> None:
         spec = self.spec
         die_with_parent()
+        become_subreaper()  # what our envs start stays in our tree, to be killed at `stop`
         self.segment = Segment.attach(spec.segment_name)
         layout = WorkerLayout.build(self.n, spec.obs_keys, spec.cont_dim)
         self.views = views = WorkerViews(layout, self.segment, locked=spec.locked_board)
@@ -394,7 +396,8 @@ class Worker:
             self.feed.close()
         self.stepper.close()
         self.table.close_all()
-        exit_detail = {"steps": self.steps, "hung_steps": self.stepper.hung_total}
+        orphans = kill_descendants()  # whatever the envs started and left running
+        exit_detail = {"steps": self.steps, "hung_steps": self.stepper.hung_total, "env_processes_killed": orphans}
         if self.feed is not None:  # exploration rates received over pub/sub, and actions they changed
             exit_detail.update(eps_messages=self.feed.messages, explored_steps=self.explored_steps)
         self.lifecycle.event("worker_exit", detail=exit_detail)
