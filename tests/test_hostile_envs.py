@@ -127,3 +127,25 @@ def test_processes_an_env_starts_die_with_its_worker(short_tmp, env_id):
         for pid in started:  # never leave them to the next test
             if _alive(pid):
                 os.kill(pid, 9)
+
+
+# -- output: a worker's fd 1 and 2 go to its own capped log, never the driver's terminal ---------
+
+
+def test_what_an_env_prints_goes_to_its_workers_capped_log(short_tmp):
+    """Chatty writes 100 KB a step to each of fd 1 and fd 2 (os.write: as C code would)."""
+    from rlpipe.outputlog import CAP_BYTES
+
+    run_dir = short_tmp / "run"
+    proc = start_run(run_dir, *hostile("Chatty-v0", "env_count=8", "run.duration_s=4"))
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    assert len(out) + len(err) < 100_000, f"{len(out) + len(err)} bytes reached the driver's terminal"
+    logs = sorted((run_dir / "worker_output").glob("worker_*.log"))
+    assert logs
+    text = logs[0].read_bytes()
+    assert text.startswith(b"--- worker 0 generation 1 pid ")
+    assert b"ooooo" in text and b"eeeee" in text  # both descriptors
+    # more than the cap was written, what is left is bounded, and the log says what it dropped
+    assert re.search(rb"\[rlpipe: \d+ bytes of output dropped so far", text)
+    assert all(p.stat().st_size <= 2 * CAP_BYTES for p in logs), [p.stat().st_size for p in logs]

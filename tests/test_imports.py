@@ -22,6 +22,7 @@ BASE = (
     "rlpipe.files",
     "rlpipe.procs",
     "rlpipe.proctree",
+    "rlpipe.outputlog",
     "rlpipe.cadence",
     "rlpipe.bounded",
     "rlpipe.heap",

@@ -33,6 +33,7 @@ import math
 import os
 import pickle
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +43,7 @@ import numpy as np
 from rlpipe.envs import harness
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
+from rlpipe.outputlog import OutputLog
 from rlpipe.procs import exit_when_gone
 from rlpipe.proctree import become_subreaper, kill_descendants
 
@@ -50,6 +52,7 @@ if TYPE_CHECKING:  # the learner layer's: this module only calls its build() and
 
 RESULT_FILE = "random_returns.json"
 INITIAL_FILE = "initial_policy_returns.json"
+OUTPUT_FILE = "random_return_probe.log"  # what its envs print, capped
 # Nice 10, not 19: beside a day4 run at nice 19 the probe got under 1 % of a core and took 21
 # minutes of a 30-minute run for 20 untrained episodes a type; at nice 10 it gets ~5 % (CFS
 # weights 110 against 1,024 a busy thread) for the few minutes the measurement takes.
@@ -117,6 +120,9 @@ def measure_all(
     # on the driver's SIGTERM (`stop`).
     become_subreaper()
     signal.signal(signal.SIGTERM, _end_with_descendants)
+    # what its envs print goes to a capped file of its own, as a worker's (rlpipe.outputlog)
+    output = OutputLog(str(Path(out_dir) / OUTPUT_FILE), f"random-return probe pid {os.getpid()}")
+    threading.Thread(target=_check_every, args=(output, 0.5), name="output-cap", daemon=True).start()
     try:
         os.nice(PROBE_NICE)
     except OSError:
@@ -125,6 +131,12 @@ def measure_all(
         measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle)
     finally:
         kill_descendants()
+
+
+def _check_every(output: OutputLog, interval_s: float) -> None:
+    while True:
+        time.sleep(interval_s)
+        output.check()
 
 
 def _end_with_descendants(*_) -> None:

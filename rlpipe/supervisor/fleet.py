@@ -42,6 +42,7 @@ from rlpipe.worker.spec import (
 
 log = logging.getLogger("rlpipe")
 ACTIVE_WINDOW_S = 10.0  # an env counts as active if its slice rang within this window
+WORKER_OUTPUT_DIR = "worker_output"  # each worker's stdout and stderr, capped (rlpipe.outputlog)
 
 
 def _own_cpu_seconds() -> float:
@@ -119,6 +120,7 @@ class Fleet:
         self.plan, self.versions = plan, versions
         self.sections = worker_sections(spec)
         multiprocessing_temp_dir(self.run_id)
+        (services.run_dir / WORKER_OUTPUT_DIR).mkdir(exist_ok=True)
         self.ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
         g = spec.groups
         ranges = group_ranges(spec.env_count, spec.groups.size)
@@ -188,6 +190,7 @@ class Fleet:
             redis_url=services.redis.url,
             driver_pid=os.getpid(),
             env_id_offset=spec.env_id_offset,
+            output_log=str(services.run_dir / WORKER_OUTPUT_DIR / f"worker_{h.worker_id}.log"),
             # the worker section as built at start, but for the CPUs this generation pins to
             **{
                 **self.sections,

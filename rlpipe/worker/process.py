@@ -20,6 +20,7 @@ from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
 from rlpipe.lifecycle import LifecycleClient
 from rlpipe.native.board import store_u64
+from rlpipe.outputlog import OutputLog
 from rlpipe.procs import die_with_parent, pid_alive
 from rlpipe.proctree import become_subreaper, kill_descendants
 from rlpipe.protocol import epsilon_channel, reward_stats_key, slice_bounds, worker_key
@@ -98,6 +99,7 @@ class Worker:
         self.explore: EpsilonGreedy | None = None
         self.feed: EpsilonFeed | None = None
         self.spawn_detail = {"pid": os.getpid(), "envs": self.n}
+        self.output: OutputLog | None = None
 
     def run(self) -> None:
         self.attach()
@@ -115,6 +117,9 @@ class Worker:
     def attach(self) -> None:
         spec = self.spec
         die_with_parent()
+        if spec.output_log:  # before anything of ours or an env's can print
+            header = f"worker {spec.worker_id} generation {spec.generation} pid {os.getpid()}"
+            self.output = OutputLog(spec.output_log, header)
         become_subreaper()  # what our envs start stays in our tree, to be killed at `stop`
         self.segment = Segment.attach(spec.segment_name)
         layout = WorkerLayout.build(self.n, spec.obs_keys, spec.cont_dim)
@@ -348,6 +353,8 @@ class Worker:
         """Both heartbeats when due: SIGUSR1 to our process group (the handler stamps the OS
         beat) and the Redis beat. Also the stepper's tick while a slow step runs."""
         now = time.monotonic()
+        if self.output is not None:
+            self.output.check()
         if self.signal_every.due(now):
             os.killpg(0, signal.SIGUSR1)
             self.views.store(H_LC_DROPPED, self.lifecycle.dropped)  # the driver sums them into faults

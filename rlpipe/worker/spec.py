@@ -106,3 +106,6 @@ class WorkerSpec:
     # truncations (the learner bootstraps from those alone; rlpipe.vector hands every end obs
     # to its caller, as Gymnasium's same-step autoreset does).
     final_obs_all_ends: bool = False
+    # This process's stdout and stderr go to this file, capped (rlpipe.outputlog); "": they
+    # stay the driver's
+    output_log: str = ""
