@@ -34,6 +34,7 @@ warnings.filterwarnings("ignore", message=r"(?s)\s*'hydra/launcher/submitit_\w+'
 EXIT_CONFIG = 2
 EXIT_RANK_LOST = 3  # under torchrun: a peer rank (or the agent) went away mid-run
 # 4, EXIT_STALL: the driver's loop stalled (rlpipe.supervisor.stall, which exits the process itself)
+# 5, EXIT_DISK_FULL: a write of the run failed for space (rlpipe.supervisor.diskfull; the driver returns it)
 
 
 def run_job(cfg: DictConfig) -> int:
@@ -43,6 +44,7 @@ def run_job(cfg: DictConfig) -> int:
     from rlpipe.telemetry.progress import quiet_console_logs
 
     quiet_console_logs()  # other libraries' INFO lines go to the run's log file only
+    from rlpipe.supervisor.diskfull import hold_reserve, release_reserve
     from rlpipe.supervisor.driver import Driver  # torch is imported only past validation
 
     mode: RunMode | None = None  # built once the config is valid; closed on every way out
@@ -57,8 +59,12 @@ def run_job(cfg: DictConfig) -> int:
         mode = _run_mode(spec)
         run_dir = mode.start(run_dir)
         make_private(run_dir)
-        driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
-        return driver.run()
+        hold_reserve(run_dir)
+        try:
+            driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
+            return driver.run()
+        finally:
+            release_reserve(run_dir)
     except (ConfigError, OmegaConfBaseException) as exc:
         print(f"rlpipe: {getattr(exc, 'what', 'config error')}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -8,6 +8,7 @@ the writer's pid and thread, so two writers never share one, and a failed write 
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -74,3 +75,43 @@ def make_private(run_dir: Path) -> None:
             p = Path(root, name)
             if not p.is_symlink():
                 p.chmod(0o600)
+
+
+SQLITE_FULL = 13  # sqlite3's "database or disk is full" (sqlite3.Error.sqlite_errorcode)
+
+
+class DiskFull(OSError):
+    """A write of the run failed for space; `what` names the file (a checkpoint, the
+    lifecycle db...). Raised from the original error."""
+
+    def __init__(self, what: str):
+        super().__init__(errno.ENOSPC, f"no space left to write {what}")
+        self.what = what
+
+
+def space_error(exc: BaseException | None) -> BaseException | None:
+    """The error in `exc`'s chain (itself, its causes and contexts) that says a file system
+    is full (ENOSPC, a quota: EDQUOT, sqlite's SQLITE_FULL); None when none does."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFull) or getattr(exc, "sqlite_errorcode", None) == SQLITE_FULL:
+            return exc
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def what_was_full(exc: BaseException) -> str:
+    """What `exc` (a space error in its chain) failed to write, in words."""
+    cur, seen = exc, set()
+    while cur is not None and id(cur) not in seen:  # the most specific name first
+        seen.add(id(cur))
+        if isinstance(cur, DiskFull):
+            return cur.what
+        cur = cur.__cause__ or cur.__context__
+    err = space_error(exc)
+    if isinstance(err, OSError) and err.filename:
+        return str(err.filename)
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

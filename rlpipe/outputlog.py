@@ -40,9 +40,12 @@ class OutputLog:
         if size <= CAP_BYTES:
             return
         self.dropped += size - HEAD_BYTES
-        os.ftruncate(1, HEAD_BYTES)
-        os.write(
-            1,
+        note = (
             f"\n[rlpipe: {self.dropped} bytes of output dropped so far; this log keeps its first "
-            f"{HEAD_BYTES} bytes and the latest, {CAP_BYTES} in all]\n".encode(),
+            f"{HEAD_BYTES} bytes and the latest, {CAP_BYTES} in all]\n"
         )
+        try:
+            os.ftruncate(1, HEAD_BYTES)
+            os.write(1, note.encode())
+        except OSError:
+            pass  # a full disk: the driver stops the run on its own writes; this one may wait

@@ -149,3 +149,53 @@ def test_what_an_env_prints_goes_to_its_workers_capped_log(short_tmp):
     # more than the cap was written, what is left is bounded, and the log says what it dropped
     assert re.search(rb"\[rlpipe: \d+ bytes of output dropped so far", text)
     assert all(p.stat().st_size <= 2 * CAP_BYTES for p in logs), [p.stat().st_size for p in logs]
+
+
+# -- a full disk: its own exit code, one line, the last good checkpoint kept ---------------------
+
+
+@pytest.fixture
+def small_disk(short_tmp):
+    """A 2 MB tmpfs (the run dir goes on it); skipped where mounting is not permitted."""
+    mnt = short_tmp / "disk"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("free_kb", [550, 64])
+def test_a_full_disk_stops_the_run_with_its_own_code_and_one_line(small_disk, free_kb):
+    """550 KB free: two checkpoints fit, the third fails mid-run. 64 KB: the lifecycle db
+    fails at start-up."""
+    from rlpipe.learner.checkpoint import load_latest
+    from rlpipe.supervisor.diskfull import EXIT_DISK_FULL
+
+    (small_disk / "filler").write_bytes(b"\0" * (2 * 2**20 - free_kb * 1024))
+    run_dir = small_disk / "run"
+    overrides = ["env_mix=cartpole", "env_count=16", "run.duration_s=30", "learner.checkpoint_interval_s=1"]
+    proc = subprocess.Popen(
+        rlpipe_cmd(run_dir, *overrides),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=driver_dies_with_pytest,
+    )
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_DISK_FULL, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("rlpipe: disk full: no space left to write ")]
+    assert len(said) == 1, err[-3000:]
+    assert "Traceback" not in out + err, (out + err)[-3000:]
+    if free_kb == 64:
+        assert "lifecycle db" in said[0] and "summary.json not written" in said[0]
+        return
+    assert "checkpoint" in said[0] and "last good checkpoint" in said[0]
+    assert (run_dir / "summary.json").is_file()
+    path, _ = load_latest(run_dir / "checkpoints")  # whole, and the one the line names
+    assert str(path) in said[0]
+    assert not list((run_dir / "checkpoints").glob("*.bad"))

@@ -17,7 +17,7 @@ import redis
 from rlpipe.cadence import Every
 from rlpipe.config import RunSpec
 from rlpipe.envs import random_return
-from rlpipe.files import atomic_write
+from rlpipe.files import atomic_write, space_error
 from rlpipe.lifecycle import fault_counts
 from rlpipe.protocol import worker_key
 from rlpipe.shm.layout import H_ENV_LEAK
@@ -322,8 +322,8 @@ class RunMetrics:
             from rlpipe.telemetry.health import write_health_report
 
             write_health_report(self.run_dir)
-        except Exception:  # a report must never turn a finished run into a failure
-            log.exception("health report failed")
+        except Exception as exc:  # a report must never turn a finished run into a failure
+            log.warning("health report failed: %s", exc, exc_info=space_error(exc) is None)
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
         print(
