@@ -59,6 +59,14 @@ class SpawnerCrash(Spawner):
         return super().step(action)
 
 
+class FourValues(Plain):
+    """Gymnasium's old API: step returns 4 values, so every step breaks the contract."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated or truncated, info
+
+
 class Chatty(Plain):
     """Writes 100 KB a step to fd 1 and fd 2 with os.write: what a C library's printf does,
     below Python's sys.stdout."""
@@ -69,6 +77,6 @@ class Chatty(Plain):
         return super().step(action)
 
 
-for _name in ("Plain", "Spawner", "SpawnerCrash", "Chatty"):
+for _name in ("Plain", "Spawner", "SpawnerCrash", "FourValues", "Chatty"):
     if f"{_name}-v0" not in gym.registry:
         gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}")

@@ -199,3 +199,44 @@ def test_a_full_disk_stops_the_run_with_its_own_code_and_one_line(small_disk, fr
     path, _ = load_latest(run_dir / "checkpoints")  # whole, and the one the line names
     assert str(path) in said[0]
     assert not list((run_dir / "checkpoints").glob("*.bad"))
+
+
+# -- crash loops: backoff, said loudly, logs bounded ---------------------------------------------
+
+
+def test_fault_backoff_doubles_to_its_cap_and_a_quiet_spell_resets_it():
+    from rlpipe.worker.backoff import BACKOFF_AFTER, BACKOFF_BASE_S, BACKOFF_CAP_S, STREAK_RESET_S, FaultBackoff
+
+    b = FaultBackoff(1)
+    delays = [b.fault(0, now=float(t)) for t in range(BACKOFF_AFTER + 12)]
+    assert delays[: BACKOFF_AFTER - 1] == [0.0] * (BACKOFF_AFTER - 1)
+    assert delays[BACKOFF_AFTER - 1 : BACKOFF_AFTER + 2] == [BACKOFF_BASE_S, 2 * BACKOFF_BASE_S, 4 * BACKOFF_BASE_S]
+    assert max(delays) == BACKOFF_CAP_S == delays[-1]
+    assert not b.due(0, now=BACKOFF_AFTER + 11.0) and b.due(0, now=BACKOFF_AFTER + 11.0 + BACKOFF_CAP_S)
+    assert b.fault(0, now=1e6 + STREAK_RESET_S) == 0.0  # a fault long after: a new streak
+
+
+def _rows(run_dir: Path, kind: str) -> int:
+    import sqlite3
+
+    with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
+        return db.execute("SELECT COUNT(*) FROM events WHERE kind = ?", (kind,)).fetchone()[0]
+
+
+def test_a_type_that_faults_on_every_step_backs_off_and_is_named(short_tmp):
+    """FourValues breaks the contract on every step (16,392 crash/rebuild pairs in 20 s
+    before). With the backoff, each env faults BACKOFF_AFTER times at once, then after
+    0.5, 1, 2 s...: a handful of times in a 5 s run."""
+    import json
+
+    run_dir = short_tmp / "run"
+    proc = start_run(run_dir, *hostile("FourValues-v0", "env_count=8", "run.duration_s=5"))
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    faults = _rows(run_dir, "env_crash")  # the gym adapter's unpacking raises
+    assert 8 <= faults <= 8 * 12, faults  # every env faulted, none more than a dozen times
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["types_without_episodes"] == {"FourValues-v0": faults}
+    assert "env type FourValues-v0 finished no episode in this run" in out + err
+    report = (run_dir / "health_report.md").read_text()
+    assert "every env type finished an episode: **no**: FourValues-v0: no episode finished" in report

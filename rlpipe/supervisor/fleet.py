@@ -10,6 +10,7 @@ import logging
 import os
 import resource
 import signal
+import time
 from typing import Callable
 
 import redis
@@ -29,6 +30,7 @@ from rlpipe.supervisor.orphans import kill_orphans
 from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import BackgroundStarts, WorkerHandle, group_ranges, stop_workers, worker_context
+from rlpipe.worker.backoff import FaultBackoff
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
 from rlpipe.worker.spec import (
@@ -42,6 +44,7 @@ from rlpipe.worker.spec import (
 
 log = logging.getLogger("rlpipe")
 ACTIVE_WINDOW_S = 10.0  # an env counts as active if its slice rang within this window
+QUICK_DEATH_S = 30.0  # a worker dead this soon after its start counts toward a crash loop
 WORKER_OUTPUT_DIR = "worker_output"  # each worker's stdout and stderr, capped (rlpipe.outputlog)
 
 
@@ -149,6 +152,7 @@ class Fleet:
             h.on_retire = self._retire
             self.handles.append(h)
         self.by_id = {h.worker_id: h for h in self.handles}
+        self.respawn_backoff = FaultBackoff(len(self.handles))
         self.n_slices = sum(len(h.bounds) for h in self.handles)
         # Hot groups start now; dormant ones are started from the loop, so the first steps
         # are not queued behind a hundred forks on a busy machine.
@@ -329,6 +333,11 @@ class Fleet:
         """Replace workers that exited, inject the configured faults, advance the watchdog and
         replace the workers it has ended."""
         for h in self.handles:
+            if h.respawn_at is not None:  # backing off (_replace): started once its time is up
+                if now >= h.respawn_at:
+                    h.respawn_at = None
+                    self._spawn(h)
+                continue
             if h.worker_id in self.watchdog.pending or h.proc is None or h.proc.is_alive():
                 continue
             h.proc.join()
@@ -342,6 +351,12 @@ class Fleet:
             self._replace(rep.handle, rep.reason, rep.detail, learner)
 
     def _replace(self, h: WorkerHandle, reason: str, detail: dict, learner) -> None:
+        # A worker dead soon after its start (an env that kills it) backs off as an env does;
+        # not an RSS recycle, nor a death the chaos runner may have caused on purpose.
+        quick = reason != "rss" and self.chaos is None and time.monotonic() - h.spawned_at < QUICK_DEATH_S
+        delay = self.respawn_backoff.fault(h.worker_id) if quick else 0.0
+        if delay:
+            detail = {**detail, "respawn_in_s": delay}
         self.services.lifecycle.record(
             "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
         )
@@ -349,7 +364,10 @@ class Fleet:
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
         kill_orphans(self.forkserver_pid, self._worker_pids())  # what its envs started, if it could not
-        self._spawn(h)
+        if delay:
+            h.respawn_at = time.monotonic() + delay
+        else:
+            self._spawn(h)
 
     def _worker_pids(self) -> set[int]:
         return {h.proc.pid for h in self.handles if h.proc is not None and h.proc.pid is not None}

@@ -80,6 +80,7 @@ class WorkerHandle:
         self.on_retire = None  # called with the handle before a segment goes
         self.parked: list = []  # rings of a dormant group, served on wake
         self.slice_seq = [0] * len(self.bounds)  # last step seq per slice (steps per env)
+        self.respawn_at: float | None = None  # a crash-looping group's next start (Fleet._replace)
 
     def _new_segment(self) -> None:
         """A fresh segment per generation: a replaced writer keeps only a dead mapping."""

@@ -335,15 +335,14 @@ class Worker:
             t = spec.type_index[fault.env_id - self.id_lo]
             fields = dict(env_id=fault.env_id, env_type=spec.type_names[t], env_version=spec.type_versions[t])
             rec = fault.record
-            self.lifecycle.event(
-                fault.kind,
-                detail={
-                    "error_type": rec["error_type"],
-                    "message": rec["message"],
-                    "stacktrace_hash": rec["stacktrace_hash"],
-                },
-                **fields,
-            )
+            detail = {
+                "error_type": rec["error_type"],
+                "message": rec["message"],
+                "stacktrace_hash": rec["stacktrace_hash"],
+            }
+            if fault.backoff_s:
+                detail["backoff_s"] = fault.backoff_s  # a crash loop: parked this long before the rebuild
+            self.lifecycle.event(fault.kind, detail=detail, **fields)
             self.lifecycle.event("env_rebuild", **fields)
             self.errors.write(rec)
         table.faults.clear()

@@ -106,6 +106,10 @@ def write_health_report(run_dir: str | Path) -> Path:
     except Exception as e:
         log.warning("health report: verdicts failed", exc_info=True)
         run.notes.append(f"verdicts incomplete: {type(e).__name__}: {e}")
+    stuck = (run.summary or {}).get("types_without_episodes") or {}
+    if stuck:  # a crash loop, or episodes longer than the run: said as a failed check
+        evidence = "; ".join(f"{name}: no episode finished, {n} env faults" for name, n in stuck.items())
+        rep.verdicts.append(("every env type finished an episode", "no", evidence))
 
     head = [
         f"# Health report: {run_dir.name}",
