@@ -59,6 +59,18 @@ class SpawnerCrash(Spawner):
         return super().step(action)
 
 
+class Segfault(Plain):
+    """Kills its worker with SIGSEGV (a read of address 0, as a broken native extension would)
+    at its 5th step."""
+
+    def step(self, action):
+        if self.t >= 4:
+            import ctypes
+
+            ctypes.string_at(0)
+        return super().step(action)
+
+
 class FourValues(Plain):
     """Gymnasium's old API: step returns 4 values, so every step breaks the contract."""
 
@@ -77,6 +89,6 @@ class Chatty(Plain):
         return super().step(action)
 
 
-for _name in ("Plain", "Spawner", "SpawnerCrash", "FourValues", "Chatty"):
+for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "FourValues", "Chatty"):
     if f"{_name}-v0" not in gym.registry:
         gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}")

@@ -240,3 +240,25 @@ def test_a_type_that_faults_on_every_step_backs_off_and_is_named(short_tmp):
     assert "env type FourValues-v0 finished no episode in this run" in out + err
     report = (run_dir / "health_report.md").read_text()
     assert "every env type finished an episode: **no**: FourValues-v0: no episode finished" in report
+
+
+# -- a worker's death attributed to the env it was stepping --------------------------------------
+
+
+def test_a_worker_killed_in_an_envs_step_is_attributed_to_that_env(short_tmp):
+    """Segfault's step kills its worker with SIGSEGV: the restart row and errors_top10.md name
+    the env, its type, its step and the action it was given."""
+    import json
+    import sqlite3
+
+    run_dir = short_tmp / "run"
+    proc = start_run(run_dir, *hostile("Segfault-v0", "env_count=4", "run.duration_s=5", "groups.size=4"))
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
+        rows = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'worker_restart'")]
+    assert rows, "the worker never died"
+    assert all(r["env_type"] == "Segfault-v0" and 0 <= r["env_id"] < 4 for r in rows), rows
+    assert all(r["exitcode"] == -11 and r["env_steps"] == 4 and r["last_action"] in (0, 1) for r in rows), rows
+    report = (run_dir / "errors_top10.md").read_text()
+    assert "WorkerDeath" in report and "Segfault-v0" in report and "SIGSEGV" in report, report

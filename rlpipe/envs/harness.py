@@ -132,11 +132,13 @@ class InlineDeadline(threading.Thread):
     longer than the deadline gets SIGALRM to the main thread, and only that one: the handler
     raises StepTimeout only if the main thread is still in it."""
 
-    def __init__(self, timeout_s: float, setting: str = "worker.step_timeout_s"):
+    def __init__(self, timeout_s: float, setting: str = "worker.step_timeout_s", armed: np.ndarray | None = None):
         super().__init__(name="step-deadline", daemon=True)
         self.timeout_s = timeout_s
         self.setting = setting
-        self.armed = np.zeros(1, dtype=np.int64)
+        # the loop's serial word: a worker's is in its shared segment (H_ARMED), where the
+        # driver reads which env a dead worker was stepping
+        self.armed = np.zeros(1, dtype=np.int64) if armed is None else armed
         self.fired = -1
         self.closed = threading.Event()
         self.main_ident = threading.main_thread().ident

@@ -24,6 +24,7 @@ from rlpipe.shm.doorbell import DoorbellServer
 from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
+from rlpipe.supervisor.deaths import death_record, env_in_step
 from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
 from rlpipe.supervisor.orphans import kill_orphans
@@ -357,6 +358,9 @@ class Fleet:
         delay = self.respawn_backoff.fault(h.worker_id) if quick else 0.0
         if delay:
             detail = {**detail, "respawn_in_s": delay}
+        if (found := env_in_step(h, self.plan, self.spec.env_id_offset)) is not None:  # who killed it
+            detail = {**detail, **found}
+            self.errors.add_record(death_record(h, found, detail.get("exitcode")), h.worker_id)
         self.services.lifecycle.record(
             "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
         )

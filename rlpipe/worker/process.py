@@ -27,6 +27,7 @@ from rlpipe.protocol import epsilon_channel, reward_stats_key, slice_bounds, wor
 from rlpipe.shm.doorbell import STOP_SLICE, DoorbellClient
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.layout import (
+    H_ARMED,
     H_AWAKE,
     H_BUILT,
     H_ENV_LEAK,
@@ -35,6 +36,8 @@ from rlpipe.shm.layout import (
     H_OS_BEAT_NS,
     H_PID,
     H_READY,
+    H_SLICE_LO,
+    H_SLICE_SERIAL,
     H_STEPS,
     WorkerLayout,
     WorkerViews,
@@ -190,7 +193,12 @@ class Worker:
             final_all=spec.final_obs_all_ends,
         )
         self.stepper = Stepper(
-            self.table, spec.worker.threads, spec.worker.step_timeout_s, views.results, tick=self.beat
+            self.table,
+            spec.worker.threads,
+            spec.worker.step_timeout_s,
+            views.results,
+            tick=self.beat,
+            armed=views.word_array(H_ARMED),
         )
         if spec.reward_norm.mode != "off":
             self.rnorm = RewardNormalizer(
@@ -302,6 +310,8 @@ class Worker:
             actions = table.actions(lo, hi, exec_disc, exec_cont)
         else:
             actions = table.actions(lo, hi, acts["discrete"], acts["continuous"])
+        views.store(H_SLICE_LO, lo)  # with H_ARMED: the env being stepped, should we die in it
+        views.store(H_SLICE_SERIAL, self.stepper.serial)
         self.stepper.step(lo, hi, actions)
         raw = results["reward"][lo:hi].copy()
         results["reward_raw"][lo:hi] = raw

@@ -95,6 +95,7 @@ class Stepper:
         timeout_s: float | None,
         results: dict,
         tick: Callable[[], None] = lambda: None,
+        armed: np.ndarray | None = None,
     ):
         self.table = table
         self.timeout_s = timeout_s
@@ -108,9 +109,10 @@ class Stepper:
         self.serial = 0  # step serials are never reused (see InlineDeadline)
         if self.inline:
             if timeout_s is not None:
-                self.deadline = InlineDeadline(timeout_s)
+                self.deadline = InlineDeadline(timeout_s, armed=armed)
                 self.deadline.start()
-            armed = self.deadline.armed if self.deadline is not None else np.zeros(1, dtype=np.int64)
+            armed = self.deadline.armed if self.deadline is not None else armed
+            armed = np.zeros(1, dtype=np.int64) if armed is None else armed
             self.loop = table.step_loop(results, armed)
         self.lock = threading.Lock()  # pool: guards claims, results and abandonment
         self.posted = threading.Condition(threading.Lock())  # pool: wakes idle helpers per slice
