@@ -114,6 +114,7 @@ class GroupsSpec(_Section):
     cgroup: str = setting(one_of("auto", "v2", "v1", "none"))
     dormant_cpu_pct: float = setting(positive)
     dormant_mem_mb: int = setting(positive_int)
+    active_mem_mb: Any = setting(checks.active_mem_mb)  # auto | MiB for the awake workers and the probe
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -120,3 +120,17 @@ def children_killed_after() -> Iterator[None]:
                     os.waitpid(pid, 0)
                 except ChildProcessError:
                     pass  # reaped by its Popen's own wait meanwhile
+
+
+ENV_OOM_SCORE_ADJ = 500  # processes running env code: the OOM killer's first picks (any process may raise its own)
+
+
+def set_oom_score_adj(value: int) -> bool:
+    """This process's /proc/self/oom_score_adj; False where it may not (lowering needs
+    CAP_SYS_RESOURCE)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+        return True
+    except OSError:
+        return False

@@ -71,6 +71,17 @@ class Segfault(Plain):
         return super().step(action)
 
 
+class Hog(Plain):
+    """Keeps 50 MB more at every step (each page written, so it is resident)."""
+
+    def __init__(self):
+        self.hoard = []
+
+    def step(self, action):
+        self.hoard.append(b"\1" * (50 * 2**20))
+        return super().step(action)
+
+
 class FourValues(Plain):
     """Gymnasium's old API: step returns 4 values, so every step breaks the contract."""
 
@@ -89,6 +100,6 @@ class Chatty(Plain):
         return super().step(action)
 
 
-for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "FourValues", "Chatty"):
+for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "Hog", "FourValues", "Chatty"):
     if f"{_name}-v0" not in gym.registry:
         gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}")

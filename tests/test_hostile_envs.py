@@ -103,7 +103,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("env_id", ["Spawner-v0", "SpawnerCrash-v0"])
+# the clean exit (the worker kills its own tree) is in the slow suite; the default one has the dead worker (the driver kills)
+@pytest.mark.parametrize("env_id", [pytest.param("Spawner-v0", marks=pytest.mark.slow), "SpawnerCrash-v0"])
 def test_processes_an_env_starts_die_with_its_worker(short_tmp, env_id):
     """Each env starts two `sleep 3600`s, one in a session of its own (setsid). Spawner's
     worker exits cleanly at the end; SpawnerCrash's dies under its envs (os._exit) every few
@@ -137,7 +138,7 @@ def test_what_an_env_prints_goes_to_its_workers_capped_log(short_tmp):
     from rlpipe.outputlog import CAP_BYTES
 
     run_dir = short_tmp / "run"
-    proc = start_run(run_dir, *hostile("Chatty-v0", "env_count=8", "run.duration_s=4"))
+    proc = start_run(run_dir, *hostile("Chatty-v0", "env_count=8", "run.duration_s=null", "run.total_env_steps=400"))
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     assert len(out) + len(err) < 100_000, f"{len(out) + len(err)} bytes reached the driver's terminal"
@@ -168,7 +169,7 @@ def small_disk(short_tmp):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-@pytest.mark.parametrize("free_kb", [550, 64])
+@pytest.mark.parametrize("free_kb", [550, pytest.param(64, marks=pytest.mark.slow)])
 def test_a_full_disk_stops_the_run_with_its_own_code_and_one_line(small_disk, free_kb):
     """550 KB free: two checkpoints fit, the third fails mid-run. 64 KB: the lifecycle db
     fails at start-up."""
@@ -252,7 +253,10 @@ def test_a_worker_killed_in_an_envs_step_is_attributed_to_that_env(short_tmp):
     import sqlite3
 
     run_dir = short_tmp / "run"
-    proc = start_run(run_dir, *hostile("Segfault-v0", "env_count=4", "run.duration_s=5", "groups.size=4"))
+    proc = start_run(
+        run_dir,
+        *hostile("Segfault-v0", "env_count=4", "groups.size=4", "run.duration_s=null", "run.total_env_steps=60"),
+    )
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
@@ -262,3 +266,41 @@ def test_a_worker_killed_in_an_envs_step_is_attributed_to_that_env(short_tmp):
     assert all(r["exitcode"] == -11 and r["env_steps"] == 4 and r["last_action"] in (0, 1) for r in rows), rows
     report = (run_dir / "errors_top10.md").read_text()
     assert "WorkerDeath" in report and "Segfault-v0" in report and "SIGSEGV" in report, report
+
+
+# -- memory: the processes running env code under one limit, the driver spared ------------------
+
+
+def test_an_env_that_grows_50_mb_a_step_is_contained_and_named(short_tmp):
+    """Hog keeps 50 MB more at every step (6.3 GB of RSS in 16 s before, nothing said). Under
+    a 600 MiB limit its worker is killed by the kernel inside the run's cgroup (or, with no
+    writable memory cgroup, leaves past its RSS share) and replaced; the run ends 0."""
+    import json
+    import sqlite3
+
+    run_dir = short_tmp / "run"
+    proc = start_run(
+        run_dir,
+        *hostile(
+            "Hog-v0",
+            "env_count=4",
+            "groups.size=4",
+            "run.duration_s=12",  # not a step count: its worker's respawns back off
+            "groups.active_mem_mb=600",
+        ),
+    )
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
+        rows = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'worker_restart'")]
+    assert rows, "the hog's worker was never replaced"
+    assert summary["peak_rss_mb"] < 600 + 1500, summary["peak_rss_mb"]  # the limit, and the driver beside it
+    if summary["cgroup_driver"] == "none":
+        assert all(r["reason"] == "rss" for r in rows), rows
+        assert "no writable memory cgroup" in out + err
+        return
+    assert all(r["exitcode"] == -9 and r["env_type"] == "Hog-v0" for r in rows), rows
+    report = (run_dir / "errors_top10.md").read_text()
+    assert "WorkerDeath" in report and "Hog-v0" in report and "SIGKILL" in report, report
+    assert "limited to 600 MiB together" in out + err

@@ -45,7 +45,7 @@ from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
 from rlpipe.outputlog import OutputLog
 from rlpipe.procs import exit_when_gone
-from rlpipe.proctree import become_subreaper, kill_descendants
+from rlpipe.proctree import ENV_OOM_SCORE_ADJ, become_subreaper, kill_descendants, set_oom_score_adj
 
 if TYPE_CHECKING:  # the learner layer's: this module only calls its build() and play()
     from rlpipe.learner.initial_return import InitialPolicy
@@ -106,6 +106,7 @@ def measure_all(
     seed: int,
     driver_pid: int,
     initial_pickle: bytes | None = None,
+    cgroup_paths: tuple[str, ...] = (),
 ) -> None:
     """Child-process entry: `measure` at nice `PROBE_NICE`. A driver killed with -9 cannot stop it, so
     it exits once its driver is gone: else it would play on for minutes, write into the run
@@ -120,6 +121,12 @@ def measure_all(
     # on the driver's SIGTERM (`stop`).
     become_subreaper()
     signal.signal(signal.SIGTERM, _end_with_descendants)
+    # Its envs' memory is limited as the workers' (rlpipe.supervisor.memory): the awake
+    # workers' cgroup, and the OOM killer's first picks.
+    for procs in cgroup_paths:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    set_oom_score_adj(ENV_OOM_SCORE_ADJ)
     # what its envs print goes to a capped file of its own, as a worker's (rlpipe.outputlog)
     output = OutputLog(str(Path(out_dir) / OUTPUT_FILE), f"random-return probe pid {os.getpid()}")
     threading.Thread(target=_check_every, args=(output, 0.5), name="output-cap", daemon=True).start()
@@ -214,6 +221,7 @@ def start(
     budget_s: float,
     seed: int,
     initial: InitialPolicy | None = None,
+    cgroup_paths: tuple[str, ...] = (),
 ):
     """The measuring child process (a daemon: a clean exit stops it; a killed driver's dies
     with it, see `measure_all`), or None when `episodes` is 0."""
@@ -221,7 +229,16 @@ def start(
         return None
     proc = ctx.Process(
         target=measure_all,
-        args=(nodes, str(run_dir), episodes, budget_s, seed, os.getpid(), pickle.dumps(initial) if initial else None),
+        args=(
+            nodes,
+            str(run_dir),
+            episodes,
+            budget_s,
+            seed,
+            os.getpid(),
+            pickle.dumps(initial) if initial else None,
+            tuple(cgroup_paths),
+        ),
         name="rlpipe-random-returns",
         daemon=True,
     )

@@ -170,6 +170,7 @@ class Driver:
                 spec.logging.random_return_budget_s,
                 spec.run.seed + 99,
                 InitialPolicy.of(self.learner, spec) if fresh and spec.logging.initial_policy_episodes else None,
+                self.fleet.cgroups.active_paths(),  # the workers' memory limit (rlpipe.supervisor.memory)
             )
         self.metrics.resources.start()
         services.set_state("running")

@@ -27,6 +27,7 @@ from rlpipe.supervisor.chaos import Chaos
 from rlpipe.supervisor.deaths import death_record, env_in_step
 from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
+from rlpipe.supervisor.memory import contain_memory, resolve_active_mem_mb
 from rlpipe.supervisor.orphans import kill_orphans
 from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
 from rlpipe.supervisor.watchdog import Watchdog
@@ -99,6 +100,7 @@ class Fleet:
         self.by_id: dict[int, WorkerHandle] = {}
         self.n_slices = 0
         self.cgroups = None
+        self.active_mem_mb = resolve_active_mem_mb(spec.groups.active_mem_mb)  # rlpipe.supervisor.memory
         self.schedule: WakeSchedule | None = None
         self.watchdog: Watchdog | None = None
         self.chaos: Chaos | None = None
@@ -128,9 +130,11 @@ class Fleet:
         self.ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
         g = spec.groups
         ranges = group_ranges(spec.env_count, spec.groups.size)
+        n, mem = len(ranges), self.active_mem_mb
         self.cgroups = make_cgroup_driver(
-            g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb, n_groups=len(ranges)
+            g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb, n_groups=n, active_mem_mb=mem
         )
+        self.max_rss_mb = contain_memory(self.cgroups.name, spec.worker.max_rss_mb, mem, n)
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, services.rcli, services.lifecycle)
         self.errors = ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
@@ -180,7 +184,7 @@ class Fleet:
             env_lo=h.env_lo,
             type_index=plan.env_type[h.env_lo : h.env_hi].copy(),
             segment_name=h.segment.name,
-            cgroup_paths=tuple([] if h.awake else self.cgroups.dormant_paths(h.worker_id)),
+            cgroup_paths=tuple(self.cgroups.active_paths() if h.awake else self.cgroups.dormant_paths(h.worker_id)),
             active_cgroup_paths=tuple(self.cgroups.active_paths()),
             type_names=plan.names,
             type_nodes=tuple(t.node for t in spec.env_types),
@@ -199,7 +203,9 @@ class Fleet:
             # the worker section as built at start, but for the CPUs this generation pins to
             **{
                 **self.sections,
-                "worker": dataclasses.replace(self.sections["worker"], cpu_affinity=self.worker_cpus()),
+                "worker": dataclasses.replace(
+                    self.sections["worker"], cpu_affinity=self.worker_cpus(), max_rss_mb=self.max_rss_mb
+                ),
             },
         )
 
@@ -367,14 +373,11 @@ class Fleet:
         learner.drop_worker(h.worker_id)
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
-        kill_orphans(self.forkserver_pid, self._worker_pids())  # what its envs started, if it could not
+        kill_orphans(self.forkserver_pid, self.handles)  # what its envs started, if it could not
         if delay:
             h.respawn_at = time.monotonic() + delay
         else:
             self._spawn(h)
-
-    def _worker_pids(self) -> set[int]:
-        return {h.proc.pid for h in self.handles if h.proc is not None and h.proc.pid is not None}
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds this job has used so far: the driver (every thread), its live workers
@@ -429,7 +432,7 @@ class Fleet:
 
     def stop_workers(self) -> None:
         stop_workers(self.handles, self.spec.heartbeat.term_grace_s)
-        kill_orphans(self.forkserver_pid, self._worker_pids())  # left by workers that were killed
+        kill_orphans(self.forkserver_pid, self.handles)  # left by workers that were killed
 
     def count_lifecycle_drops(self) -> None:
         for h in self.handles:

@@ -32,11 +32,13 @@ def orphans_of(server_pid: int, table: dict[int, tuple[int, int, int]], workers:
     return roots + subtree(roots, table)
 
 
-def kill_orphans(server_pid: int | None, workers: set[int]) -> int:
+def kill_orphans(server_pid: int | None, handles) -> int:
     """Kill what dead workers' envs left behind under the forkserver (None under spawn, where
-    only a worker's own clean-up applies); how many processes were killed."""
+    only a worker's own clean-up applies); how many processes were killed. `handles`: the
+    fleet's WorkerHandles (their processes are workers, not orphans)."""
     if server_pid is None:
         return 0
+    workers = {h.proc.pid for h in handles if h.proc is not None and h.proc.pid is not None}
     killed = kill_tree(orphans_of(server_pid, process_table(), workers))
     if killed:
         log.warning("killed %d process(es) an env of a dead worker had started", killed)

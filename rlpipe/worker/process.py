@@ -22,7 +22,7 @@ from rlpipe.lifecycle import LifecycleClient
 from rlpipe.native.board import store_u64
 from rlpipe.outputlog import OutputLog
 from rlpipe.procs import die_with_parent, pid_alive
-from rlpipe.proctree import become_subreaper, kill_descendants
+from rlpipe.proctree import ENV_OOM_SCORE_ADJ, become_subreaper, kill_descendants, set_oom_score_adj
 from rlpipe.protocol import epsilon_channel, reward_stats_key, slice_bounds, worker_key
 from rlpipe.shm.doorbell import STOP_SLICE, DoorbellClient
 from rlpipe.shm.errorlog import ErrorLog
@@ -124,6 +124,7 @@ class Worker:
             header = f"worker {spec.worker_id} generation {spec.generation} pid {os.getpid()}"
             self.output = OutputLog(spec.output_log, header)
         become_subreaper()  # what our envs start stays in our tree, to be killed at `stop`
+        set_oom_score_adj(ENV_OOM_SCORE_ADJ)  # an env's memory: ours to lose, never the driver's
         self.segment = Segment.attach(spec.segment_name)
         layout = WorkerLayout.build(self.n, spec.obs_keys, spec.cont_dim)
         self.views = views = WorkerViews(layout, self.segment, locked=spec.locked_board)
