@@ -45,7 +45,8 @@ PARKED = Parked()
 class FaultBackoff:
     """Per env: the fault streak and when a parked env may be rebuilt."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, clock=time.monotonic):
+        self.clock = clock  # seconds; a test gives twin tables one clock so they back off alike
         self.streak = np.zeros(n, dtype=np.int64)
         self.last_fault = np.full(n, -np.inf)
         self.until = np.zeros(n)  # monotonic time a parked env is rebuilt at
@@ -53,7 +54,7 @@ class FaultBackoff:
 
     def fault(self, i: int, now: float | None = None) -> float:
         """Env i faulted: the seconds to wait before its rebuild (0: rebuild now)."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         if now - self.last_fault[i] > STREAK_RESET_S:
             self.streak[i] = 0
         self.last_fault[i] = now
@@ -67,4 +68,4 @@ class FaultBackoff:
         return delay
 
     def due(self, i: int, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) >= self.until[i]
+        return (self.clock() if now is None else now) >= self.until[i]

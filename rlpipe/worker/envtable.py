@@ -253,6 +253,10 @@ class EnvTable:
         if delay:
             self.faults[-1].backoff_s = delay
             self.envs[i] = PARKED
+            for view, _key in self._rows[i]:  # a neutral obs while parked: never the one that broke it (NaN)
+                view[:] = 0
+            self.ep_return[i] = 0.0  # the episode is cut, as `start` would begin a new one
+            self.ep_len[i] = 0
         else:
             self.start(i)
 
