@@ -82,6 +82,24 @@ class Hog(Plain):
         return super().step(action)
 
 
+class HangOnce(Plain):
+    """The first of these envs a process builds blocks in its 10th step (as a simulator
+    waiting on a dead socket would); its rebuild and the others never do."""
+
+    built = 0
+
+    def __init__(self):
+        HangOnce.built += 1
+        self.hangs = HangOnce.built == 1
+
+    def step(self, action):
+        if self.hangs and self.t == 9:
+            import time
+
+            time.sleep(3600)
+        return super().step(action)
+
+
 class FourValues(Plain):
     """Gymnasium's old API: step returns 4 values, so every step breaks the contract."""
 
@@ -100,6 +118,6 @@ class Chatty(Plain):
         return super().step(action)
 
 
-for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "Hog", "FourValues", "Chatty"):
+for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "Hog", "HangOnce", "FourValues", "Chatty"):
     if f"{_name}-v0" not in gym.registry:
         gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}")

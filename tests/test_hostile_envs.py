@@ -304,3 +304,27 @@ def test_an_env_that_grows_50_mb_a_step_is_contained_and_named(short_tmp):
     report = (run_dir / "errors_top10.md").read_text()
     assert "WorkerDeath" in report and "Hog-v0" in report and "SIGKILL" in report, report
     assert "limited to 600 MiB together" in out + err
+
+
+# -- a hang: cut at its type's own deadline, not the 30 s default --------------------------------
+
+
+def test_a_hung_env_is_cut_at_its_types_measured_deadline(short_tmp):
+    """HangOnce's first env blocks in its 10th step. Its type steps in microseconds, so its
+    deadline is the floor (5 s), not worker.step_timeout_s (30 s): within a 14 s run the hang
+    is cut, the env rebuilt, and its 7 neighbours step on."""
+    import json
+    import sqlite3
+
+    from rlpipe.worker.deadlines import FLOOR_S
+
+    run_dir = short_tmp / "run"
+    proc = start_run(run_dir, *hostile("HangOnce-v0", "env_count=8", "groups.size=8", "run.duration_s=14"))
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
+        hangs = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'env_hang'")]
+    assert len(hangs) == 1, hangs
+    assert f"step exceeded worker.step_timeout_s={FLOOR_S}" in hangs[0]["message"], hangs
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["episodes"] > 8, summary["episodes"]  # the neighbours went on after the hang

@@ -44,6 +44,7 @@ from rlpipe.shm.layout import (
 )
 from rlpipe.shm.segment import Segment
 from rlpipe.worker.control import EpsilonFeed, Heartbeat, StartupBeat
+from rlpipe.worker.deadlines import TypeDeadlines
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy
 from rlpipe.worker.os_process import join_cgroups, rss_mb, set_scheduling
@@ -102,6 +103,7 @@ class Worker:
         self.explore: EpsilonGreedy | None = None
         self.feed: EpsilonFeed | None = None
         self.spawn_detail = {"pid": os.getpid(), "envs": self.n}
+        self.deadlines: TypeDeadlines | None = None
         self.output: OutputLog | None = None
 
     def run(self) -> None:
@@ -193,6 +195,8 @@ class Worker:
             final_staging=[views.results[f"final_{k.name}"] for k in spec.obs_keys],
             final_all=spec.final_obs_all_ends,
         )
+        timeout_s = spec.worker.step_timeout_s
+        self.deadlines = TypeDeadlines(spec.type_index, len(spec.type_names), timeout_s, views) if timeout_s else None
         self.stepper = Stepper(
             self.table,
             spec.worker.threads,
@@ -200,6 +204,7 @@ class Worker:
             views.results,
             tick=self.beat,
             armed=views.word_array(H_ARMED),
+            deadlines=self.deadlines,
         )
         if spec.reward_norm.mode != "off":
             self.rnorm = RewardNormalizer(
@@ -314,6 +319,8 @@ class Worker:
         views.store(H_SLICE_LO, lo)  # with H_ARMED: the env being stepped, should we die in it
         views.store(H_SLICE_SERIAL, self.stepper.serial)
         self.stepper.step(lo, hi, actions)
+        if self.deadlines is not None:
+            self.deadlines.observe(lo, hi, results["step_ms"][lo:hi])
         raw = results["reward"][lo:hi].copy()
         results["reward_raw"][lo:hi] = raw
         if self.rnorm is not None:

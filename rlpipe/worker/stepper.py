@@ -96,6 +96,7 @@ class Stepper:
         results: dict,
         tick: Callable[[], None] = lambda: None,
         armed: np.ndarray | None = None,
+        deadlines=None,
     ):
         self.table = table
         self.timeout_s = timeout_s
@@ -109,7 +110,12 @@ class Stepper:
         self.serial = 0  # step serials are never reused (see InlineDeadline)
         if self.inline:
             if timeout_s is not None:
-                self.deadline = InlineDeadline(timeout_s, armed=armed)
+                self.deadline = InlineDeadline(
+                    timeout_s,
+                    armed=armed,
+                    limit_of=deadlines.limit_of if deadlines is not None else None,
+                    poll_s=deadlines.poll_s if deadlines is not None else None,
+                )
                 self.deadline.start()
             armed = self.deadline.armed if self.deadline is not None else armed
             armed = np.zeros(1, dtype=np.int64) if armed is None else armed
