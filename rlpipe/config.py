@@ -136,6 +136,7 @@ class WorkerPoolSpec(_Section):
     doorbell_timeout_s: float = setting(positive)
     step_timeout_s: Optional[float] = setting(positive_or_null)
     max_rss_mb: Optional[float] = setting(positive_or_null)
+    crash_backoff: bool = MISSING  # an env faulting 3 times in a row waits before its rebuild (rlpipe.worker.backoff)
     # null | auto | learner_core | [cpu, ...]; becomes None or the workers' CPUs (learner_core:
     # theirs once every env stepped, spec.layout)
     cpu_affinity: Any = MISSING

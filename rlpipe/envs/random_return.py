@@ -120,6 +120,9 @@ def measure_all(
     # What its envs start dies with it, as with a worker (rlpipe.proctree): on its own end and
     # on the driver's SIGTERM (`stop`).
     become_subreaper()
+    # a process group of its own: what its envs start, left behind if it is SIGKILLed, is then
+    # in a group that is not the forkserver's, where the driver finds orphans (supervisor/orphans)
+    os.setpgrp()
     signal.signal(signal.SIGTERM, _end_with_descendants)
     # Its envs' memory is limited as the workers' (rlpipe.supervisor.memory): the awake
     # workers' cgroup, and the OOM killer's first picks.

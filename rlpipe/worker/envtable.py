@@ -56,6 +56,7 @@ class EnvTable:
         seed: int,
         final_staging: list[np.ndarray] | None = None,
         final_all: bool = False,
+        crash_backoff: bool = True,
     ):
         self.id_lo = id_lo
         self.n = len(type_index)
@@ -99,7 +100,7 @@ class EnvTable:
         self.step_ms = np.zeros(self.n, dtype=np.float32)  # step_one's latest env step() time
         self.faults: list[EnvFault] = []
         self.hangs = 0  # steps cut at the deadline, over this table's life
-        self.backoff = FaultBackoff(self.n)
+        self.backoff = FaultBackoff(self.n) if crash_backoff else None  # rlpipe.worker.backoff
 
     def _build(self, i: int):
         t = self.type_index[i]
@@ -249,7 +250,7 @@ class EnvTable:
         self._rebuild_or_park(i)
 
     def _rebuild_or_park(self, i: int) -> None:
-        delay = self.backoff.fault(i)
+        delay = self.backoff.fault(i) if self.backoff is not None else 0.0
         if delay:
             self.faults[-1].backoff_s = delay
             self.envs[i] = PARKED

@@ -194,6 +194,7 @@ class Worker:
             spec.seed,
             final_staging=[views.results[f"final_{k.name}"] for k in spec.obs_keys],
             final_all=spec.final_obs_all_ends,
+            crash_backoff=spec.worker.crash_backoff,
         )
         timeout_s = spec.worker.step_timeout_s
         self.deadlines = TypeDeadlines(spec.type_index, len(spec.type_names), timeout_s, views) if timeout_s else None

@@ -38,6 +38,7 @@ class WorkerPoolSettings:
     threads: int
     step_timeout_s: float | None
     max_rss_mb: float | None
+    crash_backoff: bool
     cpu_affinity: tuple[int, ...] | None
     sched_fifo: int | None
     doorbell_timeout_s: float
