@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
+from rlpipe.files import make_private
 from rlpipe.ranks import hydra_run_dir
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ warnings.filterwarnings("ignore", message=r"(?s)\s*'hydra/launcher/submitit_\w+'
 EXIT_CONFIG = 2
 EXIT_RANK_LOST = 3  # under torchrun: a peer rank (or the agent) went away mid-run
 # 4, EXIT_STALL: the driver's loop stalled (rlpipe.supervisor.stall, which exits the process itself)
+# 5, EXIT_DISK_FULL: a write of the run failed for space (rlpipe.supervisor.diskfull; the driver returns it)
 
 
 def run_job(cfg: DictConfig) -> int:
@@ -42,6 +44,7 @@ def run_job(cfg: DictConfig) -> int:
     from rlpipe.telemetry.progress import quiet_console_logs
 
     quiet_console_logs()  # other libraries' INFO lines go to the run's log file only
+    from rlpipe.supervisor.diskfull import hold_reserve, release_reserve
     from rlpipe.supervisor.driver import Driver  # torch is imported only past validation
 
     mode: RunMode | None = None  # built once the config is valid; closed on every way out
@@ -55,8 +58,13 @@ def run_job(cfg: DictConfig) -> int:
         import_torch_early()
         mode = _run_mode(spec)
         run_dir = mode.start(run_dir)
-        driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
-        return driver.run()
+        make_private(run_dir)
+        hold_reserve(run_dir)
+        try:
+            driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
+            return driver.run()
+        finally:
+            release_reserve(run_dir)
     except (ConfigError, OmegaConfBaseException) as exc:
         print(f"rlpipe: {getattr(exc, 'what', 'config error')}: {exc}", file=sys.stderr)
         return EXIT_CONFIG

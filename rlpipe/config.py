@@ -114,6 +114,7 @@ class GroupsSpec(_Section):
     cgroup: str = setting(one_of("auto", "v2", "v1", "none"))
     dormant_cpu_pct: float = setting(positive)
     dormant_mem_mb: int = setting(positive_int)
+    active_mem_mb: Any = setting(checks.active_mem_mb)  # auto | MiB for the awake workers and the probe
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,6 +136,7 @@ class WorkerPoolSpec(_Section):
     doorbell_timeout_s: float = setting(positive)
     step_timeout_s: Optional[float] = setting(positive_or_null)
     max_rss_mb: Optional[float] = setting(positive_or_null)
+    crash_backoff: bool = MISSING  # an env faulting 3 times in a row waits before its rebuild (rlpipe.worker.backoff)
     # null | auto | learner_core | [cpu, ...]; becomes None or the workers' CPUs (learner_core:
     # theirs once every env stepped, spec.layout)
     cpu_affinity: Any = MISSING

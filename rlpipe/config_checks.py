@@ -357,6 +357,17 @@ def group_size(key: str, value: Any) -> None:
             )
 
 
+def active_mem_mb(key: str, value: Any) -> None:
+    """groups.active_mem_mb: auto (from the machine's available memory) or MiB."""
+    if value != AUTO and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        fail(
+            key,
+            value,
+            "allowed is auto (3/4 of the memory available at start) or a positive integer "
+            "(MiB for every process that runs env code together: the awake workers and the random-return probe)",
+        )
+
+
 def slices(value: Any, group_size: int) -> None:
     """worker.slices: auto (rlpipe.process_layout's rule) or a count the group can hold."""
     if value != AUTO and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= group_size):

@@ -337,6 +337,7 @@ def test_day5_composes_to_its_chaos_schedule_and_tightened_heartbeats():
             "cgroup": "auto",
             "dormant_cpu_pct": 1.0,
             "dormant_mem_mb": 512,
+            "active_mem_mb": "auto",
         },
         "buffer": {
             "sync": "seqlock",

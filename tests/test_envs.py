@@ -265,6 +265,8 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
 
     ref, ref_staging, ref_out = twin()
     fast, fast_staging, fast_out = twin()
+    clock = [0.0]  # the crash-loop backoff (rlpipe/worker/backoff.py) on one clock for both twins: a step is 0.1 s
+    ref.backoff.clock = fast.backoff.clock = lambda: clock[0]
     loop = fast.step_loop(fast_out, np.zeros(1, np.int64))
     disc = np.zeros(n, dtype=np.int32)
     cont = np.zeros((n, 2), dtype=np.float32)
@@ -273,6 +275,7 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
     finals_seen = 0
     try:
         for step in range(300):
+            clock[0] = step * 0.1
             disc[:] = rng.integers(0, n_actions)
             cont[:] = rng.uniform(-1, 1, cont.shape)
             ref.step_range(0, n, disc, cont, ref_out)

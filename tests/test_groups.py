@@ -30,6 +30,7 @@ def spec(**kw) -> GroupsSpec:
         cgroup="none",
         dormant_cpu_pct=1.0,
         dormant_mem_mb=512,
+        active_mem_mb="auto",
     )
     return GroupsSpec(**{**base, **kw})
 

@@ -21,6 +21,8 @@ BASE = (
     "rlpipe.redis_client",
     "rlpipe.files",
     "rlpipe.procs",
+    "rlpipe.proctree",
+    "rlpipe.outputlog",
     "rlpipe.cadence",
     "rlpipe.bounded",
     "rlpipe.heap",

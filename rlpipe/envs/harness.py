@@ -132,11 +132,25 @@ class InlineDeadline(threading.Thread):
     longer than the deadline gets SIGALRM to the main thread, and only that one: the handler
     raises StepTimeout only if the main thread is still in it."""
 
-    def __init__(self, timeout_s: float, setting: str = "worker.step_timeout_s"):
+    def __init__(
+        self,
+        timeout_s: float,
+        setting: str = "worker.step_timeout_s",
+        armed: np.ndarray | None = None,
+        limit_of: Callable[[int], float] | None = None,
+        poll_s: float | None = None,
+    ):
         super().__init__(name="step-deadline", daemon=True)
         self.timeout_s = timeout_s
         self.setting = setting
-        self.armed = np.zeros(1, dtype=np.int64)
+        # the deadline of the step with this serial (a worker's: from its env type's measured
+        # step time, rlpipe.worker.deadlines), never past timeout_s; None: timeout_s for all
+        self.limit_of = limit_of
+        self.poll_s = poll_s or timeout_s / 8
+        self.fired_limit = timeout_s
+        # the loop's serial word: a worker's is in its shared segment (H_ARMED), where the
+        # driver reads which env a dead worker was stepping
+        self.armed = np.zeros(1, dtype=np.int64) if armed is None else armed
         self.fired = -1
         self.closed = threading.Event()
         self.main_ident = threading.main_thread().ident
@@ -145,18 +159,20 @@ class InlineDeadline(threading.Thread):
     def _on_alarm(self, _signum, _frame) -> None:
         armed = int(self.armed[0])
         if armed and armed == self.fired:
-            raise timeout(self.timeout_s, self.setting)
+            raise timeout(round(self.fired_limit, 3), self.setting)
 
     def run(self) -> None:
-        # A hang is cut between timeout_s and timeout_s + poll after it began.
-        poll = self.timeout_s / 8
-        seen, since = 0, 0.0
-        while not self.closed.wait(poll):
+        # A hang is cut between its limit and its limit + poll after it began.
+        seen, since, limit = 0, 0.0, self.timeout_s
+        while not self.closed.wait(self.poll_s):
             armed, now = int(self.armed[0]), time.monotonic()
             if not armed or armed != seen:
                 seen, since = armed, now
-            elif now - since > self.timeout_s and self.fired != armed:
-                self.fired = armed
+                limit = (
+                    self.timeout_s if self.limit_of is None or not armed else min(self.timeout_s, self.limit_of(armed))
+                )
+            elif now - since > limit and self.fired != armed:
+                self.fired, self.fired_limit = armed, limit
                 signal.pthread_kill(self.main_ident, signal.SIGALRM)
 
     def close(self) -> None:

@@ -32,6 +32,8 @@ import json
 import math
 import os
 import pickle
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,13 +43,16 @@ import numpy as np
 from rlpipe.envs import harness
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
+from rlpipe.outputlog import OutputLog
 from rlpipe.procs import exit_when_gone
+from rlpipe.proctree import ENV_OOM_SCORE_ADJ, become_subreaper, kill_descendants, set_oom_score_adj
 
 if TYPE_CHECKING:  # the learner layer's: this module only calls its build() and play()
     from rlpipe.learner.initial_return import InitialPolicy
 
 RESULT_FILE = "random_returns.json"
 INITIAL_FILE = "initial_policy_returns.json"
+OUTPUT_FILE = "random_return_probe.log"  # what its envs print, capped
 # Nice 10, not 19: beside a day4 run at nice 19 the probe got under 1 % of a core and took 21
 # minutes of a 30-minute run for 20 untrained episodes a type; at nice 10 it gets ~5 % (CFS
 # weights 110 against 1,024 a busy thread) for the few minutes the measurement takes.
@@ -101,6 +106,7 @@ def measure_all(
     seed: int,
     driver_pid: int,
     initial_pickle: bytes | None = None,
+    cgroup_paths: tuple[str, ...] = (),
 ) -> None:
     """Child-process entry: `measure` at nice `PROBE_NICE`. A driver killed with -9 cannot stop it, so
     it exits once its driver is gone: else it would play on for minutes, write into the run
@@ -111,11 +117,41 @@ def measure_all(
     figures: that imports torch (seconds at nice 10 on a busy machine), and a short run ended
     before its random floor was written while the child's arguments waited on the import."""
     exit_when_gone(driver_pid)
+    # What its envs start dies with it, as with a worker (rlpipe.proctree): on its own end and
+    # on the driver's SIGTERM (`stop`).
+    become_subreaper()
+    # a process group of its own: what its envs start, left behind if it is SIGKILLed, is then
+    # in a group that is not the forkserver's, where the driver finds orphans (supervisor/orphans)
+    os.setpgrp()
+    signal.signal(signal.SIGTERM, _end_with_descendants)
+    # Its envs' memory is limited as the workers' (rlpipe.supervisor.memory): the awake
+    # workers' cgroup, and the OOM killer's first picks.
+    for procs in cgroup_paths:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    set_oom_score_adj(ENV_OOM_SCORE_ADJ)
+    # what its envs print goes to a capped file of its own, as a worker's (rlpipe.outputlog)
+    output = OutputLog(str(Path(out_dir) / OUTPUT_FILE), f"random-return probe pid {os.getpid()}")
+    threading.Thread(target=_check_every, args=(output, 0.5), name="output-cap", daemon=True).start()
     try:
         os.nice(PROBE_NICE)
     except OSError:
         pass
-    measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle)
+    try:
+        measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle)
+    finally:
+        kill_descendants()
+
+
+def _check_every(output: OutputLog, interval_s: float) -> None:
+    while True:
+        time.sleep(interval_s)
+        output.check()
+
+
+def _end_with_descendants(*_) -> None:
+    kill_descendants()
+    os._exit(0)
 
 
 def measure(
@@ -188,6 +224,7 @@ def start(
     budget_s: float,
     seed: int,
     initial: InitialPolicy | None = None,
+    cgroup_paths: tuple[str, ...] = (),
 ):
     """The measuring child process (a daemon: a clean exit stops it; a killed driver's dies
     with it, see `measure_all`), or None when `episodes` is 0."""
@@ -195,7 +232,16 @@ def start(
         return None
     proc = ctx.Process(
         target=measure_all,
-        args=(nodes, str(run_dir), episodes, budget_s, seed, os.getpid(), pickle.dumps(initial) if initial else None),
+        args=(
+            nodes,
+            str(run_dir),
+            episodes,
+            budget_s,
+            seed,
+            os.getpid(),
+            pickle.dumps(initial) if initial else None,
+            tuple(cgroup_paths),
+        ),
         name="rlpipe-random-returns",
         daemon=True,
     )

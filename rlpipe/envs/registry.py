@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 
 from rlpipe.envs.contract import CONTINUOUS, DISCRETE, EnvSpec, check_fits
 from rlpipe.envs.sizing import fit_board
+from rlpipe.proctree import children_killed_after
 from rlpipe.spec import BOARD_SIZINGS, ConfigError, EnvTypeSpec, ObsKey
 
 log = logging.getLogger("rlpipe.envs")
@@ -25,8 +26,11 @@ def make_factory(node: dict) -> functools.partial:
 
 
 def describe(node: dict) -> EnvSpec:
+    """What a type produces and accepts. A type may build an env to find out (a Gymnasium id
+    does), in this process (the driver's): what that env started is killed after (issue 49)."""
     factory = make_factory(node)
-    return factory.func.describe(**factory.keywords)
+    with children_killed_after():
+        return factory.func.describe(**factory.keywords)
 
 
 def preload_modules(env_types: tuple[EnvTypeSpec, ...]) -> list[str]:

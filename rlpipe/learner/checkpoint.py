@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlpipe.files import atomic_write
+from rlpipe.files import DiskFull, atomic_write, space_error
 from rlpipe.learner.device import to_host
 from rlpipe.procs import pid_alive
 from rlpipe.spec import ConfigError
@@ -75,7 +75,12 @@ def save_checkpoint(directory: str | os.PathLike, step: int, payload: dict, keep
         if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
             p.unlink(missing_ok=True)
     record = {"format": FORMAT, "version": VERSION, "step": int(step), "payload": to_host(payload)}
-    atomic_write(final, lambda f: torch.save(record, f))
+    try:
+        atomic_write(final, lambda f: torch.save(record, f), mode=0o600)  # weights: the owner's alone
+    except Exception as exc:  # the older checkpoints stay: the new one was never renamed in
+        if space_error(exc) is not None:
+            raise DiskFull(f"checkpoint {final}") from exc
+        raise
     for old in checkpoint_files(d)[:-keep]:
         old.unlink(missing_ok=True)
     return final

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import queue
@@ -27,6 +28,22 @@ CREATE INDEX IF NOT EXISTS events_kind ON events(kind);
 CREATE INDEX IF NOT EXISTS events_env_id ON events(env_id);
 """
 _INSERT = f"INSERT INTO events ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+
+_SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode of "database or disk is full"
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether a full file system is in `exc`'s chain (rlpipe.files.space_error's rule; this
+    package imports nothing of rlpipe's base modules)."""
+    while exc is not None:
+        if getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL or getattr(exc, "errno", None) in (
+            errno.ENOSPC,
+            errno.EDQUOT,
+        ):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
 
 _BATCH_ROWS = 500  # commit after this many rows ...
 _BATCH_S = 0.2  # ... or this long after the first uncommitted one
@@ -100,6 +117,9 @@ class LifecycleWriter:
                 except BaseException:
                     sock.close(linger=0)
                     raise
+            except sqlite3.Error as exc:  # named: "database or disk is full" says not which
+                db.close()
+                raise RuntimeError(f"lifecycle db {self.db_path} ({exc})") from exc
             except BaseException:
                 db.close()
                 raise
@@ -178,9 +198,14 @@ class LifecycleWriter:
             _detail_text(f.get("detail")),
         )
 
+    def check(self) -> None:
+        """Raise what ended the writer thread, if something did (the driver asks once a
+        second: a run whose record is lost stops, it never goes on silently)."""
+        self._raise_if_failed()
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"lifecycle writer failed: {self._error!r}") from self._error
+            raise RuntimeError(f"lifecycle db {self.db_path} (its writer failed: {self._error!r})") from self._error
 
     def _decode(self, frame: bytes) -> tuple | None:
         """A frame from a client -> a row, or None (counted) if it is not a valid event: a
@@ -234,7 +259,10 @@ class LifecycleWriter:
             db.executemany(_INSERT, pending)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # sqlite rolled back itself (a full disk does): the original error counts
             raise
         self.rows_written += len(pending)
         self.batches += 1
@@ -283,8 +311,11 @@ class LifecycleWriter:
             self._drain_queue(pending, markers)
             self._commit(pending)
         except BaseException as e:  # disk full, db deleted, ...: keep the reason for flush()
-            self._error = e
-            log.exception("lifecycle writer failed; events after this point are lost")
+            self._error = e  # and for check(): the driver stops the run on it
+            if _disk_full(e):
+                log.error("lifecycle writer failed: %s is full (%s)", self.db_path, e)
+            else:
+                log.exception("lifecycle writer failed; events after this point are lost")
         finally:
             for m in markers:
                 m.done.set()

@@ -38,7 +38,10 @@ MAGIC = 0x726C70697065_0003  # "rlpipe" + layout version (3: futex doorbells)
 # progress); H_LC_DROPPED: lifecycle events the worker dropped at its ZMQ high-water mark;
 # H_ENV_LEAK: the bytes its envs say they leak on purpose (an emulator's `leaked_bytes`), so
 # the driver can tell the worker's own RSS from an emulated leak; H_STOP: nonzero once the
-# driver asks the worker to stop (with its bell rung)
+# driver asks the worker to stop (with its bell rung); H_ARMED: the serial of the env step in
+# progress (0 between steps: the C step loop's store for its deadline), H_SLICE_LO and
+# H_SLICE_SERIAL: the first env of the slice being stepped and the serial before its first
+# step, so a driver that finds the worker dead knows which env it was stepping (issue 49)
 (
     H_MAGIC,
     H_GENERATION,
@@ -51,7 +54,10 @@ MAGIC = 0x726C70697065_0003  # "rlpipe" + layout version (3: futex doorbells)
     H_LC_DROPPED,
     H_ENV_LEAK,
     H_STOP,
-) = (8 * i for i in range(11))
+    H_ARMED,
+    H_SLICE_LO,
+    H_SLICE_SERIAL,
+) = (8 * i for i in range(14))
 # the worker's bell (rlpipe.native.bell): a cache line of its own, away from the words above
 # that the worker writes on every step
 H_BELL = 1024
@@ -192,6 +198,11 @@ class WorkerViews:
         )
 
     # header words: atomics, because the OS-beat signal handler and the watchdog race here
+    def word_array(self, word: int) -> np.ndarray:
+        """One header word as a writable int64 array of one element (for C code that stores
+        into it, as the step loop does into H_ARMED)."""
+        return self.header.view(np.int64)[word // 8 : word // 8 + 1]
+
     def load(self, word: int) -> int:
         return load_u64(self.header_addr + word)
 

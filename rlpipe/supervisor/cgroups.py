@@ -81,8 +81,17 @@ class CgroupDriver:
 
     name = "none"
 
-    def __init__(self, run_id: str, cpu_pct: float, mem_mb: int, roots: CgroupRoots, n_groups: int = 1):
+    def __init__(
+        self,
+        run_id: str,
+        cpu_pct: float,
+        mem_mb: int,
+        roots: CgroupRoots,
+        n_groups: int = 1,
+        active_mem_mb: int | None = None,
+    ):
         self.run_id = run_id
+        self.active_mem_mb = active_mem_mb  # the awake workers' and the probe's limit together
         self.n_groups = n_groups
         self.cpu_pct = cpu_pct
         self.mem_mb = mem_mb
@@ -123,6 +132,8 @@ class CgroupV1(CgroupDriver):
         shares = str(min(SHARES_MAX, SHARES_DEFAULT * self.n_groups))
         _write(self._dir("cpu") / "cpu.shares", shares)
         _write(self._dir("cpu", "active") / "cpu.shares", shares)
+        if self.active_mem_mb:  # rlpipe.supervisor.memory
+            _write(self._dir("memory", "active") / "memory.limit_in_bytes", str(self.active_mem_mb * 2**20))
 
     def _group(self, group: int) -> None:
         cpu, mem = self._dir("cpu", f"g{group}"), self._dir("memory", f"g{group}")
@@ -169,6 +180,8 @@ class CgroupV2(CgroupDriver):
         weight = str(min(WEIGHT_MAX, WEIGHT_DEFAULT * self.n_groups))
         _write(self._dir() / "cpu.weight", weight)
         _write(self._dir("active") / "cpu.weight", weight)
+        if self.active_mem_mb:  # rlpipe.supervisor.memory
+            _write(self._dir("active") / "memory.max", str(self.active_mem_mb * 2**20))
 
     def dormant_paths(self, group: int) -> list[str]:
         d = self._dir(f"g{group}")
@@ -252,7 +265,13 @@ def sweep_dead_cgroups(roots: CgroupRoots) -> list[Path]:
 
 
 def make_driver(
-    mode: str, run_id: str, cpu_pct: float, mem_mb: int, roots: CgroupRoots | None = None, n_groups: int = 1
+    mode: str,
+    run_id: str,
+    cpu_pct: float,
+    mem_mb: int,
+    roots: CgroupRoots | None = None,
+    n_groups: int = 1,
+    active_mem_mb: int | None = None,
 ) -> CgroupDriver:
     """The cgroup driver for `groups.cgroup` (auto|v2|v1|none); auto falls back to none with
     one log line naming what was missing."""
@@ -273,7 +292,7 @@ def make_driver(
         }[mode]
         log.warning("groups.cgroup=%s: %s; dormant groups run unlimited (cgroup driver: none)", mode, what)
         cls = CgroupDriver
-    driver = cls(run_id, cpu_pct, mem_mb, roots, n_groups)
+    driver = cls(run_id, cpu_pct, mem_mb, roots, n_groups, active_mem_mb)
     try:
         driver.setup()
     except OSError as exc:

@@ -34,11 +34,14 @@ from rlpipe.config import EnvTypeSpec, RunSpec
 from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.learner.budget import check_memory_budget
+from rlpipe.learner.checkpoint import checkpoint_files
 from rlpipe.shm.segment import run_segments, sweep_dead_segments
 from rlpipe.supervisor.checkpointing import Checkpointing
+from rlpipe.supervisor.diskfull import disk_full_reason, end_disk_full, release_reserve
 from rlpipe.supervisor.evaluation import Evaluation
-from rlpipe.supervisor.fleet import Fleet, current_refs
+from rlpipe.supervisor.fleet import Fleet
 from rlpipe.supervisor.metrics import RunMetrics
+from rlpipe.supervisor.rounds import current_refs
 from rlpipe.supervisor.runmode import RunMode
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
 from rlpipe.supervisor.stall import LIFECYCLE_FLUSH_S, LoopMarks, StallWatch, emergency_cleanup
@@ -104,6 +107,7 @@ class Driver:
         first_job, _first_job_in_process = _first_job_in_process, False
         self.run_id = mode.new_run_id()
         self.stop_signal: int | None = None
+        self.disk_full: str | None = None  # what a write failed for space on (rlpipe.supervisor.diskfull)
         self.plan: MixPlan | None = None
         self.learner = None  # learner.central.CentralLearner
         self.random_probe = None  # the child measuring each type's random-action return
@@ -166,6 +170,7 @@ class Driver:
                 spec.logging.random_return_budget_s,
                 spec.run.seed + 99,
                 InitialPolicy.of(self.learner, spec) if fresh and spec.logging.initial_policy_episodes else None,
+                self.fleet.cgroups.active_paths(),  # the workers' memory limit (rlpipe.supervisor.memory)
             )
         self.metrics.resources.start()
         services.set_state("running")
@@ -269,6 +274,7 @@ class Driver:
         health and reward statistics, and take the periodic checkpoint."""
         spec, learner, fleet, services, metrics = self.spec, self.learner, self.fleet, self.services, self.metrics
         fleet.check_workers(now)
+        services.lifecycle.check()  # a lost record stops the run: never silently
         metrics.health_charts(now)
         self.evaluation.poll()
         self.evaluation.maybe_start(now, learner)
@@ -321,7 +327,7 @@ class Driver:
         failure cannot leave the rest behind. A second call finds nothing left to do."""
         started, self.started = self.started, False  # one final checkpoint and export
         learner, fleet, mode = self.learner, self.fleet, self.mode
-        final = started and learner is not None
+        final = started and learner is not None and self.disk_full is None  # full: keep the last good one
         steps = [
             fleet.continue_stopped,
             lambda: mode.join_update_in_flight(learner),
@@ -341,8 +347,12 @@ class Driver:
             self.marks.phase, self.marks.alive_at = f"teardown step {i + 1} of {len(steps)}", time.monotonic()
             try:
                 step()
-            except Exception:
-                log.exception("teardown step failed")
+            except Exception as exc:
+                full = disk_full_reason(exc)
+                if full is None:
+                    log.exception("teardown step failed")
+                else:  # e.g. the final checkpoint or error report: a full disk, said once at the end
+                    self.disk_full = self.disk_full or full
         for name in run_segments(self.run_id):  # belt and braces: nothing of ours stays
             Path("/dev/shm", name).unlink(missing_ok=True)
         mode.sweep_after_teardown()
@@ -361,12 +371,25 @@ class Driver:
             self.stall.start()  # armed with the loop: start-up has its own timeouts
             self.loop()
             self.metrics.loop_ended()
+        except Exception as exc:
+            self.disk_full = disk_full_reason(exc)  # a write failed for space: stop on purpose
+            if self.disk_full is None:
+                raise
+            if self.learner is not None:
+                self.metrics.loop_ended()  # the summary's rates end here
         finally:
             if self.stop_signal is not None:
                 self.mode.say_stopping(self.stop_signal)  # before teardown: torchrun may SIGKILL us
             self.teardown()
             self.stall.stop()  # after the teardown: a hung teardown step is a stall too
+        if self.disk_full is not None:
+            release_reserve(self.run_dir)  # the space held for this summary
+            summary = self._write_summary if self.learner is not None else None  # None: stopped in start-up
+            return end_disk_full(self.disk_full, checkpoint_files(self.checkpointing.dir), summary)
+        self._write_summary()
+        return 128 + self.stop_signal if self.stop_signal else 0
+
+    def _write_summary(self) -> None:
         result = self.metrics.summary(time.monotonic(), self.checkpointing.resumed_from_step)
         result = self.mode.finish_summary(result, self.stop_signal, self.run_dir)
         self.metrics.write(result, self.stop_signal)
-        return 128 + self.stop_signal if self.stop_signal else 0

@@ -145,6 +145,11 @@ class ErrorAggregator:
         stats.add(rec, worker_id, ts)
         self.total += 1
 
+    def add_record(self, rec: dict, worker_id) -> None:
+        """A record the driver made itself (a worker's death in an env's step)."""
+        with self._lock:
+            self._count(rec, worker_id)
+
     def pull(self) -> int:
         """Read every error log; the number of new records counted."""
         with self._lock:

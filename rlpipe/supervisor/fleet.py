@@ -1,7 +1,8 @@
 """The worker fleet as the driver runs it: one WorkerHandle per group of env ids, the hot ones
 started at once and the dormant ones by background start threads, woken by the schedule, replaced
 when they exit or fall silent, and their doorbells taken in. What a worker process is started
-with is built in one place, `Fleet.worker_spec`."""
+with is built in one place, `Fleet.worker_spec`; the serving side (rings in, a round's moves)
+is `FleetRounds` (rlpipe/supervisor/rounds.py)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,25 @@ import logging
 import os
 import resource
 import signal
+import time
 from typing import Callable
 
-import numpy as np
 import redis
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, preload_modules
 from rlpipe.procs import cpu_seconds, parent_pid
-from rlpipe.protocol import Round, epsilon_channel, slice_bounds
+from rlpipe.protocol import epsilon_channel, slice_bounds
 from rlpipe.shm.doorbell import DoorbellServer
 from rlpipe.shm.layout import H_AWAKE, H_LC_DROPPED
 from rlpipe.supervisor.cgroups import make_driver as make_cgroup_driver
 from rlpipe.supervisor.chaos import Chaos
+from rlpipe.supervisor.deaths import death_record, env_in_step
 from rlpipe.supervisor.errors import ErrorAggregator
 from rlpipe.supervisor.groups import WakeSchedule
+from rlpipe.supervisor.memory import contain_memory, resolve_active_mem_mb
+from rlpipe.supervisor.orphans import kill_orphans
+from rlpipe.supervisor.rounds import FleetRounds
 from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
 from rlpipe.supervisor.slot_table import SlotTable
 from rlpipe.supervisor.watchdog import Watchdog
@@ -36,6 +41,7 @@ from rlpipe.supervisor.workers import (
     stop_workers,
     worker_context,
 )
+from rlpipe.worker.backoff import FaultBackoff
 from rlpipe.worker.exploration import pack_epsilons
 from rlpipe.worker.process import EXIT_RECYCLE
 from rlpipe.worker.spec import (
@@ -48,7 +54,8 @@ from rlpipe.worker.spec import (
 )
 
 log = logging.getLogger("rlpipe")
-ACTIVE_WINDOW_S = 10.0  # an env counts as active if its slice rang within this window
+QUICK_DEATH_S = 30.0  # a worker dead this soon after its start counts toward a crash loop
+WORKER_OUTPUT_DIR = "worker_output"  # each worker's stdout and stderr, capped (rlpipe.outputlog)
 
 
 def _own_cpu_seconds() -> float:
@@ -67,17 +74,7 @@ def worker_sections(spec: RunSpec) -> dict:
     }
 
 
-def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
-    """The rings still worth serving: a replaced generation's are dropped (its slot was held or
-    parked while the worker was replaced) and each slice is served once, at its newest ring."""
-    latest: dict[tuple[int, int], SliceRef] = {}
-    for ref in refs:
-        if ref.generation == ref.handle.generation:
-            latest[(ref.handle.worker_id, ref.slice_index)] = ref
-    return list(latest.values())
-
-
-class Fleet:
+class Fleet(FleetRounds):
     def __init__(
         self,
         spec: RunSpec,
@@ -102,6 +99,7 @@ class Fleet:
         self.by_id: dict[int, WorkerHandle] = {}
         self.n_slices = 0
         self.cgroups = None
+        self.active_mem_mb = resolve_active_mem_mb(spec.groups.active_mem_mb)  # rlpipe.supervisor.memory
         self.schedule: WakeSchedule | None = None
         self.watchdog: Watchdog | None = None
         self.chaos: Chaos | None = None
@@ -127,12 +125,15 @@ class Fleet:
         self.plan, self.versions = plan, versions
         self.sections = worker_sections(spec)
         multiprocessing_temp_dir(self.run_id)
+        (services.run_dir / WORKER_OUTPUT_DIR).mkdir(exist_ok=True)
         self.ctx = worker_context(spec.worker.start_method, preload_modules(spec.env_types))
         g = spec.groups
         ranges = group_ranges(spec.env_count, spec.groups.size)
+        n, mem = len(ranges), self.active_mem_mb
         self.cgroups = make_cgroup_driver(
-            g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb, n_groups=len(ranges)
+            g.cgroup, self.run_id, g.dormant_cpu_pct, g.dormant_mem_mb, n_groups=n, active_mem_mb=mem
         )
+        self.max_rss_mb = contain_memory(self.cgroups.name, spec.worker.max_rss_mb, mem, n)
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, services.rcli, services.lifecycle)
         self.errors = ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
@@ -159,6 +160,7 @@ class Fleet:
             h.on_attach = self.slots.attach
             self.handles.append(h)
         self.by_id = {h.worker_id: h for h in self.handles}
+        self.respawn_backoff = FaultBackoff(len(self.handles))
         self.n_slices = sum(len(h.bounds) for h in self.handles)
         # Hot groups start now; dormant ones are started from the loop, so the first steps
         # are not queued behind a hundred forks on a busy machine.
@@ -185,7 +187,7 @@ class Fleet:
             env_lo=h.env_lo,
             type_index=plan.env_type[h.env_lo : h.env_hi].copy(),
             segment_name=h.segment.name,
-            cgroup_paths=tuple([] if h.awake else self.cgroups.dormant_paths(h.worker_id)),
+            cgroup_paths=tuple(self.cgroups.active_paths() if h.awake else self.cgroups.dormant_paths(h.worker_id)),
             active_cgroup_paths=tuple(self.cgroups.active_paths()),
             type_names=plan.names,
             type_nodes=tuple(t.node for t in spec.env_types),
@@ -200,10 +202,13 @@ class Fleet:
             redis_url=services.redis.url,
             driver_pid=os.getpid(),
             env_id_offset=spec.env_id_offset,
+            output_log=str(services.run_dir / WORKER_OUTPUT_DIR / f"worker_{h.worker_id}.log"),
             # the worker section as built at start, but for the CPUs this generation pins to
             **{
                 **self.sections,
-                "worker": dataclasses.replace(self.sections["worker"], cpu_affinity=self.worker_cpus()),
+                "worker": dataclasses.replace(
+                    self.sections["worker"], cpu_affinity=self.worker_cpus(), max_rss_mb=self.max_rss_mb
+                ),
             },
         )
 
@@ -279,48 +284,6 @@ class Fleet:
         self.lifecycle_dropped += old.views.load(H_LC_DROPPED)
 
     # -- the loop ----------------------------------------------------------------------------
-    def take_rings(self, now: float, poll_ms: int) -> list[SliceRef]:
-        """The doorbells rung since the last turn (waiting up to `poll_ms` for the first): the
-        awake workers' slices to serve. A dormant group's rings are parked until its wake."""
-        refs: list[SliceRef] = []
-        by_id = self.by_id
-        for w, s, seq in self.doorbells.take(poll_ms):  # the current generations' rings only
-            h = by_id[w]
-            gen = h.generation
-            ref = SliceRef(h, s, seq, gen)
-            if not h.awake:
-                h.parked.append(ref)  # dormant: built, not stepped until its wake
-                continue
-            refs.append(ref)
-            h.slice_seq[s] = seq
-            self.slice_seen[(w, s)] = now
-            if seq == 1 and s == 0:
-                self.services.lifecycle.record(
-                    "worker_ready", worker_id=w, generation=gen, detail={"since_spawn_s": round(now - h.spawned_at, 3)}
-                )
-                if self.chaos is not None and h.spawned_awake:
-                    self.chaos.worker_ready(now - h.spawned_at, replacement=h.replacement)
-                self.hot_unready.discard(w)
-                if self.chaos is not None and self.chaos.started_at is None and not self.hot_unready:
-                    self.chaos.start(now)  # every hot worker (or its replacement) has stepped
-            if seq > 0 and (w, s) not in self.slice_first_step:
-                self.slice_first_step[(w, s)] = now
-        return refs
-
-    def recv(self, refs: list[SliceRef]) -> Round:
-        """The obs and step results of the slices these current rings are for, as one batch."""
-        slots = np.fromiter((r.handle.slot_lo + r.slice_index for r in refs), dtype=np.int64, count=len(refs))
-        seqs = np.fromiter((r.seq for r in refs), dtype=np.int64, count=len(refs))
-        return self.slots.recv(slots, seqs)
-
-    def send(self, rnd: Round, actions: dict) -> None:
-        """The round's actions out to its slices, and their rings."""
-        self.slots.send(rnd.slots, rnd.seqs, actions)
-
-    @property
-    def all_slices_stepped(self) -> bool:
-        return len(self.slice_first_step) == self.n_slices
-
     def wake_due(self, now: float) -> list[SliceRef]:
         """Wake the groups the schedule says are due; return their parked rings."""
         if self.schedule.all_awake:
@@ -349,6 +312,11 @@ class Fleet:
         replace the workers it has ended; `on_replace(worker_id)` hears of each replacement (the
         learner needs not: a new generation's first ring, seq 0, restarts its slices)."""
         for h in self.handles:
+            if h.respawn_at is not None:  # backing off (_replace): started once its time is up
+                if now >= h.respawn_at:
+                    h.respawn_at = None
+                    self._spawn(h)
+                continue
             if h.worker_id in self.watchdog.pending or h.proc is None or h.proc.is_alive():
                 continue
             h.proc.join()
@@ -362,6 +330,15 @@ class Fleet:
             self._replace(rep.handle, rep.reason, rep.detail, on_replace)
 
     def _replace(self, h: WorkerHandle, reason: str, detail: dict, on_replace) -> None:
+        # A worker dead soon after its start (an env that kills it) backs off as an env does;
+        # not an RSS recycle, nor a death the chaos runner may have caused on purpose.
+        quick = reason != "rss" and self.chaos is None and time.monotonic() - h.spawned_at < QUICK_DEATH_S
+        delay = self.respawn_backoff.fault(h.worker_id) if quick else 0.0
+        if delay:
+            detail = {**detail, "respawn_in_s": delay}
+        if (found := env_in_step(h, self.plan, self.spec.env_id_offset)) is not None:  # who killed it
+            detail = {**detail, **found}
+            self.errors.add_record(death_record(h, found, detail.get("exitcode")), h.worker_id)
         self.services.lifecycle.record(
             "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
         )
@@ -369,7 +346,11 @@ class Fleet:
             on_replace(h.worker_id)
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
-        self._spawn(h)
+        kill_orphans(self.forkserver_pid, self.handles)  # what its envs started, if it could not
+        if delay:
+            h.respawn_at = time.monotonic() + delay
+        else:
+            self._spawn(h)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds this job has used so far: the driver (every thread), its live workers
@@ -384,15 +365,6 @@ class Fleet:
     def live_worker_ids(self) -> list[int]:
         """Workers running and not being replaced."""
         return [h.worker_id for h in self.handles if h.alive() and h.worker_id not in self.watchdog.pending]
-
-    def active_envs(self, now: float) -> int:
-        return sum(
-            h.bounds[s][1] - h.bounds[s][0]
-            for h in self.handles
-            if h.alive()
-            for s in range(len(h.bounds))
-            if now - self.slice_seen.get((h.worker_id, s), -1e9) <= ACTIVE_WINDOW_S
-        )
 
     def publish_epsilons(self, learner) -> None:
         """The learner's exploration rates to each awake worker's channel."""
@@ -424,6 +396,7 @@ class Fleet:
 
     def stop_workers(self) -> None:
         stop_workers(self.handles, self.spec.heartbeat.term_grace_s)
+        kill_orphans(self.forkserver_pid, self.handles)  # left by workers that were killed
 
     def count_lifecycle_drops(self) -> None:
         for h in self.handles:

@@ -17,8 +17,8 @@ import redis
 from rlpipe.cadence import Every
 from rlpipe.config import RunSpec
 from rlpipe.envs import random_return
-from rlpipe.files import atomic_write
-from rlpipe.lifecycle import fault_counts
+from rlpipe.files import atomic_write, space_error
+from rlpipe.lifecycle import FAULT_KINDS, event_counts, fault_counts
 from rlpipe.protocol import worker_key
 from rlpipe.shm.layout import H_ENV_LEAK
 from rlpipe.supervisor.fleet import Fleet
@@ -265,6 +265,10 @@ class RunMetrics:
             "updates": c.updates,
             "trained_samples": c.trained_samples,
             "episodes": c.episodes,
+            # crash loops said loudly (issue 49): each type that finished no episode, with its faults
+            "types_without_episodes": types_without_episodes(self.run_dir / "lifecycle.sqlite", c.episodes_by_type)
+            if steps
+            else {},
             "mean_return_last100": {k: (round(float(np.mean(v)), 3) if v else None) for k, v in c.returns.items()},
             "random_return": {k: round(v["mean"], 3) for k, v in randoms.items() if v.get("mean") is not None},
             # only the samples the verdicts use (a sample with a cut episode is its short episodes)
@@ -316,14 +320,21 @@ class RunMetrics:
     def write(self, result: dict, stop_signal: int | None) -> None:
         """summary.json, the hparams run (rank 0), the health report and the line on stdout."""
         atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
+        for name, faults in result.get("types_without_episodes", {}).items():
+            log.warning(
+                "env type %s finished no episode in this run (%d env faults%s; see errors_top10.md)",
+                name,
+                faults,
+                ": a crash loop" if faults else "",
+            )
         if self.mode.writes_job_outputs:
             self._hparams(result)
         try:
             from rlpipe.telemetry.health import write_health_report
 
             write_health_report(self.run_dir)
-        except Exception:  # a report must never turn a finished run into a failure
-            log.exception("health report failed")
+        except Exception as exc:  # a report must never turn a finished run into a failure
+            log.warning("health report failed: %s", exc, exc_info=space_error(exc) is None)
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
         print(
@@ -371,3 +382,14 @@ class RunMetrics:
             result["env_steps"],
         )
         tb.close()
+
+
+def types_without_episodes(db_path, episodes_by_type: dict) -> dict[str, int]:
+    """Each env type that finished no episode -> its env faults (crashes, contract
+    violations, hangs) in the lifecycle db."""
+    stuck = [name for name, n in episodes_by_type.items() if not n]
+    if not stuck:
+        return {}
+    counts = event_counts(db_path)
+    kinds = {FAULT_KINDS["env_crashes"], FAULT_KINDS["env_hangs"], FAULT_KINDS["quarantined"]}
+    return {name: sum(n for (kind, t), n in counts.items() if t == name and kind in kinds) for name in stuck}

@@ -1,7 +1,10 @@
 """Redis for the control plane: an embedded redis-server of our own, or an external url.
 
 The embedded server listens on a unix socket only (no TCP port), has a random password and
-no persistence, dies with the driver (PR_SET_PDEATHSIG) and is shut down at exit.
+no persistence, dies with the driver (PR_SET_PDEATHSIG) and is shut down at exit. The password
+never appears on its command line, which any local user reads in /proc/<pid>/cmdline: it goes
+in a config file of mode 0600 in the run's 0700 socket dir, read by redis-server at start and
+removed once the server answers.
 """
 
 from __future__ import annotations
@@ -42,6 +45,16 @@ def redis_server_binary() -> str:
     )
 
 
+def write_private_config(path: Path, text: str) -> Path:
+    """`text` into a new file only its owner may read (0600 from its creation, not chmod'ed
+    after: no window in which another user could open it)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
 class RedisService:
     """Start (embedded) or reach (external) the run's Redis; `url` is what clients use."""
 
@@ -64,16 +77,16 @@ class RedisService:
         self.password = self.password or secrets.token_hex(16)
         password = self.password
         self.socket_path.unlink(missing_ok=True)
+        conf = write_private_config(self.socket_path.with_name("redis.conf"), f"requirepass {password}\n")
         args = [
             redis_server_binary(),
+            str(conf),
             "--port",
             "0",
             "--unixsocket",
             str(self.socket_path),
             "--unixsocketperm",
             "700",
-            "--requirepass",
-            password,
             "--save",
             "",
             "--appendonly",
@@ -87,14 +100,20 @@ class RedisService:
             "--dir",
             str(self.log_path.parent),
         ]
-        self.proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )
-        self.url = f"unix://:{quote(password)}@{self.socket_path}?db=0"
+        try:
+            self.proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
+            )
+            self.url = f"unix://:{quote(password)}@{self.socket_path}?db=0"
+            self._wait_ready(timeout_s)
+        finally:
+            conf.unlink(missing_ok=True)  # read at start; a restart writes it again
+
+    def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:

@@ -19,7 +19,8 @@ from rlpipe.shm.segment import Segment, segment_name
 from rlpipe.worker.process import run_worker
 from rlpipe.worker.spec import WorkerSpec
 
-WORKER_PRELOAD = ["rlpipe.worker.process"]
+# zygote first: the forkserver is a subreaper before anything it imports could start a process
+WORKER_PRELOAD = ["rlpipe.worker.zygote", "rlpipe.worker.process"]
 
 
 def worker_context(start_method: str, env_modules: list[str]):
@@ -88,6 +89,7 @@ class WorkerHandle:
         self.on_attach = None  # called with the handle once a new segment is in place
         self.parked: list = []  # rings of a dormant group, served on wake
         self.slice_seq = [0] * len(self.bounds)  # last step seq per slice (steps per env)
+        self.respawn_at: float | None = None  # a crash-looping group's next start (Fleet._replace)
 
     def _new_segment(self) -> None:
         """A fresh segment per generation: a replaced writer keeps only a dead mapping."""

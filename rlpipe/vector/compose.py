@@ -41,7 +41,12 @@ def vector_spec(env_id_or_type: str, num_envs: int, seed: int | None, overrides:
     register_schema()
     # the caller's learner runs in the caller's process, not in a PPO thread of ours: no CPU is
     # kept from the workers (cpu_affinity=auto would keep one that nothing ever uses)
-    base = mix_overrides(env_id_or_type) + [f"env_count={num_envs}", "worker.cpu_affinity=null"]
+    # worker.crash_backoff=false: the caller sees every fault as it happens, none parked (issue 49)
+    base = mix_overrides(env_id_or_type) + [
+        f"env_count={num_envs}",
+        "worker.cpu_affinity=null",
+        "worker.crash_backoff=false",
+    ]
     if seed is not None:
         base.append(f"run.seed={int(seed)}")
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):

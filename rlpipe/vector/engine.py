@@ -33,7 +33,8 @@ from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
 from rlpipe.supervisor.driver import env_versions
-from rlpipe.supervisor.fleet import Fleet, current_refs
+from rlpipe.supervisor.fleet import Fleet
+from rlpipe.supervisor.rounds import current_refs
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
 from rlpipe.supervisor.workers import SliceRef, stop_workers
 from rlpipe.vector.faults import FaultRecords

@@ -23,6 +23,7 @@ from rlpipe.envs.harness import StepTimeout
 from rlpipe.native.steploop import ObsWrite, StepLoop
 from rlpipe.shm.errorlog import error_record
 from rlpipe.spec import ObsKey
+from rlpipe.worker.backoff import PARKED, BackingOff, FaultBackoff
 
 MAX_BUILD_ATTEMPTS = 10
 # A crashed, quarantined or hung step: the episode is cut (truncated, no finished stats, no
@@ -35,6 +36,7 @@ class EnvFault:
     env_id: int
     kind: str  # "env_crash" (exception) | "env_quarantine" (contract violation) | "env_hang"
     record: dict  # the error-log record: ts, env_id, env_type, error_type, stacktrace_hash, ...
+    backoff_s: float = 0.0  # how long the env waits before its rebuild (rlpipe.worker.backoff)
 
 
 class EnvTable:
@@ -54,6 +56,7 @@ class EnvTable:
         seed: int,
         final_staging: list[np.ndarray] | None = None,
         final_all: bool = False,
+        crash_backoff: bool = True,
     ):
         self.id_lo = id_lo
         self.n = len(type_index)
@@ -97,6 +100,7 @@ class EnvTable:
         self.step_ms = np.zeros(self.n, dtype=np.float32)  # step_one's latest env step() time
         self.faults: list[EnvFault] = []
         self.hangs = 0  # steps cut at the deadline, over this table's life
+        self.backoff = FaultBackoff(self.n) if crash_backoff else None  # rlpipe.worker.backoff
 
     def _build(self, i: int):
         t = self.type_index[i]
@@ -232,11 +236,30 @@ class EnvTable:
         )
 
     def recover(self, i: int, exc: BaseException) -> None:
-        """Env i raised or broke the contract: record it and rebuild the env by id."""
+        """Env i raised or broke the contract: record it and rebuild the env by id, or park
+        it first when it is in a crash loop (rlpipe.worker.backoff). A parked env's step
+        lands here too: rebuilt once its time is up, nothing recorded before."""
+        if isinstance(exc, BackingOff):
+            if self.backoff.due(i):
+                self.envs[i] = None
+                self.start(i)
+            return
         self._fault(i, exc)
         self._discard(i)
         self.rebuilds[i] += 1
-        self.start(i)
+        self._rebuild_or_park(i)
+
+    def _rebuild_or_park(self, i: int) -> None:
+        delay = self.backoff.fault(i) if self.backoff is not None else 0.0
+        if delay:
+            self.faults[-1].backoff_s = delay
+            self.envs[i] = PARKED
+            for view, _key in self._rows[i]:  # a neutral obs while parked: never the one that broke it (NaN)
+                view[:] = 0
+            self.ep_return[i] = 0.0  # the episode is cut, as `start` would begin a new one
+            self.ep_len[i] = 0
+        else:
+            self.start(i)
 
     def actions(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray) -> list:
         """The actions of envs [lo, hi) as each env's head expects them."""
@@ -256,7 +279,7 @@ class EnvTable:
             self._discard(i)
         self.envs[i] = None
         self.rebuilds[i] += 1
-        self.start(i)
+        self._rebuild_or_park(i)
 
     def finish(self, lo: int, hi: int, results: list, out: dict) -> None:
         """Write the slice's step_one results with one bulk write per field (the pool path and

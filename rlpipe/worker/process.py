@@ -20,11 +20,14 @@ from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import make_factory
 from rlpipe.lifecycle import LifecycleClient
 from rlpipe.native.board import store_u64
+from rlpipe.outputlog import OutputLog
 from rlpipe.procs import die_with_parent, pid_alive
+from rlpipe.proctree import ENV_OOM_SCORE_ADJ, become_subreaper, kill_descendants, set_oom_score_adj
 from rlpipe.protocol import epsilon_channel, reward_stats_key, slice_bounds, worker_key
 from rlpipe.shm.doorbell import STOP_SLICE, DoorbellClient
 from rlpipe.shm.errorlog import ErrorLog
 from rlpipe.shm.layout import (
+    H_ARMED,
     H_AWAKE,
     H_BUILT,
     H_ENV_LEAK,
@@ -33,12 +36,15 @@ from rlpipe.shm.layout import (
     H_OS_BEAT_NS,
     H_PID,
     H_READY,
+    H_SLICE_LO,
+    H_SLICE_SERIAL,
     H_STEPS,
     WorkerLayout,
     WorkerViews,
 )
 from rlpipe.shm.segment import Segment
 from rlpipe.worker.control import EpsilonFeed, Heartbeat, StartupBeat
+from rlpipe.worker.deadlines import TypeDeadlines
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy
 from rlpipe.worker.os_process import join_cgroups, rss_mb, set_scheduling
@@ -97,6 +103,8 @@ class Worker:
         self.explore: EpsilonGreedy | None = None
         self.feed: EpsilonFeed | None = None
         self.spawn_detail = {"pid": os.getpid(), "envs": self.n}
+        self.deadlines: TypeDeadlines | None = None
+        self.output: OutputLog | None = None
 
     def run(self) -> None:
         self.attach()
@@ -114,6 +122,11 @@ class Worker:
     def attach(self) -> None:
         spec = self.spec
         die_with_parent()
+        if spec.output_log:  # before anything of ours or an env's can print
+            header = f"worker {spec.worker_id} generation {spec.generation} pid {os.getpid()}"
+            self.output = OutputLog(spec.output_log, header)
+        become_subreaper()  # what our envs start stays in our tree, to be killed at `stop`
+        set_oom_score_adj(ENV_OOM_SCORE_ADJ)  # an env's memory: ours to lose, never the driver's
         self.segment = Segment.attach(spec.segment_name)
         layout = WorkerLayout.build(self.n, spec.obs_keys, spec.cont_dim)
         self.views = views = WorkerViews(layout, self.segment, locked=spec.locked_board)
@@ -181,9 +194,18 @@ class Worker:
             spec.seed,
             final_staging=[views.results[f"final_{k.name}"] for k in spec.obs_keys],
             final_all=spec.final_obs_all_ends,
+            crash_backoff=spec.worker.crash_backoff,
         )
+        timeout_s = spec.worker.step_timeout_s
+        self.deadlines = TypeDeadlines(spec.type_index, len(spec.type_names), timeout_s, views) if timeout_s else None
         self.stepper = Stepper(
-            self.table, spec.worker.threads, spec.worker.step_timeout_s, views.results, tick=self.beat
+            self.table,
+            spec.worker.threads,
+            spec.worker.step_timeout_s,
+            views.results,
+            tick=self.beat,
+            armed=views.word_array(H_ARMED),
+            deadlines=self.deadlines,
         )
         if spec.reward_norm.mode != "off":
             self.rnorm = RewardNormalizer(
@@ -295,7 +317,11 @@ class Worker:
             actions = table.actions(lo, hi, exec_disc, exec_cont)
         else:
             actions = table.actions(lo, hi, acts["discrete"], acts["continuous"])
+        views.store(H_SLICE_LO, lo)  # with H_ARMED: the env being stepped, should we die in it
+        views.store(H_SLICE_SERIAL, self.stepper.serial)
         self.stepper.step(lo, hi, actions)
+        if self.deadlines is not None:
+            self.deadlines.observe(lo, hi, results["step_ms"][lo:hi])
         raw = results["reward"][lo:hi].copy()
         results["reward_raw"][lo:hi] = raw
         if self.rnorm is not None:
@@ -328,15 +354,14 @@ class Worker:
             t = spec.type_index[fault.env_id - self.id_lo]
             fields = dict(env_id=fault.env_id, env_type=spec.type_names[t], env_version=spec.type_versions[t])
             rec = fault.record
-            self.lifecycle.event(
-                fault.kind,
-                detail={
-                    "error_type": rec["error_type"],
-                    "message": rec["message"],
-                    "stacktrace_hash": rec["stacktrace_hash"],
-                },
-                **fields,
-            )
+            detail = {
+                "error_type": rec["error_type"],
+                "message": rec["message"],
+                "stacktrace_hash": rec["stacktrace_hash"],
+            }
+            if fault.backoff_s:
+                detail["backoff_s"] = fault.backoff_s  # a crash loop: parked this long before the rebuild
+            self.lifecycle.event(fault.kind, detail=detail, **fields)
             self.lifecycle.event("env_rebuild", **fields)
             self.errors.write(rec)
         table.faults.clear()
@@ -346,6 +371,8 @@ class Worker:
         """Both heartbeats when due: SIGUSR1 to our process group (the handler stamps the OS
         beat) and the Redis beat. Also the stepper's tick while a slow step runs."""
         now = time.monotonic()
+        if self.output is not None:
+            self.output.check()
         if self.signal_every.due(now):
             os.killpg(0, signal.SIGUSR1)
             self.views.store(H_LC_DROPPED, self.lifecycle.dropped)  # the driver sums them into faults
@@ -394,7 +421,8 @@ class Worker:
             self.feed.close()
         self.stepper.close()
         self.table.close_all()
-        exit_detail = {"steps": self.steps, "hung_steps": self.stepper.hung_total}
+        orphans = kill_descendants()  # whatever the envs started and left running
+        exit_detail = {"steps": self.steps, "hung_steps": self.stepper.hung_total, "env_processes_killed": orphans}
         if self.feed is not None:  # exploration rates received over pub/sub, and actions they changed
             exit_detail.update(eps_messages=self.feed.messages, explored_steps=self.explored_steps)
         self.lifecycle.event("worker_exit", detail=exit_detail)

@@ -38,6 +38,7 @@ class WorkerPoolSettings:
     threads: int
     step_timeout_s: float | None
     max_rss_mb: float | None
+    crash_backoff: bool
     cpu_affinity: tuple[int, ...] | None
     sched_fifo: int | None
     doorbell_timeout_s: float
@@ -106,3 +107,6 @@ class WorkerSpec:
     # truncations (the learner bootstraps from those alone; rlpipe.vector hands every end obs
     # to its caller, as Gymnasium's same-step autoreset does).
     final_obs_all_ends: bool = False
+    # This process's stdout and stderr go to this file, capped (rlpipe.outputlog); "": they
+    # stay the driver's
+    output_log: str = ""

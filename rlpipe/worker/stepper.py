@@ -95,6 +95,8 @@ class Stepper:
         timeout_s: float | None,
         results: dict,
         tick: Callable[[], None] = lambda: None,
+        armed: np.ndarray | None = None,
+        deadlines=None,
     ):
         self.table = table
         self.timeout_s = timeout_s
@@ -108,9 +110,15 @@ class Stepper:
         self.serial = 0  # step serials are never reused (see InlineDeadline)
         if self.inline:
             if timeout_s is not None:
-                self.deadline = InlineDeadline(timeout_s)
+                self.deadline = InlineDeadline(
+                    timeout_s,
+                    armed=armed,
+                    limit_of=deadlines.limit_of if deadlines is not None else None,
+                    poll_s=deadlines.poll_s if deadlines is not None else None,
+                )
                 self.deadline.start()
-            armed = self.deadline.armed if self.deadline is not None else np.zeros(1, dtype=np.int64)
+            armed = self.deadline.armed if self.deadline is not None else armed
+            armed = np.zeros(1, dtype=np.int64) if armed is None else armed
             self.loop = table.step_loop(results, armed)
         self.lock = threading.Lock()  # pool: guards claims, results and abandonment
         self.posted = threading.Condition(threading.Lock())  # pool: wakes idle helpers per slice

@@ -26,7 +26,7 @@ import logging
 import time
 from pathlib import Path
 
-from rlpipe.files import atomic_write
+from rlpipe.files import atomic_write, space_error
 from rlpipe.telemetry.health.inputs import load_run
 from rlpipe.telemetry.health.longrun import PLOT_RESOURCES, long_run_section, plot_resources
 from rlpipe.telemetry.health.markdown import md_table
@@ -82,7 +82,8 @@ def write_health_report(run_dir: str | Path) -> Path:
         try:
             rep.plots[name] = draw(path)
         except Exception as e:
-            log.warning("health report: plot %s failed", name, exc_info=True)
+            # a full disk is said once by the driver (rlpipe.supervisor.diskfull): no traceback
+            log.warning("health report: plot %s failed", name, exc_info=space_error(e) is None)
             run.notes.append(f"{name} could not be drawn: {type(e).__name__}: {e}")
             rep.plots[name] = None
         if rep.plots[name] is None and path.exists():
@@ -105,6 +106,10 @@ def write_health_report(run_dir: str | Path) -> Path:
     except Exception as e:
         log.warning("health report: verdicts failed", exc_info=True)
         run.notes.append(f"verdicts incomplete: {type(e).__name__}: {e}")
+    stuck = (run.summary or {}).get("types_without_episodes") or {}
+    if stuck:  # a crash loop, or episodes longer than the run: said as a failed check
+        evidence = "; ".join(f"{name}: no episode finished, {n} env faults" for name, n in stuck.items())
+        rep.verdicts.append(("every env type finished an episode", "no", evidence))
 
     head = [
         f"# Health report: {run_dir.name}",
