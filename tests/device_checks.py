@@ -174,7 +174,7 @@ def _trained(learner, seed: int) -> None:
     blocks, types = load_benchmark("ppo_update").stage_blocks(learner.spec, plan, policy, 4, seed=seed)
     learner.ready_blocks, learner.ready_types = blocks, types
     learner.ready_samples = sum(len(b["adv"]) for b in blocks)
-    learner._train(learner._take_blocks(), lc.learning_rate)  # the update thread's work, here
+    learner._train(learner._take_batch(), lc.learning_rate)  # the update thread's work, here
     assert not isinstance(learner._update_result, BaseException), learner._update_result
 
 

@@ -252,28 +252,29 @@ class CentralLearner:
         """Start a PPO update on the ready rollouts in the background; rollouts arriving
         meanwhile make up the next update's batch."""
         lr = self.lr_now()
-        taken = self._take_blocks()
-        self._update_thread = threading.Thread(target=self._train, args=(taken, lr), name="ppo-update", daemon=True)
+        batch = self._take_batch()
+        self._update_thread = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update", daemon=True)
         self._update_thread.start()
 
-    def _take_blocks(self) -> tuple[list[dict], list[np.ndarray]]:
-        """The oldest ready blocks, about update_samples of them, and their row types (empty
-        lists: none ready); the rest wait for the next update. The batch is made of them in the
-        update's thread (`concat_blocks`): its copy is not the serving thread's work."""
+    def _take_batch(self) -> dict | None:
+        """The oldest ready blocks, about update_samples of them, as one batch (None: no block
+        ready); the rest wait for the next update. Made here, in the serving thread: at day4 the
+        update's thread is the one that limits training, and the copy would be its work."""
         take, samples = 0, 0
         while take < len(self.ready_blocks) and samples < self.update_samples:
             samples += len(self.ready_blocks[take]["adv"])
             take += 1
-        taken = self.ready_blocks[:take], self.ready_types[:take]
+        if not take:
+            return None
+        batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
         del self.ready_blocks[:take], self.ready_types[:take]
         self.ready_samples -= samples
-        return taken
+        return batch
 
-    def _train(self, taken: tuple[list[dict], list[np.ndarray]], lr: float) -> None:
+    def _train(self, batch: dict, lr: float) -> None:
         try:
             if self.spec.learner_cpu is not None:  # worker.cpu_affinity=learner_core
                 os.sched_setaffinity(threading.get_native_id(), {self.spec.learner_cpu})
-            batch = concat_blocks(*taken, self.device)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self._update_result = ppo_update(

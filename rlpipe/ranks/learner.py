@@ -27,7 +27,7 @@ from rlpipe import heap
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.central import CentralLearner
-from rlpipe.learner.ppo import concat_blocks, ppo_update
+from rlpipe.learner.ppo import ppo_update
 from rlpipe.ranks.sync import RankLost, RankSync, Rounds, rank_lost
 
 TEARDOWN_JOIN_S = 20.0  # at most this long for an update in flight when the run is stopped
@@ -85,29 +85,25 @@ class RankLearner(CentralLearner):
     def start_update(self) -> None:
         if not self.rounds.begin():
             self.preempted_rounds += 1
-        taken = self._take_blocks()
+        batch = self._take_batch()
+        if batch is None:
+            batch = empty_batch(self.plan, self.device, self.scaling.enabled)
         local = self.counters.env_steps
         header = [
             float(local - self.local_at_round),
-            float(sum(len(b["adv"]) for b in taken[0])),
+            float(len(batch["adv"])),
             float(self.want_stop),
             float(self.checkpoint_wanted),
         ]
         self._round = [local, None]
         self._update_thread = threading.Thread(
-            target=self._train_round, args=(taken, header), name="ppo-round", daemon=True
+            target=self._train_round, args=(batch, header), name="ppo-round", daemon=True
         )
         self._update_thread.start()
 
-    def _train_round(self, taken: tuple[list, list], header: list[float]) -> None:
+    def _train_round(self, batch: dict, header: list[float]) -> None:
         start = time.perf_counter()
         try:
-            # no block here (this rank was preempted): it still joins every collective
-            batch = (
-                concat_blocks(*taken, self.device)
-                if taken[0]
-                else empty_batch(self.plan, self.device, self.scaling.enabled)
-            )
             sums = self.sync.header(header)
             self._round[1] = sums
             if sums[1] <= 0:  # no rank holds a sample: nobody trains this round
