@@ -54,6 +54,7 @@ from rlpipe.config_checks import (
     unit_interval,
     unit_intervals,
 )
+from rlpipe.config_compat import fill_newer_settings
 from rlpipe.spec import BOARD_SIZINGS, OBS_DTYPES, OBS_KEYS, ConfigError, EnvTypeSpec, ObsKey  # noqa: F401 (re-exported)
 from rlpipe.worker.rewardnorm import MODES as REWARD_NORM_MODES
 
@@ -420,32 +421,5 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         if OmegaConf.is_missing(cfg.buffer, "sizing"):
             # saved before buffer.sizing existed: every board then was used as written
             cfg.buffer.sizing = "fixed"
-        _fill_newer_settings(cfg)
+        fill_newer_settings(cfg, conf_dir())
     return OmegaConf.to_object(cfg)
-
-
-def _fill_newer_settings(cfg: DictConfig) -> None:
-    """A run saved by an older rlpipe lacks the settings added since (eval:, logging's resource
-    keys, run.stall_timeout_s...): they take today's defaults from conf/, which is what that
-    run did without them (nothing it recorded depends on them). Skipped inside a Hydra app,
-    which cannot compose a second config."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    def missing(node, prefix=""):
-        for key in node:
-            if OmegaConf.is_missing(node, key):
-                yield prefix + str(key)
-            elif OmegaConf.is_dict(node[key]) and not str(key).startswith("types"):
-                yield from missing(node[key], f"{prefix}{key}.")
-
-    keys = list(missing(cfg))
-    if not keys or GlobalHydra.instance().is_initialized():
-        return
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        defaults = compose(config_name="config")
-    absent = object()
-    for key in keys:
-        value = OmegaConf.select(defaults, key, default=absent)
-        if value is not absent:  # a key conf/ no longer has stays missing
-            OmegaConf.update(cfg, key, value, merge=False)
