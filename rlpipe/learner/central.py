@@ -112,13 +112,10 @@ class CentralLearner:
 
     # -- serving ----------------------------------------------------------------------------
     def act(self, rnd: Round) -> dict:
-        """The actions of one round (an rlpipe.supervisor.slot_table.Round): the fields the
-        engine scatters to the ready slices. Called before the slices are rung; `observe`
-        does the book-keeping after, while the workers step."""
-        if rnd.n > self.spec.env_count:  # a slice served twice would write past the batch buffers
-            raise RuntimeError(
-                f"inference round of {rnd.n} rows for {self.spec.env_count} envs: a slice was served twice"
-            )
+        """The actions of one round (an rlpipe.protocol.Round, made by the slot table's `recv`,
+        which refuses a slice served twice): the fields the engine scatters to the ready
+        slices. Called before the slices are rung; `observe` does the book-keeping after,
+        while the workers step."""
         if self.random:
             acted = random_actions(self.rng, self.disc_counts, rnd.types, self.plan.actions.cont_dim)
         else:

@@ -81,7 +81,7 @@ class RolloutStore:
         self.slot_key_rows: dict[int, dict[str, np.ndarray]] = {}  # made once per slot
 
     def observe(self, rnd, ordinal, a_disc, a_cont, logp, value, final_value, behaviour=None) -> list:
-        """One round (an rlpipe.supervisor.slot_table.Round: slots, seqs, rows, results) with
+        """One round (an rlpipe.protocol.Round: slots, seqs, rows, results) with
         the actions the policy took on its obs and their log-probs and values; `ordinal`: each
         ready slot's ordinal (first-block staggering); `final_value`: V(final obs) per row (NaN
         where no time limit ended an episode), or None; `behaviour`: (executed discrete,

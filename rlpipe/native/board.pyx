@@ -263,7 +263,7 @@ def gather_slices(list boards, const int64_t[::1] board_of, const int64_t[::1] e
     if env_lo.shape[0] != n or count.shape[0] != n:
         raise ValueError("gather_slices: board_of, env_lo and count differ in length")
     for i in range(n):
-        bv = <BoardView>boards[board_of[i]]
+        bv = <BoardView?>boards[board_of[i]]  # checked: a slot of a worker with no board fails here
         if i == 0:
             bv._fill(ptrs, row_strides, dst, dstride)
         elif bv.nkeys != len(ptrs):

@@ -131,7 +131,10 @@ class SlotTable:
 
     # -- a round --------------------------------------------------------------------------------
     def recv(self, slots: np.ndarray, seqs: np.ndarray) -> Round:
-        """The obs and step results of the ready `slots` (each at most once), as one batch."""
+        """The obs and step results of the ready `slots` (each at most once), as one batch.
+        A slot given twice is refused here, before a copy: the buffers hold one row per env."""
+        if len(np.unique(slots)) != len(slots):
+            raise RuntimeError(f"a round of {len(slots)} slots names some twice: a slice was served twice")
         counts = self.count[slots]
         ends = np.cumsum(counts)
         starts = ends - counts
