@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, driver_dies_with_pytest, rlpipe_cmd, wait_for
+from conftest import REPO, driver_dies_with_pytest, rlpipe_cmd, run_cli, wait_for
 
 HOSTILE_ENV = {**os.environ, "PYTHONPATH": str(REPO / "tests")}  # driver and workers import hostile_gym
 
@@ -179,15 +179,8 @@ def test_a_full_disk_stops_the_run_with_its_own_code_and_one_line(small_disk, fr
     (small_disk / "filler").write_bytes(b"\0" * (2 * 2**20 - free_kb * 1024))
     run_dir = small_disk / "run"
     overrides = ["env_mix=cartpole", "env_count=16", "run.duration_s=30", "learner.checkpoint_interval_s=1"]
-    proc = subprocess.Popen(
-        rlpipe_cmd(run_dir, *overrides),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=driver_dies_with_pytest,
-    )
-    out, err = proc.communicate(timeout=120)
+    proc = run_cli(run_dir, *overrides, timeout=120)
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == EXIT_DISK_FULL, err[-3000:]
     said = [line for line in err.splitlines() if line.startswith("rlpipe: disk full: no space left to write ")]
     assert len(said) == 1, err[-3000:]
