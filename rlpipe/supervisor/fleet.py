@@ -83,8 +83,10 @@ class Fleet(FleetRounds):
         services: Services,
         phase: Callable[[str], None],
         first_job: bool = True,
+        final_obs_all_ends: bool = False,
     ):
         self.spec = spec
+        self.final_obs_all_ends = final_obs_all_ends  # rlpipe.vector's: every end's obs, not only truncations'
         self.run_id = run_id
         self.t0 = t0
         self.services = services
@@ -96,6 +98,7 @@ class Fleet(FleetRounds):
         self.doorbells: DoorbellServer | None = None  # the driver's bell and every worker's done words
         self.slots: SlotTable | None = None  # every slice's addresses: a round's moves (rlpipe.supervisor.slot_table)
         self.handles: list[WorkerHandle] = []
+        self.on_attach: Callable[[WorkerHandle], None] | None = None  # the engine hears of each new generation
         self.by_id: dict[int, WorkerHandle] = {}
         self.n_slices = 0
         self.cgroups = None
@@ -119,8 +122,9 @@ class Fleet(FleetRounds):
         self.first_job = first_job
 
     # -- start -------------------------------------------------------------------------------
-    def start(self, plan: MixPlan, versions: dict[str, str]) -> None:
-        """The doorbell, the groups' cgroups, schedule and watchdog, and the hot workers."""
+    def start(self, plan: MixPlan, versions: dict[str, str], errors: ErrorAggregator | None = None) -> None:
+        """The doorbell, the groups' cgroups, schedule and watchdog, and the hot workers;
+        `errors`: the error aggregator to use instead of a plain ErrorAggregator."""
         spec, services = self.spec, self.services
         self.plan, self.versions = plan, versions
         self.sections = worker_sections(spec)
@@ -136,7 +140,7 @@ class Fleet(FleetRounds):
         self.max_rss_mb = contain_memory(self.cgroups.name, spec.worker.max_rss_mb, mem, n)
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, services.rcli, services.lifecycle)
-        self.errors = ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
+        self.errors = errors or ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
         hb = spec.heartbeat
         quiet = (
             self.t0 + spec.run.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
@@ -157,7 +161,7 @@ class Fleet(FleetRounds):
             h = WorkerHandle(k, lo, hi, spec, plan, self.run_id, self.doorbells, sum(slices[:k]))
             h.awake = self.schedule.awake[k]
             h.on_retire = self._retire
-            h.on_attach = self.slots.attach
+            h.on_attach = self._attach
             self.handles.append(h)
         self.by_id = {h.worker_id: h for h in self.handles}
         self.respawn_backoff = FaultBackoff(len(self.handles))
@@ -203,6 +207,7 @@ class Fleet(FleetRounds):
             driver_pid=os.getpid(),
             env_id_offset=spec.env_id_offset,
             output_log=str(services.run_dir / WORKER_OUTPUT_DIR / f"worker_{h.worker_id}.log"),
+            final_obs_all_ends=self.final_obs_all_ends,
             # the worker section as built at start, but for the CPUs this generation pins to
             **{
                 **self.sections,
@@ -278,6 +283,12 @@ class Fleet(FleetRounds):
         if failed is not None and not teardown:
             raise failed  # as a failed start in the driver's own thread
 
+    def _attach(self, h: WorkerHandle) -> None:
+        """A new generation's segment is in place: the slot table points there."""
+        self.slots.attach(h)
+        if self.on_attach is not None:
+            self.on_attach(h)
+
     def _retire(self, old: WorkerHandle) -> None:
         """A generation's segment is about to go: keep what its worker counted there."""
         self.errors.remove_log(old.worker_id)
@@ -307,10 +318,11 @@ class Fleet(FleetRounds):
             h.parked = []
         return refs
 
-    def check_workers(self, now: float, on_replace=None) -> None:
+    def check_workers(self, now: float) -> list[int]:
         """Replace workers that exited, inject the configured faults, advance the watchdog and
-        replace the workers it has ended; `on_replace(worker_id)` hears of each replacement (the
-        learner needs not: a new generation's first ring, seq 0, restarts its slices)."""
+        replace the workers it has ended; the ids replaced are returned (no one needs to be
+        called: a new generation's first ring, seq 0, restarts its slices)."""
+        replaced = []
         for h in self.handles:
             if h.respawn_at is not None:  # backing off (_replace): started once its time is up
                 if now >= h.respawn_at:
@@ -322,14 +334,17 @@ class Fleet(FleetRounds):
             h.proc.join()
             code = h.proc.exitcode
             reason = "rss" if code == EXIT_RECYCLE else "exited"
-            self._replace(h, reason, {"exitcode": code}, on_replace)
+            self._replace(h, reason, {"exitcode": code})
+            replaced.append(h.worker_id)
         if self.chaos is not None:
             self.chaos.tick(self.handles, now)
         self.watchdog.scan(self.handles, now)
         for rep in self.watchdog.reap(now):
-            self._replace(rep.handle, rep.reason, rep.detail, on_replace)
+            self._replace(rep.handle, rep.reason, rep.detail)
+            replaced.append(rep.handle.worker_id)
+        return replaced
 
-    def _replace(self, h: WorkerHandle, reason: str, detail: dict, on_replace) -> None:
+    def _replace(self, h: WorkerHandle, reason: str, detail: dict) -> None:
         # A worker dead soon after its start (an env that kills it) backs off as an env does;
         # not an RSS recycle, nor a death the chaos runner may have caused on purpose.
         quick = reason != "rss" and self.chaos is None and time.monotonic() - h.spawned_at < QUICK_DEATH_S
@@ -342,14 +357,21 @@ class Fleet(FleetRounds):
         self.services.lifecycle.record(
             "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
         )
-        if on_replace is not None:
-            on_replace(h.worker_id)
         for s in range(len(h.bounds)):
             self.slice_seen.pop((h.worker_id, s), None)
         kill_orphans(self.forkserver_pid, self.handles)  # what its envs started, if it could not
         if delay:
             h.respawn_at = time.monotonic() + delay
         else:
+            self._spawn(h)
+
+    def restart_all(self, reason: str) -> None:
+        """Every worker stopped and started again in a new generation (rlpipe.vector's reset)."""
+        stop_workers(self.handles, self.spec.heartbeat.term_grace_s)
+        for h in self.handles:
+            self.services.lifecycle.record(
+                "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason}
+            )
             self._spawn(h)
 
     def cpu_seconds(self) -> dict[str, float]:

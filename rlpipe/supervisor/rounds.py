@@ -1,26 +1,14 @@
-"""The fleet's serving side: the rings taken in each turn of the driver's loop (with the
-book-keeping each says of its worker: first step, last ring, readiness), the rings still worth
-serving, and a round's moves through the slot table. `Fleet` (rlpipe/supervisor/fleet.py)
-carries these; they read its handles, schedule, chaos runner and lifecycle log."""
+"""The fleet's side of serving: the rings taken in each turn of the engine's poll, with the
+book-keeping each says of its worker (first step, last ring, readiness), and the envs active.
+`Fleet` (rlpipe/supervisor/fleet.py) carries these; they read its handles, schedule, chaos
+runner and lifecycle log. The rounds themselves are the slice engine's
+(rlpipe/supervisor/engine.py)."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from rlpipe.protocol import Round
 from rlpipe.supervisor.workers import SliceRef
 
 ACTIVE_WINDOW_S = 10.0  # an env counts as active if its slice rang within this window
-
-
-def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
-    """The rings still worth serving: a replaced generation's are dropped (its slot was held or
-    parked while the worker was replaced) and each slice is served once, at its newest ring."""
-    latest: dict[tuple[int, int], SliceRef] = {}
-    for ref in refs:
-        if ref.generation == ref.handle.generation:
-            latest[(ref.handle.worker_id, ref.slice_index)] = ref
-    return list(latest.values())
 
 
 class FleetRounds:
@@ -53,16 +41,6 @@ class FleetRounds:
             if seq > 0 and (w, s) not in self.slice_first_step:
                 self.slice_first_step[(w, s)] = now
         return refs
-
-    def recv(self, refs: list[SliceRef]) -> Round:
-        """The obs and step results of the slices these current rings are for, as one batch."""
-        slots = np.fromiter((r.handle.slot_lo + r.slice_index for r in refs), dtype=np.int64, count=len(refs))
-        seqs = np.fromiter((r.seq for r in refs), dtype=np.int64, count=len(refs))
-        return self.slots.recv(slots, seqs)
-
-    def send(self, rnd: Round, actions: dict) -> None:
-        """The round's actions out to its slices, and their rings."""
-        self.slots.send(rnd.slots, rnd.seqs, actions)
 
     @property
     def all_slices_stepped(self) -> bool:
