@@ -42,7 +42,7 @@ def fleet_rounds(spec, run_dir: Path, actions: list[np.ndarray]) -> list:
         slots = np.arange(engine.fleet.slots.n_slots)
         for k in range(len(actions) + 1):
             deadline = time.monotonic() + 60
-            while not engine.ready.all():
+            while not engine.ready_mask().all():
                 assert time.monotonic() < deadline, "the workers did not ring"
                 engine.poll(time.monotonic(), 10)
             rnd = engine.recv(slots)

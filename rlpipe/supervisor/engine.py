@@ -8,10 +8,11 @@ and `rlpipe.vector` (rlpipe/vector/engine.py).
     engine.send(rnd.slots, acts) their actions scattered, their workers rung
 
 A slot is one slice of one worker (rlpipe.protocol.slot_count). The engine keeps, per slot,
-the newest ring of the worker generation now serving it: `ready` until it is received or
-answered. A replaced worker reaches the client as data, never as a call: its slots' first ring
-has seq 0, and a round marks `restarted` the slots whose generation changed since they were
-last received. The fleet, not the client, replaces workers (`supervise`).
+the newest ring of the worker generation now serving it, ready until answered. A replaced
+worker reaches the client as data, never as a call: its slots' first ring has seq 0, and a
+round marks `restarted` the slots whose generation changed since they were last received.
+The fleet, not the client, replaces workers (`supervise`); the in-process backend
+(rlpipe/supervisor/inprocess.py) offers the same verbs over envs stepped in the caller.
 
 Set-up is two calls (`start_services`, `start_workers`: the driver builds its learner between
 them) and teardown one list of guarded steps (`stop_steps`), in which the client may put its
@@ -35,7 +36,7 @@ from rlpipe.protocol import Round
 from rlpipe.shm.segment import run_segments, sweep_dead_segments
 from rlpipe.supervisor.fleet import Fleet
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
-from rlpipe.supervisor.workers import SliceRef, WorkerHandle
+from rlpipe.supervisor.workers import SliceRef
 
 
 def git_commit() -> str:
@@ -83,9 +84,9 @@ class SliceEngine:
         self.versions: dict[str, str] = {}
         self.started = False  # workers started: stop_steps has a fleet to stop
         # per slot (filled by start_workers)
-        self.ready = np.zeros(0, dtype=bool)  # a ring not yet received nor answered
+        self.ready = np.zeros(0, dtype=bool)  # a ring not yet answered (read through ready_mask)
         self.seq = np.zeros(0, dtype=np.int64)  # the newest ring's step
-        self.gen = np.zeros(0, dtype=np.int64)  # the generation serving the slot
+        self.gen = np.zeros(0, dtype=np.int64)  # the newest ring's worker generation
         self.handed_gen = np.zeros(0, dtype=np.int64)  # the generation last received (0: none)
         self.rang_at = np.zeros(0, dtype=np.int64)  # when it became ready, in rings counted
         self.rings = 0
@@ -118,15 +119,6 @@ class SliceEngine:
         self.gen = np.zeros(n, dtype=np.int64)
         self.handed_gen = np.zeros(n, dtype=np.int64)
         self.rang_at = np.zeros(n, dtype=np.int64)
-        for h in fleet.handles:  # attached already: the hot workers' first segments
-            self._attached(h)
-        fleet.on_attach = self._attached
-
-    def _attached(self, h: WorkerHandle) -> None:
-        """Worker `h` has a new generation: its slots' old rings are void."""
-        slots = slice(h.slot_lo, h.slot_lo + len(h.bounds))
-        self.ready[slots] = False
-        self.gen[slots] = h.generation
 
     # -- the serving verbs ------------------------------------------------------------------
     def poll(self, now: float, poll_ms: int) -> np.ndarray:
@@ -141,11 +133,14 @@ class SliceEngine:
 
     def _mark_ready(self, refs: list[SliceRef]) -> np.ndarray:
         gen, ready, seq, rang_at = self.gen, self.ready, self.seq, self.rang_at
+        current = self.fleet.slots.generation  # the generation each slot's addresses are of
         new = []
         for ref in refs:
             slot = ref.handle.slot_lo + ref.slice_index
-            if ref.generation != gen[slot]:
+            if ref.generation != current[slot]:
                 continue  # a replaced generation's ring (parked, or taken before the replacement)
+            if gen[slot] != ref.generation:  # the new generation's first ring
+                gen[slot], ready[slot] = ref.generation, False
             seq[slot] = ref.seq
             if not ready[slot]:
                 ready[slot] = True
@@ -154,12 +149,22 @@ class SliceEngine:
                 new.append(slot)
         return np.array(new, dtype=np.int64)
 
+    def _drop_replaced(self) -> None:
+        """A ready slot whose worker was replaced since it rang waits for the new generation."""
+        self.ready &= self.gen == self.fleet.slots.generation
+
+    def ready_mask(self) -> np.ndarray:
+        """Per slot: ready to be received."""
+        self._drop_replaced()
+        return self.ready
+
     @property
     def has_ready(self) -> bool:
-        return bool(self.ready.any())
+        return bool(self.ready_mask().any())
 
     def ready_slots(self) -> np.ndarray:
         """The ready slots, in the order they rang."""
+        self._drop_replaced()
         slots = np.flatnonzero(self.ready)
         return slots[np.argsort(self.rang_at[slots], kind="stable")]
 

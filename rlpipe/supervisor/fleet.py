@@ -98,7 +98,6 @@ class Fleet(FleetRounds):
         self.doorbells: DoorbellServer | None = None  # the driver's bell and every worker's done words
         self.slots: SlotTable | None = None  # every slice's addresses: a round's moves (rlpipe.supervisor.slot_table)
         self.handles: list[WorkerHandle] = []
-        self.on_attach: Callable[[WorkerHandle], None] | None = None  # the engine hears of each new generation
         self.by_id: dict[int, WorkerHandle] = {}
         self.n_slices = 0
         self.cgroups = None
@@ -161,7 +160,7 @@ class Fleet(FleetRounds):
             h = WorkerHandle(k, lo, hi, spec, plan, self.run_id, self.doorbells, sum(slices[:k]))
             h.awake = self.schedule.awake[k]
             h.on_retire = self._retire
-            h.on_attach = self._attach
+            h.on_attach = self.slots.attach
             self.handles.append(h)
         self.by_id = {h.worker_id: h for h in self.handles}
         self.respawn_backoff = FaultBackoff(len(self.handles))
@@ -282,12 +281,6 @@ class Fleet(FleetRounds):
                     log.warning("moving worker %d to the active cgroup failed: %s", h.worker_id, exc)
         if failed is not None and not teardown:
             raise failed  # as a failed start in the driver's own thread
-
-    def _attach(self, h: WorkerHandle) -> None:
-        """A new generation's segment is in place: the slot table points there."""
-        self.slots.attach(h)
-        if self.on_attach is not None:
-            self.on_attach(h)
 
     def _retire(self, old: WorkerHandle) -> None:
         """A generation's segment is about to go: keep what its worker counted there."""

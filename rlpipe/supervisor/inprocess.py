@@ -82,6 +82,9 @@ class InProcessEngine:
         """Nothing to take: a slot is ready again as soon as `send` has stepped it."""
         return np.zeros(0, dtype=np.int64)
 
+    def ready_mask(self) -> np.ndarray:
+        return self.ready
+
     @property
     def has_ready(self) -> bool:
         return bool(self.ready.any())

@@ -118,11 +118,11 @@ class Engine:
     # -- the slots' states ----------------------------------------------------------------
     @property
     def arrived(self) -> np.ndarray:
-        return self.core.ready & ~self.held
+        return self.core.ready_mask() & ~self.held
 
     @property
     def flight(self) -> np.ndarray:
-        return ~self.core.ready & ~self.held
+        return ~self.core.ready_mask() & ~self.held
 
     def envs_in(self, mask: np.ndarray) -> int:
         """The envs of the slots in `mask`."""
