@@ -36,7 +36,6 @@ from rlpipe.protocol import Round
 from rlpipe.shm.segment import run_segments, sweep_dead_segments
 from rlpipe.supervisor.fleet import Fleet
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
-from rlpipe.supervisor.workers import SliceRef
 
 
 def git_commit() -> str:
@@ -126,28 +125,28 @@ class SliceEngine:
         dormant workers started and due groups woken on the way (their parked rings come in).
         Returns the slots that became ready."""
         fleet = self.fleet
-        refs = fleet.take_rings(now, poll_ms)
+        slots, seqs = fleet.take_rings(now, poll_ms)
         fleet.spawn_some()
-        refs.extend(fleet.wake_due(now))
-        return self._mark_ready(refs)
+        woken, woken_seqs = fleet.wake_due(now)
+        if len(woken):
+            slots, seqs = np.concatenate([slots, woken]), np.concatenate([seqs, woken_seqs])
+        return self._mark_ready(slots, seqs)
 
-    def _mark_ready(self, refs: list[SliceRef]) -> np.ndarray:
-        gen, ready, seq, rang_at = self.gen, self.ready, self.seq, self.rang_at
-        current = self.fleet.slots.generation  # the generation each slot's addresses are of
-        new = []
-        for ref in refs:
-            slot = ref.handle.slot_lo + ref.slice_index
-            if ref.generation != current[slot]:
-                continue  # a replaced generation's ring (parked, or taken before the replacement)
-            if gen[slot] != ref.generation:  # the new generation's first ring
-                gen[slot], ready[slot] = ref.generation, False
-            seq[slot] = ref.seq
-            if not ready[slot]:
-                ready[slot] = True
-                self.rings += 1
-                rang_at[slot] = self.rings
-                new.append(slot)
-        return np.array(new, dtype=np.int64)
+    def _mark_ready(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """Rings of the slots' current generations (the fleet reads no other) in."""
+        if not len(slots):
+            return slots
+        current = self.fleet.slots.generation[slots]
+        renewed = self.gen[slots] != current  # a new generation's first ring
+        if renewed.any():
+            self.gen[slots[renewed]] = current[renewed]
+            self.ready[slots[renewed]] = False
+        self.seq[slots] = seqs
+        fresh = slots[~self.ready[slots]]
+        self.ready[fresh] = True
+        self.rang_at[fresh] = self.rings + np.arange(1, len(fresh) + 1)
+        self.rings += len(fresh)
+        return fresh
 
     def _drop_replaced(self) -> None:
         """A ready slot whose worker was replaced since it rang waits for the new generation."""

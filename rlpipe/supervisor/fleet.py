@@ -14,6 +14,7 @@ import signal
 import time
 from typing import Callable
 
+import numpy as np
 import redis
 
 from rlpipe.config import RunSpec
@@ -35,7 +36,6 @@ from rlpipe.supervisor.slot_table import SlotTable
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import (
     BackgroundStarts,
-    SliceRef,
     WorkerHandle,
     group_ranges,
     stop_workers,
@@ -109,8 +109,6 @@ class Fleet(FleetRounds):
         self.unspawned: list[WorkerHandle] = []
         self.hot_unready: set[int] = set()  # hot workers not yet stepped: the chaos clock waits for them
         self.starts = BackgroundStarts()  # dormant workers' process starts
-        self.slice_seen: dict[tuple[int, int], float] = {}
-        self.slice_first_step: dict[tuple[int, int], float] = {}
         self.lifecycle_dropped = 0  # workers' lifecycle events dropped at the ZMQ high-water mark
         self.pinned_at: float | None = None  # learner_core: when the workers left the update's CPU
         # `cpu_seconds` counts from the job's start: a later job of a multirun shares the
@@ -163,6 +161,7 @@ class Fleet(FleetRounds):
             h.on_attach = self.slots.attach
             self.handles.append(h)
         self.by_id = {h.worker_id: h for h in self.handles}
+        self.start_rounds(sum(slices))
         self.respawn_backoff = FaultBackoff(len(self.handles))
         self.n_slices = sum(len(h.bounds) for h in self.handles)
         # Hot groups start now; dormant ones are started from the loop, so the first steps
@@ -288,15 +287,17 @@ class Fleet(FleetRounds):
         self.lifecycle_dropped += old.views.load(H_LC_DROPPED)
 
     # -- the loop ----------------------------------------------------------------------------
-    def wake_due(self, now: float) -> list[SliceRef]:
-        """Wake the groups the schedule says are due; return their parked rings."""
+    def wake_due(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Wake the groups the schedule says are due; return their parked rings (slots, seqs)."""
+        none = np.zeros(0, dtype=np.int64)
         if self.schedule.all_awake:
-            return []
-        min_steps = {h.worker_id: min(h.slice_seq) for h in self.handles if h.awake}
-        refs = []
+            return none, none
+        min_steps = {h.worker_id: int(h.slice_seq.min()) for h in self.handles if h.awake}
+        slots, seqs = [none], [none]
         for k in self.schedule.due(min_steps):
             h = self.handles[k]
             h.awake = True
+            self.slot_awake[h.slot_lo : h.slot_lo + len(h.bounds)] = True
             if h.views is not None:
                 h.views.store(H_AWAKE, 1)  # before the move: a worker still joining looks again
             if h.alive():
@@ -307,9 +308,11 @@ class Fleet(FleetRounds):
             self.services.lifecycle.record(
                 "group_wake", worker_id=k, generation=h.generation, detail={"envs": h.n, "wake": self.schedule.wakes}
             )
-            refs.extend(h.parked)
-            h.parked = []
-        return refs
+            parked = np.flatnonzero(h.parked >= 0)
+            slots.append(h.slot_lo + parked)
+            seqs.append(h.parked[parked].copy())
+            h.parked[:] = -1
+        return np.concatenate(slots), np.concatenate(seqs)
 
     def check_workers(self, now: float) -> list[int]:
         """Replace workers that exited, inject the configured faults, advance the watchdog and
@@ -350,8 +353,7 @@ class Fleet(FleetRounds):
         self.services.lifecycle.record(
             "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
         )
-        for s in range(len(h.bounds)):
-            self.slice_seen.pop((h.worker_id, s), None)
+        self.slot_seen[h.slot_lo : h.slot_lo + len(h.bounds)] = -np.inf  # not active until it rings
         kill_orphans(self.forkserver_pid, self.handles)  # what its envs started, if it could not
         if delay:
             h.respawn_at = time.monotonic() + delay
