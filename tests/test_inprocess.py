@@ -136,3 +136,12 @@ def test_the_learner_trains_on_in_process_rounds_with_no_process_started():
 def test_the_in_process_backend_refuses_exploration():
     with pytest.raises(ValueError, match="scaling.enabled=false"):
         InProcessEngine(spec_of("scaling=on"))
+
+
+def test_the_hot_path_benchmark_times_each_move_of_its_rounds():
+    from conftest import load_benchmark
+
+    result = load_benchmark("hot_path").measure(["env_mix=cartpole", "env_count=16"], rounds=2, warmup=1)
+    assert result["rows"] == 16
+    assert {m: len(v) for m, v in result["times"].items()} == {"recv": 2, "act": 2, "observe": 2}
+    assert all(t > 0 for v in result["times"].values() for t in v)
