@@ -1,3 +1,9 @@
-from rlpipe.app import main
+# First thing: a stop signal from here on is recorded, never a KeyboardInterrupt inside an
+# import (rlpipe.supervisor.stopping).
+from rlpipe.supervisor.stopping import record_stop_signals
+
+record_stop_signals()
+
+from rlpipe.app import main  # noqa: E402
 
 main()

@@ -7,6 +7,7 @@ import importlib
 import logging
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
 from rlpipe.files import make_private
 from rlpipe.ranks import hydra_run_dir
+from rlpipe.supervisor import stopping
 
 if TYPE_CHECKING:
     from rlpipe.supervisor.runmode import RunMode
@@ -45,12 +47,13 @@ def run_job(cfg: DictConfig) -> int:
 
     quiet_console_logs()  # other libraries' INFO lines go to the run's log file only
     from rlpipe.supervisor.diskfull import hold_reserve, release_reserve
-    from rlpipe.supervisor.driver import Driver  # torch is imported only past validation
 
     mode: RunMode | None = None  # built once the config is valid; closed on every way out
     try:
         spec = run_spec(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if stopping.pending() is not None:  # a stop signal while Python and Hydra started
+            return _stopped_before_driver(spec, run_dir, stopping.pending())
         if spec.run.mode == "validate":
             from rlpipe.envs.validate import validate_types
 
@@ -61,6 +64,8 @@ def run_job(cfg: DictConfig) -> int:
         make_private(run_dir)
         hold_reserve(run_dir)
         try:
+            from rlpipe.supervisor.driver import Driver  # torch: imported on its thread meanwhile
+
             driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
             return driver.run()
         finally:
@@ -78,6 +83,26 @@ def run_job(cfg: DictConfig) -> int:
     finally:
         if mode is not None:
             mode.close()
+
+
+def _stopped_before_driver(spec: RunSpec, run_dir: Path, signum: int) -> int:
+    """A stop signal came before the driver existed: nothing was started, the run dir gets its
+    short summary and the one line, and the exit code is the signal's."""
+    at_s = stopping.pending_at_s()
+    stop = stopping.stopped_by("signal", at_s, signum, "start-up", after="config composed")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    make_private(run_dir)
+    path = stopping.write_short_summary(
+        run_dir,
+        stop,
+        stage=spec.stage,
+        env_count=spec.env_count,
+        env_steps=0,
+        wall_s=round(time.time() - stopping.process_started_at(), 3),
+        resumed_from_step=0,
+    )
+    stopping.say_stopped_in_startup(signum, "config composed", at_s, path)
+    return 128 + signum
 
 
 def import_torch_early() -> None:

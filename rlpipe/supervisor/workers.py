@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
+from rlpipe.proctree import stop_signals_blocked
 from rlpipe.protocol import reward_stats_key, slice_bounds
 from rlpipe.shm.doorbell import DoorbellServer, send_stop, wake_worker
 from rlpipe.shm.errorlog import ErrorLog
@@ -30,6 +31,13 @@ def worker_context(start_method: str, env_modules: list[str]):
         # the mix's env modules (never torch): a new worker costs a fork, and those pages are
         # shared until written.
         ctx.set_forkserver_preload(WORKER_PRELOAD + env_modules)
+        # Started here, with the stop signals held, rather than by the first worker's start:
+        # it inherits the mask, and its first preload module ignores them before Python could
+        # turn a terminal's Ctrl-C into a KeyboardInterrupt in its imports (rlpipe.proctree).
+        from multiprocessing import forkserver
+
+        with stop_signals_blocked():
+            forkserver.ensure_running()
     return ctx
 
 
