@@ -337,6 +337,9 @@ class RunMetrics:
             log.warning("health report failed: %s", exc, exc_info=space_error(exc) is None)
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
+        stop = result.get("stopped_by") or {}
+        if stop.get("signal") and stop.get("phase") == "teardown":  # it had reached its stop condition
+            how = f"done ({stop['signal']} during the teardown)"
         print(
             f"rlpipe {self.mode.line_prefix}{how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
             f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "

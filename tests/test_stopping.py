@@ -1,0 +1,143 @@
+"""Stopping a run at any moment (docs/running.md, "Stopping a run"): a stop signal before the
+driver exists, while the forkserver preloads, mid-run to the whole process group (a terminal's
+Ctrl-C) and during the teardown each ends with the signal's exit code, one line saying what
+stopped the run, a `summary.json` with `stopped_by`, no traceback and nothing left behind.
+(A SIGTERM or SIGINT to the driver alone mid-run: tests/test_engine.py; SIGKILL and the restart
+after it: tests/test_restart.py.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import REPO, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_leftovers, wait_for
+
+SMALL = ("env_mix=cartpole", "env_count=16", "groups.size=8", "logging.random_return_episodes=2")
+
+
+def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """The driver in a process group of its own, as a shell starts a job: a signal to the
+    group reaches it and every child that stayed in it (the forkserver, the probe)."""
+    run_dir.mkdir(parents=True)
+    with open(run_dir.parent / "out.txt", "w") as out, open(run_dir.parent / "err.txt", "w") as err:
+        return subprocess.Popen(
+            rlpipe_cmd(run_dir, *SMALL, *overrides),
+            cwd=REPO,
+            stdout=out,
+            stderr=err,
+            process_group=0,
+            preexec_fn=driver_dies_with_pytest,
+        )
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def finish(proc: subprocess.Popen, run_dir: Path, seen: list[psutil.Process]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) once the driver is gone, after checking that every process
+    it had (`seen` and whatever it started since), segment, socket and temp dir went with it."""
+    seen = seen + descendants(proc.pid)
+    try:
+        code = proc.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    out, err = ((run_dir.parent / name).read_text() for name in ("out.txt", "err.txt"))
+    _gone, alive = psutil.wait_procs(seen, timeout=10)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == [], [p.cmdline() for p in alive]
+    assert run_leftovers(proc.pid) == []  # segments, cgroups, socket and multiprocessing temp dirs
+    assert not list(run_dir.glob("*.ipc")) and not (run_dir / "redis.sock").exists()
+    assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
+    return code, out, err
+
+
+def last_line(out: str) -> str:
+    return [line for line in out.splitlines() if line.startswith("rlpipe ")][-1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_before_the_driver_exists_writes_a_short_summary(short_tmp, sig):
+    """0.3 s in: Python is still importing or Hydra composing (a KeyboardInterrupt traceback
+    and exit 1 before the signals were recorded from the first line of rlpipe.__main__)."""
+    run_dir = short_tmp / "run"
+    proc = start(run_dir, "run.duration_s=30")
+    time.sleep(0.3)
+    os.killpg(proc.pid, sig)
+    code, out, err = finish(proc, run_dir, [])
+    assert code == 128 + sig, err[-3000:]
+    stop = read_summary(run_dir)["stopped_by"]
+    assert stop["reason"] == "signal" and stop["signal"] == sig.name and stop["phase"] == "start-up"
+    assert f"stopped by {sig.name} during start-up" in last_line(out)
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_ctrl_c_while_the_forkserver_preloads_stops_the_start_up_cleanly(short_tmp):
+    """SIGINT to the whole group the moment the forkserver exists, in its preload imports: it
+    ignored nothing then (a traceback of its own, and the driver's EOFError in fleet._spawn)."""
+    run_dir = short_tmp / "run"
+    proc = start(run_dir, "run.duration_s=30")
+
+    def forkserver():
+        return [p for p in descendants(proc.pid) if "forkserver" in " ".join(p.cmdline())]
+
+    seen = wait_for(forkserver, 60, every_s=0.01)
+    assert seen, (run_dir.parent / "err.txt").read_text()[-3000:]
+    os.killpg(proc.pid, signal.SIGINT)
+    code, out, err = finish(proc, run_dir, seen + descendants(proc.pid))
+    assert code == 130, err[-3000:]
+    stop = read_summary(run_dir)["stopped_by"]
+    assert stop["reason"] == "signal" and stop["phase"] == "start-up", stop
+    assert "stopped by SIGINT during start-up" in last_line(out)
+
+
+def test_ctrl_c_mid_run_keeps_redis_until_the_last_checkpoint(short_tmp):
+    """A terminal's Ctrl-C reaches the whole foreground group: the embedded Redis (its own
+    group now) must still answer when the final checkpoint reads the workers' reward
+    statistics (with reward_norm=per_env they were lost, `Redis unreachable`)."""
+    from rlpipe.learner.checkpoint import checkpoint_files, load_checkpoint
+
+    run_dir = short_tmp / "run"
+    proc = start(run_dir, "run.duration_s=120", "reward_norm=per_env", "learner.checkpoint_interval_s=2")
+    assert wait_for(lambda: checkpoint_files(run_dir / "checkpoints"), 90), (run_dir.parent / "err.txt").read_text()
+    seen = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    code, out, err = finish(proc, run_dir, seen)
+    assert code == 130, err[-3000:]
+    summary = read_summary(run_dir)
+    assert summary["stopped_by"]["reason"] == "signal" and summary["stopped_by"]["phase"] == "running"
+    assert last_line(out).startswith("rlpipe stopped by SIGINT: ")
+    assert "Redis unreachable" not in (run_dir / "app.log").read_text()
+    final = load_checkpoint(checkpoint_files(run_dir / "checkpoints")[-1])
+    assert final["counters"]["env_steps"] == summary["env_steps"]  # the final one, not a periodic one
+    assert final["reward_norm"] and all(state.numel() for state in final["reward_norm"])
+
+
+def test_a_signal_during_the_teardown_lets_it_finish_and_keeps_the_stop_condition(short_tmp):
+    """The run reached run.duration_s; a SIGTERM once its workers have been stopped (the
+    teardown is under way) changes the exit code, not what the teardown does."""
+    run_dir = short_tmp / "run"
+    proc = start(run_dir, "run.duration_s=8", "run.total_env_steps=null")
+
+    def workers():
+        return [p for p in descendants(proc.pid) if " ".join(p.cmdline()).startswith("rlpipe: worker")]
+
+    seen = wait_for(lambda: len(workers()) == 2 and workers(), 90, every_s=0.05)
+    assert seen, (run_dir.parent / "err.txt").read_text()[-3000:]
+    everything = descendants(proc.pid)
+    psutil.wait_procs(seen, timeout=60)  # the teardown stops the workers first thing
+    os.kill(proc.pid, signal.SIGTERM)
+    code, out, err = finish(proc, run_dir, everything)
+    assert code == 143, err[-3000:]
+    stop = read_summary(run_dir)["stopped_by"]
+    assert stop["reason"] == "duration" and stop["signal"] == "SIGTERM" and stop["phase"] == "teardown", stop
+    assert "done (SIGTERM during the teardown)" in last_line(out)
