@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from conftest import REPO, driver_dies_with_pytest, read_summary, rlpipe_cmd, run_leftovers, wait_for
 
 SMALL = ("env_mix=cartpole", "env_count=16", "groups.size=8", "logging.random_return_episodes=2")
