@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import importlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
+from rlpipe.config_errors import check_known_keys, explain
 from rlpipe.files import make_private
 from rlpipe.ranks import hydra_run_dir
 from rlpipe.supervisor import stopping
@@ -50,6 +52,7 @@ def run_job(cfg: DictConfig) -> int:
 
     mode: RunMode | None = None  # built once the config is valid; closed on every way out
     try:
+        check_known_keys(cfg, RunSpec)  # also those added with `+`: nothing would read them
         spec = run_spec(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         if stopping.pending() is not None:  # a stop signal while Python and Hydra started
@@ -128,8 +131,40 @@ def _run_mode(spec: RunSpec) -> RunMode:
     return Ranks(info, spec)
 
 
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"  # set: Hydra raises its errors instead of printing them
+
+
+class _Job:
+    failed = False  # an exception came out of run_job: not Hydra's, not for explain()
+
+
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
-def main(cfg: DictConfig) -> None:
-    code = run_job(cfg)
+def _hydra_main(cfg: DictConfig) -> None:
+    full_error = os.environ.pop(HYDRA_FULL_ERROR, None)  # not inherited by the run's children
+    try:
+        code = run_job(cfg)
+    except BaseException:
+        _Job.failed = True
+        raise
+    finally:
+        if full_error is not None:
+            os.environ[HYDRA_FULL_ERROR] = full_error
     if code:
         sys.exit(code)
+
+
+def main() -> None:
+    """`python -m rlpipe`: Hydra composes the config and makes the run dir, then `run_job`.
+    What Hydra itself refuses (a key no setting has, a value of the wrong type, a group option
+    that does not exist, an override it cannot parse, a run dir it cannot create) is a config
+    error like rlpipe's own: one paragraph, exit 2 (rlpipe.config_errors), not Hydra's report
+    and exit 1."""
+    os.environ.setdefault(HYDRA_FULL_ERROR, "1")
+    try:
+        _hydra_main()
+    except Exception as exc:
+        text = None if _Job.failed else explain(exc, RunSpec)
+        if text is None:
+            raise
+        print(text, file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
