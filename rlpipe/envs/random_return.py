@@ -107,6 +107,7 @@ def measure_all(
     driver_pid: int,
     initial_pickle: bytes | None = None,
     cgroup_paths: tuple[str, ...] = (),
+    keep_measured: bool = False,
 ) -> None:
     """Child-process entry: `measure` at nice `PROBE_NICE`. A driver killed with -9 cannot stop it, so
     it exits once its driver is gone: else it would play on for minutes, write into the run
@@ -138,7 +139,7 @@ def measure_all(
     except OSError:
         pass
     try:
-        measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle)
+        measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle, keep_measured)
     finally:
         kill_descendants()
 
@@ -155,12 +156,24 @@ def _end_with_descendants(*_) -> None:
 
 
 def measure(
-    nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int, initial_pickle: bytes | None
+    nodes: dict[str, dict],
+    out_dir: str,
+    episodes: int,
+    budget_s: float,
+    seed: int,
+    initial_pickle: bytes | None,
+    keep_measured: bool = False,
 ) -> None:
     """Every type's random return, then (given the pickled `InitialPolicy`) every type's
-    untrained-policy return, each file rewritten (atomically) after each type."""
-    results: dict[str, dict] = {}
+    untrained-policy return, each file rewritten (atomically) after each type. With
+    `keep_measured` (a resumed run) the types the run dir's file already holds keep their
+    figure: a short resumed start stopped before the probe came round to a type left it with
+    none, and its `learned` verdict turned unknown."""
+    kept = read_results(Path(out_dir)) if keep_measured else {}
+    results: dict[str, dict] = {name: kept[name] for name in nodes if name in kept}
     for i, (name, node) in enumerate(nodes.items()):
+        if name in results:
+            continue
         results[name] = play_random(node, episodes, budget_s, seed + 1000 * i)
         atomic_write(Path(out_dir) / RESULT_FILE, json.dumps(results, indent=1))
     if initial_pickle is None:
@@ -225,6 +238,7 @@ def start(
     seed: int,
     initial: InitialPolicy | None = None,
     cgroup_paths: tuple[str, ...] = (),
+    keep_measured: bool = False,
 ):
     """The measuring child process (a daemon: a clean exit stops it; a killed driver's dies
     with it, see `measure_all`), or None when `episodes` is 0."""
@@ -241,6 +255,7 @@ def start(
             os.getpid(),
             pickle.dumps(initial) if initial else None,
             tuple(cgroup_paths),
+            keep_measured,
         ),
         name="rlpipe-random-returns",
         daemon=True,

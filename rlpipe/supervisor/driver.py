@@ -187,6 +187,7 @@ class Driver:
                 spec.run.seed + 99,
                 InitialPolicy.of(self.learner, spec) if fresh and spec.logging.initial_policy_episodes else None,
                 self.fleet.cgroups.active_paths(),  # the workers' memory limit (rlpipe.supervisor.memory)
+                keep_measured=not fresh,  # a resumed run keeps its first start's random figures too
             )
         self.metrics.resources.start()
         services.set_state("running")

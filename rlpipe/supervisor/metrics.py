@@ -113,10 +113,15 @@ class RunMetrics:
         """The periodic TensorBoard charts; returns the sps of the window since the last call."""
         c = self.learner.counters
         last_steps, last_t = self.chart_mark
-        sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9)
+        # The first window starts at this start's first step: before it (start-up, and the
+        # start-up of a resumed run at its resumed step) nothing was measured, and a 0 charted
+        # there read as a run that stalled
+        if c.first_step_at is not None:
+            last_t = max(last_t, c.first_step_at)
+        sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9) if c.first_step_at is not None else 0.0
         self.chart_mark = (c.env_steps, now)
-        values = {
-            "charts/sps": sps,
+        values = {"charts/sps": sps} if c.first_step_at is not None else {}
+        values |= {
             "envs/active": self.fleet.active_envs(now),
             "board/torn_retries": c.torn_retries,
             "charts/episodes": c.episodes,
