@@ -24,6 +24,8 @@ SUMMARY_KEYS = {
     "env_steps",
     "wall_s",
     "teardown_s",
+    "stopped_by",
+    "not_measured",
     "sps",
     "startup_first_step_s",
     "all_envs_ready_s",

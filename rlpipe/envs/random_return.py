@@ -187,6 +187,33 @@ def measure(
         atomic_write(Path(out_dir) / INITIAL_FILE, json.dumps(starts, indent=1))
 
 
+def not_measured(run_dir: Path, names: list[str], logging_spec) -> dict[str, dict[str, str]]:
+    """Why a type has no `random_return` or `initial_policy_return` in summary.json, per
+    figure and type (`logging_spec`: the run's LoggingSpec): the summary says so rather than
+    leave an empty entry to be read as "none measured, for no reason"."""
+    randoms, starts = read_results(run_dir), read_results(run_dir, INITIAL_FILE)
+    out: dict[str, dict[str, str]] = {"random_return": {}, "initial_policy_return": {}}
+    for name in names:
+        if randoms.get(name, {}).get("mean") is None:
+            out["random_return"][name] = (
+                "off (logging.random_return_episodes=0)"
+                if not logging_spec.random_return_episodes
+                else "the probe had not finished it when the run ended"
+                if name not in randoms
+                else "no episode finished within logging.random_return_budget_s"
+            )
+        if not whole_sample(starts.get(name)):
+            out["initial_policy_return"][name] = (
+                "off (logging.initial_policy_episodes=0, or logging.random_return_episodes=0)"
+                if not logging_spec.initial_policy_episodes or not logging_spec.random_return_episodes
+                else "the probe had not come to it when the run ended (it plays every type's random "
+                "episodes first); a resumed run measures it only in its first start"
+                if name not in starts
+                else "its sample had a cut episode or fewer than 2 episodes"
+            )
+    return {figure: reasons for figure, reasons in out.items() if reasons}
+
+
 def read_results(run_dir: Path, name: str = RESULT_FILE) -> dict[str, dict]:
     try:
         return json.loads((Path(run_dir) / name).read_text())

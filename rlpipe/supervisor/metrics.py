@@ -193,7 +193,9 @@ class RunMetrics:
     def _memory_curves(self) -> None:
         """Memory of the whole run (PSS, sampled by the resource sampler) and each worker's RSS
         from its Redis beat: the original system's RSS curves, per worker group."""
-        values = {"memory/pss_mb": self.resources.last_bytes / 2**20}
+        # before the sampler's first sample there is no figure: a 0 charted then read as a
+        # run of no memory (a short run's only points were such zeros)
+        values = {"memory/pss_mb": self.resources.last_bytes / 2**20} if self.resources.last_bytes else {}
         try:
             pipe = self.services.rcli.pipeline(transaction=False)
             for h in self.fleet.handles:
@@ -283,13 +285,14 @@ class RunMetrics:
             "mean_return_first100": {
                 k: (round(float(np.mean(v)), 3) if v else None) for k, v in c.first_returns.items()
             },
+            "not_measured": random_return.not_measured(self.run_dir, list(c.returns), self.spec.logging),
             "learned": {
                 k: random_return.verdict(
                     list(v), c.first_returns[k], c.episodes_by_type[k], randoms.get(k), starts.get(k)
                 )
                 for k, v in c.returns.items()
             },
-            "peak_rss_mb": round(self.resources.peak_bytes / 2**20, 1),
+            "peak_rss_mb": round(self.resources.peak_bytes / 2**20, 1) if self.resources.peak_bytes else None,
             "shm_bytes": sum(h.layout.size for h in fleet.handles if h.generation > 0),
             "faults": faults,
             "board": {"torn_retries": c.torn_retries},
