@@ -75,7 +75,7 @@ def unknown_key_text(key: str, known: list[str]) -> str:
     hint = f" Did you mean {' or '.join(f'`{parent}{c}`' for c in close)}?" if close else ""
     return (
         f"Unknown config key {key}: no setting of that name, so nothing would read it.{hint} "
-        f"Settings are declared in rlpipe/config.py with their defaults in rlpipe/conf/ ({LIST_ALL}); "
+        f"Settings are declared in rlpipe/config.py with their defaults in conf/ ({LIST_ALL}); "
         f"`+key=value` adds keys only under {', '.join(OPEN_KEYS)} (and an env type's node)."
     )
 
@@ -153,7 +153,7 @@ def _missing_option(exc) -> str:
     allowed = f"allowed: {', '.join(options)}." if options else "it has no options here."
     return (
         f"rlpipe: config error: no option `{option}` in config group `{group}` (from `{group}={option}`); "
-        f"{allowed}{hint} Each option is a file in rlpipe/conf/{group}/."
+        f"{allowed}{hint} Each option is a file in conf/{group}/."
     )
 
 
