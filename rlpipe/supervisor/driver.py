@@ -412,7 +412,9 @@ class Driver:
     def _write_summary(self) -> None:
         loop_end = self.metrics.loop_end
         end_s = (loop_end if loop_end is not None else time.monotonic()) - self.t0
-        stop = self.stop.stopped_by(self.spec, self.learner, self.stop_signal, self.disk_full, end_s)
+        stop = self.stop.stopped_by(
+            self.spec, self.learner, self.stop_signal, self.disk_full, end_s, loop_ran=loop_end is not None
+        )
         if loop_end is None:  # stopped in start-up: nothing measured yet
             wall_s = time.monotonic() - self.t0
             return self.stop.short_summary(self.run_dir, stop, self.spec, self.checkpointing.resumed_from_step, wall_s)

@@ -169,11 +169,14 @@ class StopRecord:
         self.phase = "teardown" if self.tearing_down else ("running" if started else "start-up")
         self.at_s = at_s
 
-    def stopped_by(self, spec, learner, signum: int | None, disk_full: str | None, end_s: float) -> dict:
+    def stopped_by(
+        self, spec, learner, signum: int | None, disk_full: str | None, end_s: float, loop_ran: bool
+    ) -> dict:
         """`spec` a RunSpec, `learner` the CentralLearner (None before it was built); `end_s`
         the end of the stepping loop (or now, when it never ran), from the run's start."""
         if disk_full is not None:
-            return stopped_by("disk_full", end_s, signum, self.phase or "running", what=disk_full)
+            phase = self.phase or ("running" if loop_ran else "start-up")
+            return stopped_by("disk_full", end_s, signum, phase, what=disk_full)
         if signum is not None and self.phase != "teardown":
             after = {"after": self.last_phase} if self.phase == "start-up" else {}
             return stopped_by("signal", self.at_s if self.at_s is not None else end_s, signum, self.phase, **after)
