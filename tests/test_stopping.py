@@ -141,3 +141,15 @@ def test_a_signal_during_the_teardown_lets_it_finish_and_keeps_the_stop_conditio
     stop = read_summary(run_dir)["stopped_by"]
     assert stop["reason"] == "total_env_steps" and stop["signal"] == "SIGTERM" and stop["phase"] == "teardown", stop
     assert "done (SIGTERM during the teardown)" in last_line(out)
+
+
+def test_every_row_of_the_stopping_and_bad_input_tables_names_a_test_that_exists():
+    """docs/running.md's two tables hold each row to a test: the names must be real."""
+    import re
+
+    text = (REPO / "docs" / "running.md").read_text()
+    tables = text[text.index("## Stopping a run") : text.index("## The learner on a GPU")]
+    named = re.findall(r"`(tests/\w+\.py)::(\w+)", tables)
+    assert len(named) >= 20, named
+    missing = [(f, t) for f, t in named if f"def {t}(" not in (REPO / f).read_text()]
+    assert not missing, missing
