@@ -90,3 +90,16 @@ def test_a_run_stopped_and_resumed_twice_reports_as_the_uninterrupted_run(short_
     acc.Reload()
     sps = acc.Scalars("charts/sps")
     assert sps and min(e.value for e in sps) > 0, [(e.step, e.value) for e in sps if e.value <= 0]
+
+
+def test_a_resume_without_reward_statistics_says_so(tmp_path, caplog):
+    """A checkpoint written while Redis did not answer has no reward statistics: with reward
+    normalization on, the resume warns instead of starting the statistics anew in silence."""
+    from rlpipe.supervisor.checkpointing import Checkpointing
+
+    spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", "reward_norm=per_env"]))
+    learner = CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
+    save_checkpoint(tmp_path / "checkpoints", 500, {**learner.checkpoint_payload(), "reward_norm": []}, keep=2)
+    with caplog.at_level("WARNING", logger="rlpipe"):
+        Checkpointing(spec, tmp_path, "run", "", 0.0).resume(learner, None, required=True)
+    assert "without reward statistics" in caplog.text and "reward_norm=per_env" in caplog.text
