@@ -7,7 +7,8 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
+
+import numpy as np
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
@@ -51,17 +52,6 @@ def reward_stats_keys(spec: RunSpec, run_id: str) -> list[str]:
     return [reward_stats_key(run_id, k) for k in range(n_workers)]
 
 
-@dataclass
-class SliceRef:
-    """One ring: a slice of a worker that stepped (`seq`), by the worker generation that rang
-    (a replaced generation's rings are stale)."""
-
-    handle: "WorkerHandle"
-    slice_index: int
-    seq: int
-    generation: int
-
-
 class WorkerHandle:
     def __init__(
         self,
@@ -95,8 +85,9 @@ class WorkerHandle:
         self.error_log: ErrorLog | None = None
         self.on_retire = None  # called with the handle before a segment goes
         self.on_attach = None  # called with the handle once a new segment is in place
-        self.parked: list = []  # rings of a dormant group, served on wake
-        self.slice_seq = [0] * len(self.bounds)  # last step seq per slice (steps per env)
+        # per slice (views into the fleet's per-slot arrays once it has started the handle):
+        self.slice_seq = np.zeros(len(self.bounds), dtype=np.int64)  # the last ring's step (steps per env)
+        self.parked = np.full(len(self.bounds), -1, dtype=np.int64)  # a dormant group's ring, served on wake
         self.respawn_at: float | None = None  # a crash-looping group's next start (Fleet._replace)
 
     def _new_segment(self) -> None:
@@ -131,8 +122,8 @@ class WorkerHandle:
         self.generation += 1
         self._new_segment()
         self.views.store(H_AWAKE, int(self.awake))
-        self.parked = []
-        self.slice_seq = [0] * len(self.bounds)
+        self.parked[:] = -1
+        self.slice_seq[:] = 0
 
     @property
     def replacement(self) -> bool:
