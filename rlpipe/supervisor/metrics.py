@@ -345,7 +345,10 @@ class RunMetrics:
             log.warning("health report failed: %s", exc, exc_info=space_error(exc) is None)
         if self.loop_end is not None:  # the whole shutdown, hparams and health report included
             result["teardown_s"] = round(time.monotonic() - self.loop_end, 3)
-            atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
+            try:
+                atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
+            except OSError as exc:  # the summary written above stands, with the teardown until then
+                log.warning("summary.json: teardown_s not updated: %s", exc)
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
         stop = result.get("stopped_by") or {}
