@@ -113,7 +113,7 @@ def explain(exc: BaseException, schema: type) -> str | None:
         return f"rlpipe: config error: {' '.join(str(exc).split())}"
     if isinstance(exc, OSError) and exc.filename is not None:
         return (
-            f"rlpipe: cannot create the run directory: {exc.strerror}: {exc.filename}. The run "
+            f"rlpipe: cannot create or write the run directory: {exc.strerror}: {exc.filename}. The run "
             f"directory is hydra.run.dir (hydra.sweep.dir with -m); give one this user may create "
             f"and write (e.g. `hydra.run.dir=runs/mine`)."
         )

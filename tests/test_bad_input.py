@@ -23,7 +23,7 @@ ROWS = {
     "no-such-option": (["env_mix=cartpol"], ["no option `cartpol` in config group `env_mix`", "`env_mix=cartpole`"]),
     "no-such-stage": (["+stage=day9"], ["no option `day9` in config group `stage`", "day0, day1"]),
     "unparsable": (["env_count=[1"], ["cannot read the override `env_count=[1`"]),
-    "run-dir-not-creatable": (["hydra.run.dir=/proc/x"], ["cannot create the run directory", "/proc/x"]),
+    "run-dir-not-creatable": (["hydra.run.dir=/proc/x"], ["cannot create or write the run directory", "/proc/x"]),
     # rlpipe's own check of an env node's parameters (a `+` there is allowed: the type checks it)
     "env-parameter-unknown": (
         ["+env_mix.types.cartpole.bar=2"],
