@@ -35,8 +35,12 @@ def worker_context(start_method: str, env_modules: list[str]):
         # Started here, with the stop signals held, rather than by the first worker's start:
         # it inherits the mask, and its first preload module ignores them before Python could
         # turn a terminal's Ctrl-C into a KeyboardInterrupt in its imports (rlpipe.proctree).
-        from multiprocessing import forkserver
+        # The resource tracker first: the forkserver's start starts it too, and its own start
+        # unblocks both signals in the calling thread when it is done (not restoring the mask),
+        # which left the forkserver's start unprotected.
+        from multiprocessing import forkserver, resource_tracker
 
+        resource_tracker.ensure_running()
         with stop_signals_blocked():
             forkserver.ensure_running()
     return ctx
