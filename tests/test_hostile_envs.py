@@ -4,6 +4,7 @@ an env of tests/hostile_gym.py (`env_mix=gym env_mix.id=hostile_gym:<Id>`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -185,11 +186,13 @@ def test_a_full_disk_stops_the_run_with_its_own_code_and_one_line(small_disk, fr
     said = [line for line in err.splitlines() if line.startswith("rlpipe: disk full: no space left to write ")]
     assert len(said) == 1, err[-3000:]
     assert "Traceback" not in out + err, (out + err)[-3000:]
+    stop = json.loads((run_dir / "summary.json").read_text())["stopped_by"]  # written into the reserve
+    assert stop["reason"] == "disk_full", stop
     if free_kb == 64:
-        assert "lifecycle db" in said[0] and "summary.json not written" in said[0]
+        assert "lifecycle db" in said[0] and stop["phase"] == "start-up" and "lifecycle db" in stop["what"]
         return
     assert "checkpoint" in said[0] and "last good checkpoint" in said[0]
-    assert (run_dir / "summary.json").is_file()
+    assert stop["phase"] == "running" and "checkpoint" in stop["what"]
     path, _ = load_latest(run_dir / "checkpoints")  # whole, and the one the line names
     assert str(path) in said[0]
     assert not list((run_dir / "checkpoints").glob("*.bad"))

@@ -30,7 +30,7 @@ from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.acting import Acted, policy_actions, random_actions, truncation_values
 from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
-from rlpipe.learner.counters import FIRST_EPISODES, Counters
+from rlpipe.learner.counters import FIRST_EPISODES, Counters, history, restore_history
 from rlpipe.learner.device import pick_device
 from rlpipe.learner.latency import StepLatencies
 from rlpipe.learner.policy import Policy
@@ -234,6 +234,7 @@ class CentralLearner(BackgroundTraining):
             "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "counters": {key: getattr(c, key) for key in RESUMED_COUNTERS},
+            "history": history(c),  # episode windows and verdict inputs (rlpipe.learner.counters)
             "scores": torch.from_numpy(self.scores.copy()),
             "rng": rng_state(
                 numpy_generators={"actions": self.rng},
@@ -247,6 +248,7 @@ class CentralLearner(BackgroundTraining):
         self.optimizer.load_state_dict(payload["optimizer"])
         for key in RESUMED_COUNTERS:
             setattr(self.counters, key, int(payload["counters"][key]))
+        restore_history(self.counters, payload.get("history", {}))
         self.scores[:] = payload["scores"].numpy()
         set_rng_state(
             payload["rng"],

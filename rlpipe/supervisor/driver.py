@@ -31,6 +31,7 @@ from rlpipe.envs import random_return
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.checkpoint import checkpoint_files
+from rlpipe.supervisor import stopping
 from rlpipe.supervisor.checkpointing import Checkpointing
 from rlpipe.supervisor.diskfull import disk_full_reason, end_disk_full, release_reserve
 from rlpipe.supervisor.engine import SliceEngine
@@ -38,6 +39,7 @@ from rlpipe.supervisor.evaluation import Evaluation
 from rlpipe.supervisor.metrics import RunMetrics
 from rlpipe.supervisor.runmode import RunMode
 from rlpipe.supervisor.stall import LIFECYCLE_FLUSH_S, LoopMarks, StallWatch, emergency_cleanup
+from rlpipe.supervisor.stopping import StopRecord, StopRequested
 from rlpipe.supervisor.workers import group_ranges
 from rlpipe.telemetry.progress import Progress
 
@@ -75,6 +77,7 @@ class Driver:
         first_job, _first_job_in_process = _first_job_in_process, False
         self.run_id = mode.new_run_id()
         self.stop_signal: int | None = None
+        self.stop = StopRecord()  # when and where the stop signal came (rlpipe.supervisor.stopping)
         self.disk_full: str | None = None  # what a write failed for space on (rlpipe.supervisor.diskfull)
         self.plan: MixPlan | None = None
         self.learner = None  # learner.central.CentralLearner
@@ -97,18 +100,31 @@ class Driver:
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
-        self.stop_signal = signum
+        if self.stop_signal is None:  # a second signal changes nothing: the stop is under way
+            self.stop_signal = signum
+            self.stop.came(self.started, time.monotonic() - self.t0)
 
     def install_signals(self) -> None:
+        if stopping.pending() is not None:  # came while the app composed the config
+            self._on_signal(stopping.pending(), None)
+            self.stop.at_s = stopping.pending_at_s()
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
 
     # -- setup -------------------------------------------------------------------------------
     def _phase(self, what: str) -> None:
         log.info("startup: %s at %.2f s", what, time.monotonic() - self.t0)
+        self._stop_if_asked(what)
+
+    def _stop_if_asked(self, phase_done: str) -> None:
+        """Between start-up phases: a stop signal starts nothing more (the teardown takes what is up)."""
+        self.stop.last_phase = phase_done
+        if self.stop_signal is not None and not self.started:
+            raise StopRequested(self.stop_signal, phase_done)
 
     def setup(self) -> None:
         spec, engine = self.spec, self.engine
+        self._stop_if_asked("config composed")
         self.plan = engine.describe()
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
@@ -135,6 +151,7 @@ class Driver:
                 spec.run.seed + 99,
                 InitialPolicy.of(self.learner, spec) if fresh and spec.logging.initial_policy_episodes else None,
                 self.fleet.cgroups.active_paths(),  # the workers' memory limit (rlpipe.supervisor.memory)
+                keep_measured=not fresh,  # a resumed run keeps its first start's random figures too
             )
         self.metrics.resources.start()
         self.services.set_state("running")
@@ -325,6 +342,8 @@ class Driver:
             self.stall.start()  # armed with the loop: start-up has its own timeouts
             self.loop()
             self.metrics.loop_ended()
+        except StopRequested:
+            pass  # a signal during start-up: what is up goes in the teardown below
         except Exception as exc:
             self.disk_full = disk_full_reason(exc)  # a write failed for space: stop on purpose
             if self.disk_full is None:
@@ -334,16 +353,25 @@ class Driver:
         finally:
             if self.stop_signal is not None:
                 self.mode.say_stopping(self.stop_signal)  # before teardown: torchrun may SIGKILL us
+            self.stop.tearing_down = True
             self.teardown()
             self.stall.stop()  # after the teardown: a hung teardown step is a stall too
         if self.disk_full is not None:
             release_reserve(self.run_dir)  # the space held for this summary
-            summary = self._write_summary if self.learner is not None else None  # None: stopped in start-up
+            summary = self._write_summary
             return end_disk_full(self.disk_full, checkpoint_files(self.checkpointing.dir), summary)
         self._write_summary()
         return 128 + self.stop_signal if self.stop_signal else 0
 
     def _write_summary(self) -> None:
+        loop_end = self.metrics.loop_end
+        end_s = (loop_end if loop_end is not None else time.monotonic()) - self.t0
+        stop = self.stop.stopped_by(
+            self.spec, self.learner, self.stop_signal, self.disk_full, end_s, loop_ran=loop_end is not None
+        )
+        if loop_end is None:  # stopped in start-up: nothing measured yet
+            wall_s = time.monotonic() - self.t0
+            return self.stop.short_summary(self.run_dir, stop, self.spec, self.checkpointing.resumed_from_step, wall_s)
         result = self.metrics.summary(time.monotonic(), self.checkpointing.resumed_from_step)
-        result = self.mode.finish_summary(result, self.stop_signal, self.run_dir)
+        result = self.mode.finish_summary({**result, "stopped_by": stop}, self.stop_signal, self.run_dir)
         self.metrics.write(result, self.stop_signal)

@@ -12,6 +12,7 @@ import numpy as np
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
+from rlpipe.proctree import stop_signals_blocked
 from rlpipe.protocol import reward_stats_key, slice_bounds
 from rlpipe.shm.doorbell import DoorbellServer, send_stop, wake_worker
 from rlpipe.shm.errorlog import ErrorLog
@@ -31,6 +32,17 @@ def worker_context(start_method: str, env_modules: list[str]):
         # the mix's env modules (never torch): a new worker costs a fork, and those pages are
         # shared until written.
         ctx.set_forkserver_preload(WORKER_PRELOAD + env_modules)
+        # Started here, with the stop signals held, rather than by the first worker's start:
+        # it inherits the mask, and its first preload module ignores them before Python could
+        # turn a terminal's Ctrl-C into a KeyboardInterrupt in its imports (rlpipe.proctree).
+        # The resource tracker first: the forkserver's start starts it too, and its own start
+        # unblocks both signals in the calling thread when it is done (not restoring the mask),
+        # which left the forkserver's start unprotected.
+        from multiprocessing import forkserver, resource_tracker
+
+        resource_tracker.ensure_running()
+        with stop_signals_blocked():
+            forkserver.ensure_running()
     return ctx
 
 
