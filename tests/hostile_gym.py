@@ -100,6 +100,36 @@ class HangOnce(Plain):
         return super().step(action)
 
 
+class HangBeside(Plain):
+    """Counts, across the envs of its process, the steps they make; the first one a process
+    builds blocks in its 10th step (as HangOnce) and, when the block ends (its deadline cuts
+    it), writes how many steps its neighbours made meanwhile to $HOSTILE_MARKS as
+    `beside_<pid>` (the probe's process writes its own file, told apart by its pid)."""
+
+    built = 0
+    steps = 0  # every HangBeside step of this process, hung ones excepted
+
+    def __init__(self):
+        HangBeside.built += 1
+        self.hangs = HangBeside.built == 1
+
+    def step(self, action):
+        if self.hangs and self.t == 9:
+            import time
+
+            self.hangs = False
+            before = HangBeside.steps
+            try:
+                time.sleep(3600)
+            finally:
+                marks = os.environ.get("HOSTILE_MARKS")
+                if marks:
+                    with open(os.path.join(marks, f"beside_{os.getpid()}"), "w") as f:
+                        f.write(str(HangBeside.steps - before))
+        HangBeside.steps += 1
+        return super().step(action)
+
+
 class FourValues(Plain):
     """Gymnasium's old API: step returns 4 values, so every step breaks the contract."""
 
@@ -118,6 +148,6 @@ class Chatty(Plain):
         return super().step(action)
 
 
-for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "Hog", "HangOnce", "FourValues", "Chatty"):
+for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "Hog", "HangOnce", "HangBeside", "FourValues", "Chatty"):
     if f"{_name}-v0" not in gym.registry:
         gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}")

@@ -323,3 +323,42 @@ def test_a_hung_env_is_cut_at_its_types_measured_deadline(short_tmp):
     assert f"step exceeded worker.step_timeout_s={FLOOR_S}" in hangs[0]["message"], hangs
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] > 8 * 10, summary["env_steps"]  # the envs went on after the hang
+
+
+def test_a_hung_env_does_not_stall_the_rest_of_its_slice(short_tmp):
+    """HangBeside's first env blocks in its 10th step, in a slice with 7 healthy envs of its
+    type. While it waits out its deadline (2 s here), the 7 go on stepping: the envs count
+    their own steps, and the hung one writes how many its neighbours made while it hung. The
+    hang is reported, type named, when it stalls and when its deadline cuts it. (Before: the
+    slice waited for the deadline, 0 steps beside it.)"""
+    import json
+    import sqlite3
+
+    marks = short_tmp / "marks"
+    marks.mkdir()
+    run_dir = short_tmp / "run"
+    proc = start_run(
+        run_dir,
+        *hostile(
+            "HangBeside-v0",
+            "env_count=8",
+            "groups.size=8",
+            "worker.slices=1",
+            "worker.step_timeout_s=2",
+            "run.duration_s=12",
+        ),
+        env={**HOSTILE_ENV, "HOSTILE_MARKS": str(marks)},
+    )
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
+        pids = {json.loads(d).get("pid") for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'worker_spawn'")}
+        hangs = db.execute("SELECT env_type, detail FROM events WHERE kind = 'env_hang'").fetchall()
+        stalls = db.execute("SELECT env_type, detail FROM events WHERE kind = 'env_stall'").fetchall()
+    beside = {int(p.name.split("_")[1]): int(p.read_text()) for p in marks.glob("beside_*")}
+    in_workers = [n for pid, n in beside.items() if pid in pids]
+    assert in_workers, f"no worker's env hung and was cut: marks {beside}, worker pids {pids}"
+    assert in_workers[0] >= 7, f"the hung env's 7 neighbours made {in_workers[0]} steps while it hung"
+    assert [t for t, _ in hangs] == ["HangBeside-v0"], hangs
+    assert "step exceeded worker.step_timeout_s=2" in json.loads(hangs[0][1])["message"], hangs
+    assert [t for t, _ in stalls] == ["HangBeside-v0"], stalls
