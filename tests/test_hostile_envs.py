@@ -352,7 +352,9 @@ def test_a_hung_env_does_not_stall_the_rest_of_its_slice(short_tmp):
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
-        pids = {json.loads(d).get("pid") for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'worker_spawn'")}
+        pids = {
+            json.loads(d).get("pid") for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'worker_spawn'")
+        }
         hangs = db.execute("SELECT env_type, detail FROM events WHERE kind = 'env_hang'").fetchall()
         stalls = db.execute("SELECT env_type, detail FROM events WHERE kind = 'env_stall'").fetchall()
     beside = {int(p.name.split("_")[1]): int(p.read_text()) for p in marks.glob("beside_*")}
@@ -362,3 +364,5 @@ def test_a_hung_env_does_not_stall_the_rest_of_its_slice(short_tmp):
     assert [t for t, _ in hangs] == ["HangBeside-v0"], hangs
     assert "step exceeded worker.step_timeout_s=2" in json.loads(hangs[0][1])["message"], hangs
     assert [t for t, _ in stalls] == ["HangBeside-v0"], stalls
+    stall = json.loads(stalls[0][1])
+    assert stall["ended"] == "StepTimeout" and stall["steps_beside"] >= 7, stall
