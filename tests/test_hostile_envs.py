@@ -366,3 +366,39 @@ def test_a_hung_env_does_not_stall_the_rest_of_its_slice(short_tmp):
     assert [t for t, _ in stalls] == ["HangBeside-v0"], stalls
     stall = json.loads(stalls[0][1])
     assert stall["ended"] == "StepTimeout" and stall["steps_beside"] >= 7, stall
+
+
+@pytest.mark.slow  # two runs of 10-20 s
+@pytest.mark.parametrize("env_id", ["HangBriefly-v0", "HangTwice-v0"])
+def test_a_stall_that_comes_back_and_a_hang_beside_a_hang(short_tmp, env_id):
+    """HangBriefly's first env blocks 1 s (its deadline: 2 s): detached, it comes back, starts
+    a new episode, and no fault is recorded. HangTwice's first two envs block for good: the
+    second blocks the thread that took the loop over from the first; once the first is cut the
+    main thread waits the second's deadline out, abandons it and the run goes on."""
+    import json
+    import sqlite3
+
+    run_dir = short_tmp / "run"
+    proc = start_run(
+        run_dir,
+        *hostile(
+            env_id, "env_count=8", "groups.size=8", "worker.slices=1", "worker.step_timeout_s=2", "run.duration_s=12"
+        ),
+    )
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
+        hangs = sorted(e for (e,) in db.execute("SELECT env_id FROM events WHERE kind = 'env_hang'"))
+        stalls = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'env_stall'")]
+        steps_after = db.execute(
+            "SELECT json_extract(detail, '$.steps') FROM events WHERE kind = 'worker_exit'"
+        ).fetchall()
+        restarts = db.execute("SELECT COUNT(*) FROM events WHERE kind = 'worker_restart'").fetchone()[0]
+    assert restarts == 0
+    assert len(stalls) == 1, stalls
+    if env_id == "HangBriefly-v0":
+        assert hangs == [] and stalls[0]["ended"] == "returned", (hangs, stalls)
+        assert stalls[0]["steps_beside"] >= 7, stalls
+    else:
+        assert hangs == [0, 1] and stalls[0]["ended"] == "StepTimeout", (hangs, stalls)
+    assert steps_after and steps_after[0][0] >= 1600, steps_after
