@@ -20,7 +20,9 @@ Two ways, picked by `worker.threads`:
   finish or hang on its own and is never listened to again, and a fresh helper takes the
   rest of the slice. This also covers native code that releases the GIL and ignores signals.
 
-Either way the env of a step past its deadline is rebuilt by id. Its neighbours go on.
+Either way the env of a step past its deadline is rebuilt by id. Its neighbours go on. Inline,
+they do not even wait for the deadline: a step past its type's shorter stall budget is
+detached and another thread runs the worker's loop meanwhile (rlpipe/worker/relief.py).
 """
 
 from __future__ import annotations
