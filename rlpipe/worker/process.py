@@ -209,7 +209,8 @@ class Worker:
             tick=self.beat,
             armed=views.word_array(H_ARMED),
             deadlines=self.deadlines,
-            on_stall=self.stalls.on_stall if self.deadlines is not None else None,
+            # a detached env's rows are cuts with no fault record, as a parked env's: both or neither
+            on_stall=self.stalls.on_stall if self.deadlines is not None and spec.worker.crash_backoff else None,
         )
         if spec.reward_norm.mode != "off":
             self.rnorm = RewardNormalizer(
