@@ -26,8 +26,8 @@ fault a minute only once its streak has grown: `rlpipe/worker/backoff.py`), and 
 docs/running.md states ("Bounds under any failure rate": 120 rows an hour and about 0.5 MB a
 day per env in a crash loop) for the crash run's looping envs, with the twin run's own rows (a
 run with no fault writes few) added. Bytes a day: the rows' growth times the bytes a row of
-the db at the end (the writer has closed it: no WAL; the schema's and indexes' fixed pages
-included, so an overestimate for a short run); the sampled sizes (db and WAL) are in the JSON.
+the db at the end (its pages: the schema's and indexes' fixed pages included, so an
+overestimate for a short run). `--report DIR` prints a finished benchmark's figures again.
 
 Timed figures: say what else ran on the machine beside them.
 """
@@ -74,15 +74,18 @@ def mix_overrides(env_id: str | None) -> list[str]:
 
 
 def db_figures(db: Path) -> tuple[int, int]:
-    """(rows, bytes of the db and its WAL) of a lifecycle db being written."""
-    size = sum(p.stat().st_size for p in (db, db.with_name(db.name + "-wal")) if p.exists())
+    """(rows, bytes) of a lifecycle db being written. The bytes are its pages (page_count x
+    page_size, read through the WAL): what the db holds once checkpointed. The files' own sizes
+    say little: the writer's WAL grows to SQLite's checkpoint size before the db file does."""
     if not db.exists():
-        return 0, size
+        return 0, 0
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
-            return con.execute("SELECT COUNT(*) FROM events").fetchone()[0], size
+            rows = con.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+            pages = con.execute("PRAGMA page_count").fetchone()[0]
+            return rows, pages * con.execute("PRAGMA page_size").fetchone()[0]
     except sqlite3.Error:
-        return -1, size
+        return -1, 0
 
 
 def run_one(
@@ -119,10 +122,9 @@ def run_one(
     half = [v for s, v in zip(sps.steps, sps.values) if s >= sps.steps[-1] / 2] if sps else []
     with sqlite3.connect(run_dir / "lifecycle.sqlite") as con:
         kinds = dict(con.execute("SELECT kind, COUNT(*) FROM events GROUP BY kind").fetchall())
-    mid = [s for s in samples if s[0] >= samples[-1][0] / 2 and s[1] >= 0]
-    (ta, ra, ba), (tb, rb, bb) = mid[0], mid[-1]
     return {
         "label": label,
+        "run_dir": str(run_dir),
         "env_id": env_id,
         "env_types": counts,
         "layout": summary.get("layout"),
@@ -134,13 +136,68 @@ def run_one(
         "types_without_episodes": summary.get("types_without_episodes"),
         "faults": summary["faults"],
         "lifecycle_kinds": kinds,
-        "db_rows": samples[-1][1],
-        "db_bytes": samples[-1][2],
-        "second_half_s": tb - ta,
-        "rows_per_hour_second_half": (rb - ra) * 3600 / max(tb - ta, 1e-9),
-        "sampled_bytes_per_day_second_half": (bb - ba) * 86400 / max(tb - ta, 1e-9),
         "samples": samples,
     }
+
+
+def db_growth(res: dict) -> dict:
+    """The lifecycle db of one run: rows and bytes at the end, and their growth over the second
+    half of the run (its samples), read again from the finished db."""
+    rows, size = db_figures(Path(res["run_dir"]) / "lifecycle.sqlite")
+    samples = [s for s in res["samples"] if s[1] >= 0]
+    mid = [s for s in samples if s[0] >= samples[-1][0] / 2]
+    (ta, ra, _), (tb, rb, _) = mid[0], mid[-1]
+    rows_h = (rb - ra) * 3600 / max(tb - ta, 1e-9)
+    return {
+        "db_rows": rows,
+        "db_bytes": size,
+        "bytes_per_row": size / max(rows, 1),
+        "second_half_s": tb - ta,
+        "rows_per_hour_second_half": rows_h,
+        "bytes_per_day_second_half": rows_h * 24 * size / max(rows, 1),
+    }
+
+
+def line(res: dict) -> str:
+    return (
+        f"{res['label']:>9}: healthy {res['healthy_sps']:,.0f} steps/s "
+        f"(TB 2nd-half median {res['healthy_sps_tb_second_half_median'] or 0:,.0f}); "
+        f"db {res['db_rows']:,} rows, {res['db_bytes'] / 1e6:.3f} MB at the end ({res['bytes_per_row']:.0f} bytes a row); "
+        f"2nd half {res['rows_per_hour_second_half']:,.0f} rows/h, {res['bytes_per_day_second_half'] / 1e6:.2f} MB/day; "
+        f"faults {res['faults']}"
+    )
+
+
+def report(runs: list[dict], names: list[str]) -> dict:
+    """The ratios and the bound, printed; returned for the JSON."""
+    mean = statistics.fmean
+    of = {name: [r for r in runs if r["config"] == name] for name in names}
+    crash = of["crash"]
+    ratios = {}
+    for name in names[1:]:
+        ratios[name] = mean(r["healthy_sps"] for r in crash) / mean(r["healthy_sps"] for r in of[name])
+        tb = [r["healthy_sps_tb_second_half_median"] for r in crash + of[name]]
+        tb_ratio = mean(tb[: len(crash)]) / mean(tb[len(crash) :]) if all(tb) else float("nan")
+        print(
+            f"healthy steps/s, crash / {name}: {ratios[name]:.3f} (TB 2nd half: {tb_ratio:.3f}); "
+            f"at least 90 %: {ratios[name] >= 0.90}"
+        )
+    looping = crash[0]["env_types"].get(HOSTILE, 0)
+    base = of.get("twin") or of.get("none") or []
+    base_rows_h = mean(r["rows_per_hour_second_half"] for r in base) if base else 0.0
+    base_bytes_day = mean(r["bytes_per_day_second_half"] for r in base) if base else 0.0
+    bound_rows_h = looping * BOUND_ROWS_PER_ENV_HOUR + base_rows_h
+    bound_bytes_day = looping * BOUND_BYTES_PER_ENV_DAY + base_bytes_day
+    crash_rows_h = mean(r["rows_per_hour_second_half"] for r in crash)
+    crash_bytes_day = mean(r["bytes_per_day_second_half"] for r in crash)
+    print(
+        f"lifecycle db, crash run's second half: {crash_rows_h:,.0f} rows/h against a bound of {bound_rows_h:,.0f} "
+        f"({looping} looping envs x {BOUND_ROWS_PER_ENV_HOUR:.0f} + the control's {base_rows_h:,.0f}); "
+        f"{crash_bytes_day / 1e6:.2f} MB/day against {bound_bytes_day / 1e6:.2f} ({looping} x "
+        f"{BOUND_BYTES_PER_ENV_DAY / 1e6:.1f} + the control's {base_bytes_day / 1e6:.2f}); "
+        f"within: {crash_rows_h <= bound_rows_h and crash_bytes_day <= bound_bytes_day}"
+    )
+    return {"ratios": ratios, "bound_rows_per_hour": bound_rows_h, "bound_bytes_per_day": bound_bytes_day}
 
 
 def main() -> None:
@@ -151,8 +208,17 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=2, help="worker processes (groups.size = envs / groups)")
     ap.add_argument("--controls", default="twin,none", help="comma-separated: twin, none")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--report", type=Path, default=None, help="print the figures of a finished benchmark's DIR again")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.report is not None:
+        saved = json.loads((args.report / "crash_loop.json").read_text())
+        runs = [{"run_dir": str(args.report / r["label"]), **r} for r in saved["runs"]]
+        runs = [{**r, **db_growth(r)} for r in runs]
+        for r in runs:
+            print(line(r))
+        report(runs, list(dict.fromkeys(r["config"] for r in runs)))
+        return
     out = args.out or REPO / "outputs" / f"crash_loop-{time.strftime('%Y%m%d-%H%M%S')}"
     controls = {"twin": ("Plain-v0", args.env_count), "none": (None, args.env_count * 4 // 5)}
     configs = [("crash", "FourValues-v0", args.env_count)]
@@ -163,51 +229,11 @@ def main() -> None:
         for label, env_id, count in configs if r % 2 == 0 else configs[::-1]:
             res = run_one(f"{label}{r}", env_id, count, args.groups, args.minutes, out, args.overrides)
             res["config"] = label
+            res.update(db_growth(res))
             runs.append(res)
-            print(
-                f"{res['label']:>9}: healthy {res['healthy_sps']:,.0f} steps/s "
-                f"(TB 2nd-half median {res['healthy_sps_tb_second_half_median'] or 0:,.0f}); "
-                f"db {res['db_rows']:,} rows, {res['db_bytes'] / 1e6:.2f} MB at the end; 2nd half "
-                f"{res['rows_per_hour_second_half']:,.0f} rows/h, {res['db_bytes'] / max(res['db_rows'], 1) * res['rows_per_hour_second_half'] * 24 / 1e6:.2f} MB/day; "
-                f"faults {res['faults']}",
-                flush=True,
-            )
-    mean = statistics.fmean
-    of = {name: [r for r in runs if r["config"] == name] for name, _, _ in configs}
-    crash = of["crash"]
-    ratios = {}
-    for name, _, _ in configs[1:]:
-        ratios[name] = mean(r["healthy_sps"] for r in crash) / mean(r["healthy_sps"] for r in of[name])
-        tb = [r["healthy_sps_tb_second_half_median"] for r in crash + of[name]]
-        tb_ratio = (
-            mean(tb[: len(crash)]) / mean(tb[len(crash) :]) if all(tb) else float("nan")
-        )  # the same from TensorBoard's second half
-        print(
-            f"\nhealthy steps/s, crash / {name}: {ratios[name]:.3f} (TB 2nd half: {tb_ratio:.3f}); "
-            f"at least 90 %: {ratios[name] >= 0.90}"
-        )
-    looping = crash[0]["env_types"].get(HOSTILE, 0)
-    base = of.get("twin") or of.get("none") or []
-    base_rows_h = mean(r["rows_per_hour_second_half"] for r in base) if base else 0.0
-    bytes_per_row = mean(r["db_bytes"] / max(r["db_rows"], 1) for r in crash)
-    bound_rows_h = looping * BOUND_ROWS_PER_ENV_HOUR + base_rows_h
-    bound_bytes_day = BOUND_BYTES_PER_ENV_DAY * looping + base_rows_h * 24 * bytes_per_row
-    crash_rows_h = mean(r["rows_per_hour_second_half"] for r in crash)
-    crash_bytes_day = crash_rows_h * 24 * bytes_per_row
-    print(
-        f"lifecycle db, crash run's second half: {crash_rows_h:,.0f} rows/h against a bound of {bound_rows_h:,.0f} "
-        f"({looping} looping envs x {BOUND_ROWS_PER_ENV_HOUR:.0f} + the control's {base_rows_h:,.0f}); "
-        f"{crash_bytes_day / 1e6:.2f} MB/day ({bytes_per_row:.0f} bytes a row at the end) against "
-        f"{bound_bytes_day / 1e6:.2f}; within: {crash_rows_h <= bound_rows_h and crash_bytes_day <= bound_bytes_day}"
-    )
-    result = {
-        "minutes": args.minutes,
-        "controls": args.controls,
-        "runs": runs,
-        "ratios": ratios,
-        "bound_rows_per_hour": bound_rows_h,
-        "bound_bytes_per_day": bound_bytes_day,
-    }
+            print(line(res), flush=True)
+    figures = report(runs, [name for name, _, _ in configs])
+    result = {"minutes": args.minutes, "controls": args.controls, "runs": runs, **figures}
     (out / "crash_loop.json").write_text(json.dumps(result, indent=1))
     print(f"written: {out / 'crash_loop.json'}")
 
