@@ -220,11 +220,14 @@ def _rows(run_dir: Path, kind: str) -> int:
 def test_a_type_that_faults_on_every_step_backs_off_and_is_named(short_tmp):
     """FourValues breaks the contract on every step (16,392 crash/rebuild pairs in 20 s
     before). With the backoff, each env faults BACKOFF_AFTER times at once, then after
-    0.5, 1, 2 s...: a handful of times in a 5 s run."""
+    0.5, 1, 2 s...: a handful of times in the seconds a 2,000-step run takes."""
     import json
 
     run_dir = short_tmp / "run"
-    proc = start_run(run_dir, *hostile("FourValues-v0", "env_count=8", "run.duration_s=5"))
+    # a step count, not a duration: a loaded machine's start-up took a 5 s run's whole time
+    proc = start_run(
+        run_dir, *hostile("FourValues-v0", "env_count=8", "run.duration_s=null", "run.total_env_steps=2000")
+    )
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     faults = _rows(run_dir, "env_crash")  # the gym adapter's unpacking raises
@@ -347,7 +350,11 @@ def test_a_hung_env_does_not_stall_the_rest_of_its_slice(short_tmp):
             "groups.size=8",
             "worker.slices=1",
             "worker.step_timeout_s=4",
-            "run.duration_s=14",
+            # a step count, not a duration (a loaded machine's start-up took most of 14 s):
+            # the hang begins at step 80, and a worker asked to stop waits its deadline out
+            # within heartbeat.term_grace_s (5 s), so the hung env always reports
+            "run.duration_s=null",
+            "run.total_env_steps=2000",
         ),
         env={**HOSTILE_ENV, "HOSTILE_MARKS": str(marks)},
     )
