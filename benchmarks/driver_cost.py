@@ -125,8 +125,14 @@ def one_run(checkout: Path, kind: str, mode: str, envs: int, seconds: float) -> 
         summary = json.loads((run_dir / "summary.json").read_text())
     sps = scalars["charts/sps"]
     wall, steps = sps.wall_times, sps.steps.astype(np.float64)
-    active = scalars["envs/active"].values
-    trained = scalars["learner/trained_samples"].values if "learner/trained_samples" in scalars else np.zeros(len(wall))
+    # charts/sps starts at the run's first step; the other tags' samples before it are left out,
+    # so sample i of each is the same window
+    active = scalars["envs/active"].values[-len(wall) :]
+    trained = (
+        scalars["learner/trained_samples"].values[-len(wall) :]
+        if "learner/trained_samples" in scalars
+        else np.zeros(len(wall))
+    )
     steady = [i for i in range(1, len(wall)) if active[i] == envs][1:]
     if not steady or len(sampler.samples) < 2:
         raise RuntimeError(f"{kind} {mode} at {envs} envs: no window with every env active")

@@ -206,9 +206,14 @@ def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
         scalars = read_scalars(run_dir / "tb")
     sps_ev = scalars["charts/sps"]
     wall, env_steps, sps = sps_ev.wall_times.tolist(), sps_ev.steps.tolist(), sps_ev.values.tolist()
-    active = scalars["envs/active"].values.tolist()
+    # charts/sps starts at the run's first step (no 0 while nothing stepped); the other tags are
+    # written from the first window on: their samples before it are left out, so sample i of
+    # each is the same window
+    active = scalars["envs/active"].values.tolist()[-len(sps) :]
     trained = (
-        scalars["learner/trained_samples"].values.tolist() if "learner/trained_samples" in scalars else [0.0] * len(sps)
+        scalars["learner/trained_samples"].values.tolist()[-len(sps) :]
+        if "learner/trained_samples" in scalars
+        else [0.0] * len(sps)
     )
     if not (len(sps) == len(active) == len(trained)):
         raise RuntimeError(f"engine run ({n} envs, {mode}): TensorBoard charts of unequal length")
