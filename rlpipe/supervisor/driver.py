@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 import rlpipe
-from rlpipe import heap
+from rlpipe import heap, mix_learner
 from rlpipe.cadence import Every
 from rlpipe.chaos_faults import FreezeDriver
 from rlpipe.config import EnvTypeSpec, RunSpec
@@ -147,6 +147,7 @@ class Driver:
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
         self._phase(f"layout: {spec.layout.describe()}")  # what groups.size=auto & co. chose
+        log.info("learner: %s", mix_learner.describe(spec.learner, spec.learner_from))  # and learner.*=auto
         versions = env_versions(spec.env_types)
         services.start_redis(spec.redis.url, spec.env_count, self.mode.redis_fields())
         self._phase(f"redis ({services.redis.mode}) up")

@@ -1,0 +1,71 @@
+"""The learner settings that only make sense relative to the mix, resolved from it: `auto` for
+`learner.rollout_len`, `learner.update_envs` and `learner.minibatch_size`.
+
+A specialist (one type, 64 envs) trains on updates of 64 env-rollouts cut into minibatches of
+512 samples. A mix of k types run on the same update gives each type a k-th of that: a third
+of the env-rollouts per type, a third of the samples per type in a minibatch. `auto` keeps
+each type's share of an update and of a minibatch what it is alone, and the rollout as long as
+the longest-horizon type of the mix needs (docs/multitask.md, "Settings that follow the mix",
+where the ablation behind each rule is):
+
+- rollout_len:    the longest any type asks for on its env node (`learner.rollout_len` there:
+                  LunarLander's 0.999 discount wants 128 steps before GAE bootstraps), else
+                  `learner.type_rollout_len`. One value for the run: the rollout store keeps
+                  one [T, envs] block per slice, and a slice mixes types.
+- update_envs:    `learner.update_envs_per_type` env-rollouts for each type of the mix, at most
+                  env_count (a larger figure would only be capped where it is used).
+- minibatch_size: `learner.minibatch_per_type` samples for every `update_envs_per_type`
+                  env-rollouts of the update, and no fewer than `minibatch_per_type`: as many
+                  minibatches per epoch as a specialist's update is cut into.
+
+A value set as a number (a stage, an env_mix option such as the quick start's
+`env_mix=cartpole`, the command line) is used as it is. `learner.type_settings=shared` (the
+ablation that turns every env node's `learner:` off) also leaves out the nodes' rollouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlpipe.spec import EnvTypeSpec
+
+AUTO = "auto"
+MIX_KEYS = ("rollout_len", "update_envs", "minibatch_size")
+
+
+def resolve(learner: Any, env_types: tuple[EnvTypeSpec, ...], env_count: int) -> dict[str, str]:
+    """Writes the resolved ints over the learner's `auto` settings (in place, as RunSpec writes
+    the process layout's); returns how each was chosen, by key, for the log and summary.json
+    (a number set in the config: "set")."""
+    how = {key: "set" for key in MIX_KEYS}
+    k = len(env_types)
+    if learner.rollout_len == AUTO:
+        asks = {t.name: t.learner["rollout_len"] for t in env_types if "rollout_len" in t.learner}
+        if learner.type_settings != "per_type":
+            asks = {}
+        longest = max(asks.values(), default=0)
+        if longest > learner.type_rollout_len:
+            learner.rollout_len = longest
+            names = ", ".join(sorted(name for name, asked in asks.items() if asked == longest))
+            how["rollout_len"] = f"auto: the longest a type asks for ({names}'s env node)"
+        else:
+            learner.rollout_len = learner.type_rollout_len
+            how["rollout_len"] = "auto: learner.type_rollout_len (no type of the mix asks for more)"
+    if learner.update_envs == AUTO:
+        learner.update_envs = min(learner.update_envs_per_type * k, env_count)
+        capped = " (capped by env_count)" if learner.update_envs < learner.update_envs_per_type * k else ""
+        how["update_envs"] = f"auto: {learner.update_envs_per_type} x {k} type{'s' * (k > 1)}{capped}"
+    if learner.minibatch_size == AUTO:
+        rollouts = min(learner.update_envs, env_count)
+        per = learner.minibatch_per_type
+        learner.minibatch_size = max(per, per * rollouts // learner.update_envs_per_type)
+        how["minibatch_size"] = (
+            f"auto: {per} per {learner.update_envs_per_type} of the update's {rollouts} env-rollouts"
+            f"{f' (at least {per})' if learner.minibatch_size == per else ''}"
+        )
+    return how
+
+
+def describe(learner: Any, how: dict[str, str]) -> str:
+    """One log line: each setting's value and where it came from."""
+    return ", ".join(f"{key} {getattr(learner, key)} ({how.get(key, 'set')})" for key in MIX_KEYS)
