@@ -323,7 +323,9 @@ def test_env_node_learner_keys_are_per_type_learner_settings():
     learner_fields, read = {f.name for f in dataclasses.fields(LearnerSpec)}, attributes_read()
     per_type = TYPE_LEARNER_KEYS + TYPE_RUN_KEYS
     problems = [f"TYPE_LEARNER_KEYS: {k} is no LearnerSpec field" for k in per_type if k not in learner_fields]
-    problems += [f"TYPE_LEARNER_KEYS: {k} is read by no code outside rlpipe/config*.py" for k in per_type if k not in read]
+    problems += [
+        f"TYPE_LEARNER_KEYS: {k} is read by no code outside rlpipe/config*.py" for k in per_type if k not in read
+    ]
     for file, name, cls, node, _defines in env_nodes():
         if TYPE_LEARNER_NODE in env_parameters(cls):
             problems.append(f"{cls.__name__} takes a `{TYPE_LEARNER_NODE}` parameter, which the node key shadows")
