@@ -161,13 +161,12 @@ class LearnerSpec(_Section):
     cnn_channels: list[int] = setting(positive_ints("a list of three positive ints", 3))
     cnn_out: int = setting(positive_int)
     backlog: str = setting(one_of("hold", "drop", "sync"))  # what the learner does while an update lags behind
-    # auto | a number: rollout_len, update_envs and minibatch_size follow the mix
-    # (rlpipe/mix_learner.py resolves auto from the *_per_type and type_rollout_len below)
+    # auto | a number: rollout_len and update_envs follow the mix (rlpipe/mix_learner.py
+    # resolves auto from type_rollout_len and update_envs_per_type below)
     rollout_len: Any = setting(checks.positive_int_or_auto)
     update_envs: Any = setting(checks.positive_int_or_auto)
     type_rollout_len: int = setting(positive_int)  # a type's rollout where its env node asks for none
     update_envs_per_type: int = setting(positive_int)
-    minibatch_per_type: int = setting(positive_int)
     learning_rate: float = setting(positive)
     anneal_lr: bool = MISSING
     gamma: float = setting(unit_interval)
@@ -178,7 +177,7 @@ class LearnerSpec(_Section):
     vf_coef: float = setting(positive)
     max_grad_norm: float = setting(positive)
     epochs: int = setting(positive_int)
-    minibatch_size: Any = setting(checks.positive_int_or_auto)
+    minibatch_size: int = setting(positive_int)
     value_norm: str = setting(one_of("popart", "none"))
     popart_beta: float = setting(step_size)  # PopArt's per-sample step size of the value statistics
     log_std_init: float = setting(checks.log_std)  # the Gaussian head's log std at the start
@@ -370,7 +369,7 @@ class RunSpec(_Section):
     (rlpipe.process_layout.Layout: workers, groups, slices and CPUs, `auto` resolved for this
     machine), written back as ints into `groups.size` and `worker.slices`, the workers' CPUs
     into `worker.cpu_affinity` and the update thread's into `learner_cpu`; the learner's `auto`
-    rollout_len, update_envs and minibatch_size resolved from the mix (`learner_from` says how)."""
+    rollout_len and update_envs resolved from the mix (`learner_from` says how)."""
 
     env_mix: EnvMixSpec = MISSING
     buffer: BufferSpec = MISSING

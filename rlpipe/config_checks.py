@@ -51,7 +51,7 @@ def positive_int(key: str, value: Any) -> None:
 
 
 def positive_int_or_auto(key: str, value: Any) -> None:
-    """learner.rollout_len, update_envs, minibatch_size: auto (from the mix) or a number."""
+    """learner.rollout_len and update_envs: auto (from the mix) or a number."""
     if value != AUTO and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
         fail(key, value, "allowed is auto (derived from the mix: rlpipe/mix_learner.py) or a positive integer")
 

@@ -1,12 +1,11 @@
 """The learner settings that only make sense relative to the mix, resolved from it: `auto` for
-`learner.rollout_len`, `learner.update_envs` and `learner.minibatch_size`.
+`learner.rollout_len` and `learner.update_envs`.
 
-A specialist (one type, 64 envs) trains on updates of 64 env-rollouts cut into minibatches of
-512 samples. A mix of k types run on the same update gives each type a k-th of that: a third
-of the env-rollouts per type, a third of the samples per type in a minibatch. `auto` keeps
-each type's share of an update and of a minibatch what it is alone, and the rollout as long as
-the longest-horizon type of the mix needs (docs/multitask.md, "Settings that follow the mix",
-where the ablation behind each rule is):
+A specialist (one type, 64 envs) trains on updates of 64 env-rollouts. A mix of k types run on
+the same update gives each type a k-th of them, and one rollout length for all, however long
+a horizon a type's discount needs. `auto` keeps each type's share of an update what it is
+alone, and the rollout as long as the longest-horizon type of the mix asks for
+(docs/multitask.md, "Settings that follow the mix", where the ablation behind each rule is):
 
 - rollout_len:    the longest any type asks for on its env node (`learner.rollout_len` there:
                   LunarLander's 0.999 discount wants 128 steps before GAE bootstraps), else
@@ -14,11 +13,11 @@ where the ablation behind each rule is):
                   one [T, envs] block per slice, and a slice mixes types.
 - update_envs:    `learner.update_envs_per_type` env-rollouts for each type of the mix, at most
                   env_count (a larger figure would only be capped where it is used).
-- minibatch_size: `learner.minibatch_per_type` samples for every `update_envs_per_type`
-                  env-rollouts of the update, and no fewer than `minibatch_per_type`: as many
-                  minibatches per epoch as a specialist's update is cut into.
 
-A value set as a number (a stage, an env_mix option such as the quick start's
+`learner.minibatch_size` stays a number (512): minibatches grown with the mix (k x 512, a
+specialist's samples of each type in each gradient step) cost LunarLander half its return in
+the ablation, where the same update cut into minibatches of 512 (k times the gradient steps)
+did not. A value set as a number (a stage, an env_mix option such as the quick start's
 `env_mix=cartpole`, the command line) is used as it is. `learner.type_settings=shared` (the
 ablation that turns every env node's `learner:` off) also leaves out the nodes' rollouts.
 """
@@ -30,7 +29,7 @@ from typing import Any
 from rlpipe.spec import EnvTypeSpec
 
 AUTO = "auto"
-MIX_KEYS = ("rollout_len", "update_envs", "minibatch_size")
+MIX_KEYS = ("rollout_len", "update_envs", "minibatch_size")  # summary.json's `learner`, the log line
 
 
 def resolve(learner: Any, env_types: tuple[EnvTypeSpec, ...], env_count: int) -> dict[str, str]:
@@ -55,14 +54,6 @@ def resolve(learner: Any, env_types: tuple[EnvTypeSpec, ...], env_count: int) ->
         learner.update_envs = min(learner.update_envs_per_type * k, env_count)
         capped = " (capped by env_count)" if learner.update_envs < learner.update_envs_per_type * k else ""
         how["update_envs"] = f"auto: {learner.update_envs_per_type} x {k} type{'s' * (k > 1)}{capped}"
-    if learner.minibatch_size == AUTO:
-        rollouts = min(learner.update_envs, env_count)
-        per = learner.minibatch_per_type
-        learner.minibatch_size = max(per, per * rollouts // learner.update_envs_per_type)
-        how["minibatch_size"] = (
-            f"auto: {per} per {learner.update_envs_per_type} of the update's {rollouts} env-rollouts"
-            f"{f' (at least {per})' if learner.minibatch_size == per else ''}"
-        )
     return how
 
 

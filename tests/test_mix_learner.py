@@ -1,6 +1,6 @@
-"""The learner settings that follow the mix (rlpipe/mix_learner.py): `auto` rollout_len,
-update_envs and minibatch_size resolved from the composed config, a number kept as it is, and
-what was chosen said in the run's log line and summary.json."""
+"""The learner settings that follow the mix (rlpipe/mix_learner.py): `auto` rollout_len and
+update_envs resolved from the composed config, a number kept as it is, and what was chosen
+said in the run's log line and summary.json."""
 
 from __future__ import annotations
 
@@ -29,18 +29,17 @@ def shape(overrides: list[str]) -> tuple[tuple[int, int, int], dict]:
 
 def test_a_composed_mix_gets_each_types_share_of_a_specialists_update():
     (rollout, update, minibatch), how = shape(THREE)
-    assert (rollout, update, minibatch) == (128, 192, 1536)
+    assert (rollout, update, minibatch) == (128, 192, 512)
     assert "lunar_lander's env node" in how["rollout_len"]
     assert how["update_envs"] == "auto: 64 x 3 types"
-    # a specialist's 64 x 128 / 512 = 16 minibatches an epoch, and the mix's the same
-    assert update * rollout // minibatch == 16
+    assert how["minibatch_size"] == "set"  # 512 whatever the mix: more gradient steps, not larger ones
 
 
 def test_a_type_alone_keeps_the_learners_old_numbers():
     # the specialists' update as before (64 env-rollouts, minibatches of 512), the rollout its node's
     assert shape(["env_mix=acrobot"])[0] == (32, 64, 512)
     assert shape(["env_mix=lunar_lander"])[0] == (128, 64, 512)
-    assert shape(["env_mix=pendulum", "env_count=16"])[0] == (32, 16, 512)  # capped, at least 512
+    assert shape(["env_mix=pendulum", "env_count=16"])[0] == (32, 16, 512)  # capped by env_count
 
 
 def test_the_quick_start_and_day4_keep_their_own_settings():
@@ -52,11 +51,13 @@ def test_the_quick_start_and_day4_keep_their_own_settings():
 
 
 def test_a_number_wins_and_shared_type_settings_leave_out_the_nodes_rollouts():
-    assert shape([*THREE, "learner.rollout_len=64", "learner.minibatch_size=100"])[0] == (64, 192, 100)
-    assert shape([*THREE, "learner.type_settings=shared"])[0] == (32, 192, 1536)
+    assert shape([*THREE, "learner.rollout_len=64", "learner.update_envs=100"])[0] == (64, 100, 512)
+    assert shape([*THREE, "learner.type_settings=shared"])[0] == (32, 192, 512)
     assert shape([*THREE, "learner.type_rollout_len=256"])[0][0] == 256  # no type asks for more
-    assert shape([*THREE, "env_count=96", "learner.update_envs_per_type=32"])[0] == (128, 96, 1536)
-    assert shape([*THREE, "env_count=100"])[0][1:] == (100, 800)  # every env; 512 per 64 of them
+    assert shape([*THREE, "learner.update_envs_per_type=16"])[0][1] == 48
+    assert shape([*THREE, "env_count=100"])[0][1] == 100  # every env, no more
+    how = shape([*THREE, "env_count=100"])[1]["update_envs"]
+    assert how == "auto: 64 x 3 types (capped by env_count)"
 
 
 @pytest.mark.parametrize(
@@ -64,6 +65,7 @@ def test_a_number_wins_and_shared_type_settings_leave_out_the_nodes_rollouts():
     [
         ("learner.rollout_len=0", "learner.rollout_len"),
         ("learner.update_envs=many", "learner.update_envs"),
+        ("learner.update_envs_per_type=0", "learner.update_envs_per_type"),
         ("+env_mix.types.cartpole.learner.rollout_len=auto", "env_mix.types.cartpole.learner.rollout_len"),
         ("+env_mix.types.cartpole.learner.epochs=3", "env_mix.types.cartpole.learner.epochs"),
     ],
