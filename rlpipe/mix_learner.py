@@ -11,8 +11,12 @@ alone, and the rollout as long as the longest-horizon type of the mix asks for
                   LunarLander's 0.999 discount wants 128 steps before GAE bootstraps), else
                   `learner.type_rollout_len`. One value for the run: the rollout store keeps
                   one [T, envs] block per slice, and a slice mixes types.
-- update_envs:    `learner.update_envs_per_type` env-rollouts for each type of the mix, at most
-                  env_count (a larger figure would only be capped where it is used).
+- update_envs:    `learner.update_envs_per_type` env-rollouts for the type with the most envs,
+                  the update's other env-rollouts in the mix's proportions: 64 x sum(weights) /
+                  max(weight), at most env_count (64 x k for k types of equal weight). So no type
+                  gets fewer PPO updates for its samples than it would alone on 64 envs (a
+                  fixed 64 x k gave a type with twice the envs of the others two thirds of
+                  them, and LunarLander three quarters of its specialist's return).
 
 `learner.minibatch_size` stays a number (512): minibatches grown with the mix (k x 512, a
 specialist's samples of each type in each gradient step) cost LunarLander half its return in
@@ -37,7 +41,6 @@ def resolve(learner: Any, env_types: tuple[EnvTypeSpec, ...], env_count: int) ->
     the process layout's); returns how each was chosen, by key, for the log and summary.json
     (a number set in the config: "set")."""
     how = {key: "set" for key in MIX_KEYS}
-    k = len(env_types)
     if learner.rollout_len == AUTO:
         asks = {t.name: t.learner["rollout_len"] for t in env_types if "rollout_len" in t.learner}
         if learner.type_settings != "per_type":
@@ -51,9 +54,15 @@ def resolve(learner: Any, env_types: tuple[EnvTypeSpec, ...], env_count: int) ->
             learner.rollout_len = learner.type_rollout_len
             how["rollout_len"] = "auto: learner.type_rollout_len (no type of the mix asks for more)"
     if learner.update_envs == AUTO:
-        learner.update_envs = min(learner.update_envs_per_type * k, env_count)
-        capped = " (capped by env_count)" if learner.update_envs < learner.update_envs_per_type * k else ""
-        how["update_envs"] = f"auto: {learner.update_envs_per_type} x {k} type{'s' * (k > 1)}{capped}"
+        weights = [t.weight for t in env_types]
+        shares = sum(weights) / max(weights)  # k for k types of equal weight
+        wanted = round(learner.update_envs_per_type * shares)
+        learner.update_envs = min(wanted, env_count)
+        capped = " (capped by env_count)" if learner.update_envs < wanted else ""
+        biggest = max(env_types, key=lambda t: t.weight).name
+        how["update_envs"] = (
+            f"auto: {learner.update_envs_per_type} x {shares:.3g} (the mix's weights / {biggest}'s){capped}"
+        )
     return how
 
 

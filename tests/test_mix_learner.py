@@ -31,7 +31,7 @@ def test_a_composed_mix_gets_each_types_share_of_a_specialists_update():
     (rollout, update, minibatch), how = shape(THREE)
     assert (rollout, update, minibatch) == (128, 192, 512)
     assert "lunar_lander's env node" in how["rollout_len"]
-    assert how["update_envs"] == "auto: 64 x 3 types"
+    assert how["update_envs"] == "auto: 64 x 3 (the mix's weights / lunar_lander's)"
     assert how["minibatch_size"] == "set"  # 512 whatever the mix: more gradient steps, not larger ones
 
 
@@ -57,7 +57,13 @@ def test_a_number_wins_and_shared_type_settings_leave_out_the_nodes_rollouts():
     assert shape([*THREE, "learner.update_envs_per_type=16"])[0][1] == 48
     assert shape([*THREE, "env_count=100"])[0][1] == 100  # every env, no more
     how = shape([*THREE, "env_count=100"])[1]["update_envs"]
-    assert how == "auto: 64 x 3 types (capped by env_count)"
+    assert how == "auto: 64 x 3 (the mix's weights / lunar_lander's) (capped by env_count)"
+
+
+def test_the_type_with_the_most_envs_gets_as_many_updates_as_alone():
+    # LunarLander on twice the envs of the others: 64 of its env-rollouts an update, the rest in proportion
+    (_, update, _), how = shape([*THREE, "env_count=256", "env_mix.weights.lunar_lander=2"])
+    assert update == 128 and how["update_envs"] == "auto: 64 x 2 (the mix's weights / lunar_lander's)"
 
 
 @pytest.mark.parametrize(
