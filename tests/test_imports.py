@@ -59,7 +59,13 @@ def layer_of(module: str) -> str:
         return "base"
     if len(parts) >= 2 and parts[1] in SUBPACKAGES:
         return parts[1]
-    if module in ("rlpipe.config", "rlpipe.config_checks", "rlpipe.config_compat", "rlpipe.process_layout"):
+    if module in (
+        "rlpipe.config",
+        "rlpipe.config_checks",
+        "rlpipe.config_compat",
+        "rlpipe.process_layout",
+        "rlpipe.mix_learner",
+    ):
         return "config"
     if module in ("rlpipe.app", "rlpipe.__main__"):
         return "app"
