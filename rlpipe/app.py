@@ -5,8 +5,10 @@ from __future__ import annotations
 import faulthandler
 import importlib
 import logging
+import os
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,8 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
+from rlpipe.config_errors import check_known_keys, explain
 from rlpipe.files import make_private
 from rlpipe.ranks import hydra_run_dir
+from rlpipe.supervisor import stopping
 
 if TYPE_CHECKING:
     from rlpipe.supervisor.runmode import RunMode
@@ -45,12 +49,14 @@ def run_job(cfg: DictConfig) -> int:
 
     quiet_console_logs()  # other libraries' INFO lines go to the run's log file only
     from rlpipe.supervisor.diskfull import hold_reserve, release_reserve
-    from rlpipe.supervisor.driver import Driver  # torch is imported only past validation
 
     mode: RunMode | None = None  # built once the config is valid; closed on every way out
     try:
+        check_known_keys(cfg, RunSpec)  # also those added with `+`: nothing would read them
         spec = run_spec(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if stopping.pending() is not None:  # a stop signal while Python and Hydra started
+            return _stopped_before_driver(spec, run_dir, stopping.pending())
         if spec.run.mode == "validate":
             from rlpipe.envs.validate import validate_types
 
@@ -61,6 +67,8 @@ def run_job(cfg: DictConfig) -> int:
         make_private(run_dir)
         hold_reserve(run_dir)
         try:
+            from rlpipe.supervisor.driver import Driver  # torch: imported on its thread meanwhile
+
             driver = Driver(mode.spec, run_dir, OmegaConf.to_yaml(cfg), mode)
             return driver.run()
         finally:
@@ -78,6 +86,26 @@ def run_job(cfg: DictConfig) -> int:
     finally:
         if mode is not None:
             mode.close()
+
+
+def _stopped_before_driver(spec: RunSpec, run_dir: Path, signum: int) -> int:
+    """A stop signal came before the driver existed: nothing was started, the run dir gets its
+    short summary and the one line, and the exit code is the signal's."""
+    at_s = stopping.pending_at_s()
+    stop = stopping.stopped_by("signal", at_s, signum, "start-up", after="config composed")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    make_private(run_dir)
+    path = stopping.write_short_summary(
+        run_dir,
+        stop,
+        stage=spec.stage,
+        env_count=spec.env_count,
+        env_steps=0,
+        wall_s=round(time.time() - stopping.process_started_at(), 3),
+        resumed_from_step=0,
+    )
+    stopping.say_stopped_in_startup(signum, "config composed", at_s, path)
+    return 128 + signum
 
 
 def import_torch_early() -> None:
@@ -103,8 +131,40 @@ def _run_mode(spec: RunSpec) -> RunMode:
     return Ranks(info, spec)
 
 
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"  # set: Hydra raises its errors instead of printing them
+
+
+class _Job:
+    failed = False  # an exception came out of run_job: not Hydra's, not for explain()
+
+
 @hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")
-def main(cfg: DictConfig) -> None:
-    code = run_job(cfg)
+def _hydra_main(cfg: DictConfig) -> None:
+    full_error = os.environ.pop(HYDRA_FULL_ERROR, None)  # not inherited by the run's children
+    try:
+        code = run_job(cfg)
+    except BaseException:
+        _Job.failed = True
+        raise
+    finally:
+        if full_error is not None:
+            os.environ[HYDRA_FULL_ERROR] = full_error
     if code:
         sys.exit(code)
+
+
+def main() -> None:
+    """`python -m rlpipe`: Hydra composes the config and makes the run dir, then `run_job`.
+    What Hydra itself refuses (a key no setting has, a value of the wrong type, a group option
+    that does not exist, an override it cannot parse, a run dir it cannot create) is a config
+    error like rlpipe's own: one paragraph, exit 2 (rlpipe.config_errors), not Hydra's report
+    and exit 1."""
+    os.environ.setdefault(HYDRA_FULL_ERROR, "1")
+    try:
+        _hydra_main()
+    except Exception as exc:
+        text = None if _Job.failed else explain(exc, RunSpec)
+        if text is None:
+            raise
+        print(text, file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)

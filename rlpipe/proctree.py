@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 PR_SET_CHILD_SUBREAPER = 36
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what stops a run (rlpipe.supervisor.stopping)
 
 
 def become_subreaper() -> bool:
@@ -134,3 +135,28 @@ def set_oom_score_adj(value: int) -> bool:
         return True
     except OSError:
         return False
+
+
+@contextmanager
+def stop_signals_blocked():
+    """The calling thread's stop signals blocked (held pending, not lost) while it starts a
+    child that must ignore them from its first instruction: a child inherits the mask, and
+    `forkserver_ignores_stop_signals` turns them to ignored and unblocks them. The same
+    pattern as multiprocessing's resource tracker."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def forkserver_ignores_stop_signals() -> None:
+    """In the forkserver (its first preload module): a terminal's Ctrl-C or a SIGTERM to the
+    driver's process group must not end it (during its preload imports that was a traceback
+    and a driver stopping on EOFError); it exits when its driver closes its pipe. What it
+    forks gets SIGTERM's default back at once (a worker's stop is a SIGTERM); SIGINT stays
+    ignored in it, as the driver coordinates every child's stop."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))

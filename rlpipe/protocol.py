@@ -41,6 +41,9 @@ class Round:
     final_rows: np.ndarray  # int64: batch rows whose episode a time limit ended (their final obs)
     final_obs: dict  # obs key -> [len(final_rows), ...]: the obs each of them ended on
     torn_retries: int
+    # bool [k]: the slot's worker was replaced since the slot was last received (the engine's
+    # recv sets it; its seq counts from the new generation's first obs)
+    restarted: np.ndarray | None = None
 
     @property
     def n(self) -> int:

@@ -253,8 +253,11 @@ def wait_for(what, timeout_s: float, every_s: float = 0.2):
 
 
 def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
-    """64 CartPoles in two workers with an eval round every 2 s, stopped by `sig` once two
-    rounds are in and a third runs. What was seen while it ran is kept for the tests' checks."""
+    """64 CartPoles in two workers with an eval round every 2 s and reward normalization per
+    env, stopped by `sig` once two rounds are in and a third runs: SIGTERM to the driver alone
+    (systemd's KillMode=mixed), SIGINT to its whole process group (a terminal's Ctrl-C, which
+    reaches every child that stayed in the group). What was seen while it ran is kept for the
+    tests' checks."""
     run_dir.mkdir(parents=True)
     with open(run_dir.parent / "out.txt", "w") as out, open(run_dir.parent / "err.txt", "w") as err:
         driver = subprocess.Popen(
@@ -268,10 +271,12 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
                 "eval.interval_s=2",
                 "eval.episodes=2",
                 "logging.random_return_episodes=0",
+                "reward_norm=per_env",
             ),
             cwd=REPO,
             stdout=out,
             stderr=err,
+            process_group=0,  # as a shell starts a job
             preexec_fn=driver_dies_with_pytest,
         )
     try:
@@ -280,7 +285,10 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
         child = running[0]
         child_ppid = child.ppid()
         child_niced = bool(wait_for(lambda: child.nice() == 19, 10))  # it lowers itself first thing
-        driver.send_signal(sig)
+        if sig == signal.SIGINT:
+            os.killpg(driver.pid, sig)
+        else:
+            driver.send_signal(sig)
         code = driver.wait(90)
     finally:
         if driver.poll() is None:
@@ -291,6 +299,7 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
         pid=driver.pid,
         code=code,
         stderr=(run_dir.parent / "err.txt").read_text(),
+        stdout=(run_dir.parent / "out.txt").read_text(),
         child=child,
         child_ppid=child_ppid,
         child_niced=child_niced,

@@ -100,6 +100,39 @@ class HangOnce(Plain):
         return super().step(action)
 
 
+class HangBeside(Plain):
+    """Counts, across the envs of its process, the steps they make; the first `hangers` of
+    them a process builds block in their 10th step for `hang_s` seconds (as HangOnce), and the
+    first one, when its block ends (it comes back, or its deadline cuts it), writes how many
+    steps its neighbours made meanwhile to $HOSTILE_MARKS as `beside_<pid>` (the probe's
+    process writes its own file, told apart by its pid)."""
+
+    built = 0
+    steps = 0  # every HangBeside step of this process, hung ones excepted
+
+    def __init__(self, hang_s: float = 3600.0, hangers: int = 1):
+        HangBeside.built += 1
+        self.hangs = HangBeside.built <= hangers
+        self.reports = HangBeside.built == 1
+        self.hang_s = hang_s
+
+    def step(self, action):
+        if self.hangs and self.t == 9:
+            import time
+
+            self.hangs = False
+            before = HangBeside.steps
+            try:
+                time.sleep(self.hang_s)
+            finally:
+                marks = os.environ.get("HOSTILE_MARKS")
+                if marks and self.reports:
+                    with open(os.path.join(marks, f"beside_{os.getpid()}"), "w") as f:
+                        f.write(str(HangBeside.steps - before))
+        HangBeside.steps += 1
+        return super().step(action)
+
+
 class FourValues(Plain):
     """Gymnasium's old API: step returns 4 values, so every step breaks the contract."""
 
@@ -118,6 +151,10 @@ class Chatty(Plain):
         return super().step(action)
 
 
-for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "Hog", "HangOnce", "FourValues", "Chatty"):
+for _name in ("Plain", "Spawner", "SpawnerCrash", "Segfault", "Hog", "HangOnce", "HangBeside", "FourValues", "Chatty"):
     if f"{_name}-v0" not in gym.registry:
         gym.register(f"{_name}-v0", entry_point=f"{__name__}:{_name}")
+if "HangBriefly-v0" not in gym.registry:  # blocks 1 s: a stall that comes back
+    gym.register("HangBriefly-v0", entry_point=f"{__name__}:HangBeside", kwargs={"hang_s": 1.0})
+if "HangTwice-v0" not in gym.registry:  # the second hang falls to the thread that took over from the first
+    gym.register("HangTwice-v0", entry_point=f"{__name__}:HangBeside", kwargs={"hangers": 2})

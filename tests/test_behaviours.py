@@ -151,6 +151,12 @@ def test_scaling_end_to_end(chaos_run):
     for w, d in lived.items():
         assert d["eps_messages"] >= 2 and d["explored_steps"] > 0, (w, d)
     assert math.isfinite(read_summary(run_dir)["loss_std"] or 0.0)
+    # the histogram docs/outputs.md promises (scaling=on)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"histograms": 0})
+    acc.Reload()
+    assert acc.Tags()["histograms"] == ["scaling/weight"] and acc.Histograms("scaling/weight")
 
 
 def test_reward_statistics_survive_a_worker_restart(chaos_run):

@@ -24,6 +24,8 @@ SUMMARY_KEYS = {
     "env_steps",
     "wall_s",
     "teardown_s",
+    "stopped_by",
+    "not_measured",
     "sps",
     "startup_first_step_s",
     "all_envs_ready_s",
@@ -259,13 +261,24 @@ def test_tensorboard_tags(cartpole_multirun):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_stops_cleanly_with_its_exit_code(signalled_run, sig):
-    """64 CartPoles in two workers, signalled mid-run (the run tests/test_eval_during.py reads
-    too: tests/conftest.py)."""
+    """64 CartPoles in two workers, signalled mid-run: SIGTERM to the driver, SIGINT to its
+    process group (the run tests/test_eval_during.py reads too: tests/conftest.py)."""
+    from rlpipe.learner.checkpoint import checkpoint_files, load_checkpoint
+
     run = signalled_run(sig)
     assert run.code == 128 + sig, run.stderr[-3000:]
     summary = read_summary(run.run_dir)
     assert summary["env_steps"] > 0
+    assert summary["stopped_by"]["reason"] == "signal" and summary["stopped_by"]["signal"] == sig.name
+    assert summary["stopped_by"]["phase"] == "running"
+    assert f"rlpipe stopped by {sig.name}: " in run.stdout and "Traceback" not in run.stderr
     assert_nothing_left(run.run_dir, run.pid)
+    # SIGINT went to the whole group: the embedded Redis, in a group of its own, still served
+    # the final checkpoint the workers' reward statistics (reward_norm=per_env)
+    assert "Redis unreachable" not in (run.run_dir / "app.log").read_text()
+    final = load_checkpoint(checkpoint_files(run.run_dir / "checkpoints")[-1])
+    assert final["counters"]["env_steps"] == summary["env_steps"]
+    assert final["reward_norm"] and all(state.numel() for state in final["reward_norm"])
 
 
 def test_sigterm_while_dormant_workers_are_still_starting_leaves_nothing(short_tmp):

@@ -4,6 +4,7 @@ an env of tests/hostile_gym.py (`env_mix=gym env_mix.id=hostile_gym:<Id>`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -185,11 +186,13 @@ def test_a_full_disk_stops_the_run_with_its_own_code_and_one_line(small_disk, fr
     said = [line for line in err.splitlines() if line.startswith("rlpipe: disk full: no space left to write ")]
     assert len(said) == 1, err[-3000:]
     assert "Traceback" not in out + err, (out + err)[-3000:]
+    stop = json.loads((run_dir / "summary.json").read_text())["stopped_by"]  # written into the reserve
+    assert stop["reason"] == "disk_full", stop
     if free_kb == 64:
-        assert "lifecycle db" in said[0] and "summary.json not written" in said[0]
+        assert "lifecycle db" in said[0] and stop["phase"] == "start-up" and "lifecycle db" in stop["what"]
         return
     assert "checkpoint" in said[0] and "last good checkpoint" in said[0]
-    assert (run_dir / "summary.json").is_file()
+    assert stop["phase"] == "running" and "checkpoint" in stop["what"]
     path, _ = load_latest(run_dir / "checkpoints")  # whole, and the one the line names
     assert str(path) in said[0]
     assert not list((run_dir / "checkpoints").glob("*.bad"))
@@ -220,11 +223,14 @@ def _rows(run_dir: Path, kind: str) -> int:
 def test_a_type_that_faults_on_every_step_backs_off_and_is_named(short_tmp):
     """FourValues breaks the contract on every step (16,392 crash/rebuild pairs in 20 s
     before). With the backoff, each env faults BACKOFF_AFTER times at once, then after
-    0.5, 1, 2 s...: a handful of times in a 5 s run."""
+    0.5, 1, 2 s...: a handful of times in the seconds a 2,000-step run takes."""
     import json
 
     run_dir = short_tmp / "run"
-    proc = start_run(run_dir, *hostile("FourValues-v0", "env_count=8", "run.duration_s=5"))
+    # a step count, not a duration: a loaded machine's start-up took a 5 s run's whole time
+    proc = start_run(
+        run_dir, *hostile("FourValues-v0", "env_count=8", "run.duration_s=null", "run.total_env_steps=2000")
+    )
     out, err = finish(proc)
     assert proc.returncode == 0, err[-3000:]
     faults = _rows(run_dir, "env_crash")  # the gym adapter's unpacking raises
@@ -323,3 +329,88 @@ def test_a_hung_env_is_cut_at_its_types_measured_deadline(short_tmp):
     assert f"step exceeded worker.step_timeout_s={FLOOR_S}" in hangs[0]["message"], hangs
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] > 8 * 10, summary["env_steps"]  # the envs went on after the hang
+
+
+def test_a_hung_env_does_not_stall_the_rest_of_its_slice(short_tmp):
+    """HangBeside's first env blocks in its 10th step, in a slice with 7 healthy envs of its
+    type. While it waits out its deadline (4 s here), the 7 go on stepping: the envs count
+    their own steps, and the hung one writes how many its neighbours made while it hung. The
+    hang is reported, type named, when its deadline cuts it (an env_hang row and an env_stall
+    row). (Before: the slice waited for the deadline, 0 steps beside it.) The stall budget is
+    ten times the type's longest step (at least 0.25 s): under the deadline unless a step of
+    the type took 0.4 s on a loaded machine."""
+    import json
+    import sqlite3
+
+    marks = short_tmp / "marks"
+    marks.mkdir()
+    run_dir = short_tmp / "run"
+    proc = start_run(
+        run_dir,
+        *hostile(
+            "HangBeside-v0",
+            "env_count=8",
+            "groups.size=8",
+            "worker.slices=1",
+            "worker.step_timeout_s=4",
+            # a step count, not a duration (a loaded machine's start-up took most of 14 s):
+            # the hang begins at step 80, and a worker asked to stop waits its deadline out
+            # within heartbeat.term_grace_s (5 s), so the hung env always reports
+            "run.duration_s=null",
+            "run.total_env_steps=2000",
+        ),
+        env={**HOSTILE_ENV, "HOSTILE_MARKS": str(marks)},
+    )
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
+        pids = {
+            json.loads(d).get("pid") for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'worker_spawn'")
+        }
+        hangs = db.execute("SELECT env_type, detail FROM events WHERE kind = 'env_hang'").fetchall()
+        stalls = db.execute("SELECT env_type, detail FROM events WHERE kind = 'env_stall'").fetchall()
+    beside = {int(p.name.split("_")[1]): int(p.read_text()) for p in marks.glob("beside_*")}
+    in_workers = [n for pid, n in beside.items() if pid in pids]
+    assert in_workers, f"no worker's env hung and was cut: marks {beside}, worker pids {pids}"
+    assert in_workers[0] >= 7, f"the hung env's 7 neighbours made {in_workers[0]} steps while it hung"
+    assert [t for t, _ in hangs] == ["HangBeside-v0"], hangs
+    assert "step exceeded worker.step_timeout_s=4" in json.loads(hangs[0][1])["message"], hangs
+    assert [t for t, _ in stalls] == ["HangBeside-v0"], stalls
+    stall = json.loads(stalls[0][1])
+    assert stall["ended"] == "StepTimeout" and stall["steps_beside"] >= 7, stall
+
+
+@pytest.mark.slow  # two runs of 10-20 s
+@pytest.mark.parametrize("env_id", ["HangBriefly-v0", "HangTwice-v0"])
+def test_a_stall_that_comes_back_and_a_hang_beside_a_hang(short_tmp, env_id):
+    """HangBriefly's first env blocks 1 s (its deadline: 2 s): detached, it comes back, starts
+    a new episode, and no fault is recorded. HangTwice's first two envs block for good: the
+    second blocks the thread that took the loop over from the first; once the first is cut the
+    main thread waits the second's deadline out, abandons it and the run goes on."""
+    import json
+    import sqlite3
+
+    run_dir = short_tmp / "run"
+    proc = start_run(
+        run_dir,
+        *hostile(
+            env_id, "env_count=8", "groups.size=8", "worker.slices=1", "worker.step_timeout_s=2", "run.duration_s=12"
+        ),
+    )
+    out, err = finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    with sqlite3.connect(run_dir / "lifecycle.sqlite") as db:
+        hangs = sorted(e for (e,) in db.execute("SELECT env_id FROM events WHERE kind = 'env_hang'"))
+        stalls = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind = 'env_stall'")]
+        steps_after = db.execute(
+            "SELECT json_extract(detail, '$.steps') FROM events WHERE kind = 'worker_exit'"
+        ).fetchall()
+        restarts = db.execute("SELECT COUNT(*) FROM events WHERE kind = 'worker_restart'").fetchone()[0]
+    assert restarts == 0
+    assert len(stalls) == 1, stalls
+    if env_id == "HangBriefly-v0":
+        assert hangs == [] and stalls[0]["ended"] == "returned", (hangs, stalls)
+        assert stalls[0]["steps_beside"] >= 7, stalls
+    else:
+        assert hangs == [0, 1] and stalls[0]["ended"] == "StepTimeout", (hangs, stalls)
+    assert steps_after and steps_after[0][0] >= 1600, steps_after

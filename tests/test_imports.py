@@ -63,6 +63,7 @@ def layer_of(module: str) -> str:
         "rlpipe.config",
         "rlpipe.config_checks",
         "rlpipe.config_compat",
+        "rlpipe.config_errors",
         "rlpipe.process_layout",
         "rlpipe.mix_learner",
     ):

@@ -67,4 +67,6 @@ def test_corrupt_checkpoints_are_a_clear_error(short_tmp):
     assert out.returncode == 2, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
     assert "ckpt_000000000200.pt" in out.stderr and "ckpt_000000000100.pt" in out.stderr
+    assert "not a checkpoint file" in out.stderr
+    assert "weights_only" not in out.stderr  # torch's advice to load it unsafely is not ours to give
     json.dumps(out.stderr)  # one paragraph of text, printable as is

@@ -132,3 +132,37 @@ def test_inline_deadline_needs_the_main_thread(run):
     finally:
         made[0].close()
         table.close_all()
+
+
+def test_a_detached_step_halts_the_loop_and_detached_rows_are_cut(run):
+    """The C loop's side of a stall (rlpipe/worker/relief.py): `detach` of the step in
+    progress makes the loop write nothing more once the env call ends (`halted`: True when it
+    came back, else its exception); detached rows are cuts, a rejoining row is cut once and
+    then stepped again. Env 0 blocks 0.5 s in its step."""
+    base = next(t for t in run.env_types if t.name == "web_sim").node
+    table, _ = _table(run, hanging=())
+    table.envs[0] = make_factory({**base, "hang_rate": 1.0, "hang_s": 0.5})(env_id=0, seed=1)
+    table.envs[0].reset(0)
+    out = _results(6)
+    armed = np.zeros(1, dtype=np.int64)
+    loop = table.step_loop(out, armed)
+    assert not loop.detach(1)  # nothing in progress
+    detached = []
+    watcher = threading.Thread(target=lambda: (time.sleep(0.2), detached.append(loop.detach(int(armed[0])))))
+    watcher.start()
+    serial = loop.run(0, 6, [0] * 6, 0)
+    watcher.join()
+    assert detached == [True] and serial == 1 and armed[0] == 0
+    assert loop.halted is True and loop.halting
+    assert np.isnan(out["reward"]).all()  # nothing written, not even env 0's row
+    assert not table.faults  # the thread that took over deals with it, not the loop
+    loop.rearm()
+    assert loop.halted is None and not loop.halting
+    table.envs[0] = table.envs[1]  # (the blocking env is done with; a calm one stands in)
+    table.detached[:] = [1, 2, 0, 0, 0, 0]
+    loop.run(0, 6, [0] * 6, serial)
+    assert out["truncated"].tolist() == [1, 1, 0, 0, 0, 0] and out["ep_len"][:2].tolist() == [0, 0]
+    assert table.detached.tolist() == [1, 0, 0, 0, 0, 0]  # detached stays; rejoining was cut once
+    out["truncated"][:] = 0
+    loop.run(0, 6, [0] * 6, serial + 6)
+    assert out["truncated"].tolist() == [1, 0, 0, 0, 0, 0]

@@ -33,8 +33,8 @@ def leftovers(run_id: str) -> list[str]:
 
 def engine_pids(envs) -> list[int]:
     """The vector's worker processes and its embedded redis-server."""
-    pids = [h.proc.pid for h in envs.engine.fleet.handles if h.proc is not None]
-    redis = envs.engine.services.redis
+    pids = [h.proc.pid for h in envs.engine.core.fleet.handles if h.proc is not None]
+    redis = envs.engine.core.services.redis
     proc = getattr(redis, "proc", None)
     if proc is not None:
         pids.append(proc.pid)
@@ -148,7 +148,7 @@ import rlpipe.vector as rv
 envs = rv.make("CartPole-v1", 4, overrides=["groups.size=2"])
 envs.reset(seed=0)
 envs.step(envs.action_space.sample())
-pids = [h.proc.pid for h in envs.engine.fleet.handles] + [envs.engine.services.redis.proc.pid]
+pids = [h.proc.pid for h in envs.engine.core.fleet.handles] + [envs.engine.core.services.redis.proc.pid]
 print(envs.engine.run_id, envs.run_dir, *pids, flush=True)
 time.sleep(120)
 """
@@ -246,7 +246,7 @@ def test_a_killed_worker_is_replaced_and_its_envs_report_truncated(short_tmp):
     try:
         envs.reset()
         envs.step(envs.action_space.sample())
-        victim = envs.engine.fleet.handles[1]
+        victim = envs.engine.core.fleet.handles[1]
         old_pid = victim.proc.pid
         os.kill(old_pid, signal.SIGKILL)
         obs, rew, term, trunc, info = envs.step(envs.action_space.sample())

@@ -139,6 +139,8 @@ class InlineDeadline(threading.Thread):
         armed: np.ndarray | None = None,
         limit_of: Callable[[int], float] | None = None,
         poll_s: float | None = None,
+        stall_of: Callable[[int], float] | None = None,
+        on_stall: Callable[[int, float], None] | None = None,
     ):
         super().__init__(name="step-deadline", daemon=True)
         self.timeout_s = timeout_s
@@ -146,6 +148,11 @@ class InlineDeadline(threading.Thread):
         # the deadline of the step with this serial (a worker's: from its env type's measured
         # step time, rlpipe.worker.deadlines), never past timeout_s; None: timeout_s for all
         self.limit_of = limit_of
+        # a step past its stall budget (shorter than its deadline) is handed to `on_stall` once,
+        # with its serial and when it was first seen: the worker lets the rest of the slice go
+        # on (rlpipe.worker.relief)
+        self.stall_of = stall_of
+        self.on_stall = on_stall
         self.poll_s = poll_s or timeout_s / 8
         self.fired_limit = timeout_s
         # the loop's serial word: a worker's is in its shared segment (H_ARMED), where the
@@ -163,7 +170,7 @@ class InlineDeadline(threading.Thread):
 
     def run(self) -> None:
         # A hang is cut between its limit and its limit + poll after it began.
-        seen, since, limit = 0, 0.0, self.timeout_s
+        seen, since, limit, stall, stalled = 0, 0.0, self.timeout_s, self.timeout_s, -1
         while not self.closed.wait(self.poll_s):
             armed, now = int(self.armed[0]), time.monotonic()
             if not armed or armed != seen:
@@ -171,9 +178,13 @@ class InlineDeadline(threading.Thread):
                 limit = (
                     self.timeout_s if self.limit_of is None or not armed else min(self.timeout_s, self.limit_of(armed))
                 )
+                stall = limit if self.stall_of is None or not armed else min(limit, self.stall_of(armed))
             elif now - since > limit and self.fired != armed:
                 self.fired, self.fired_limit = armed, limit
                 signal.pthread_kill(self.main_ident, signal.SIGALRM)
+            elif now - since > stall and stalled != armed and self.on_stall is not None:
+                stalled = armed
+                self.on_stall(armed, since)
 
     def close(self) -> None:
         self.closed.set()

@@ -107,6 +107,7 @@ def measure_all(
     driver_pid: int,
     initial_pickle: bytes | None = None,
     cgroup_paths: tuple[str, ...] = (),
+    keep_measured: bool = False,
 ) -> None:
     """Child-process entry: `measure` at nice `PROBE_NICE`. A driver killed with -9 cannot stop it, so
     it exits once its driver is gone: else it would play on for minutes, write into the run
@@ -138,7 +139,7 @@ def measure_all(
     except OSError:
         pass
     try:
-        measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle)
+        measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle, keep_measured)
     finally:
         kill_descendants()
 
@@ -155,12 +156,24 @@ def _end_with_descendants(*_) -> None:
 
 
 def measure(
-    nodes: dict[str, dict], out_dir: str, episodes: int, budget_s: float, seed: int, initial_pickle: bytes | None
+    nodes: dict[str, dict],
+    out_dir: str,
+    episodes: int,
+    budget_s: float,
+    seed: int,
+    initial_pickle: bytes | None,
+    keep_measured: bool = False,
 ) -> None:
     """Every type's random return, then (given the pickled `InitialPolicy`) every type's
-    untrained-policy return, each file rewritten (atomically) after each type."""
-    results: dict[str, dict] = {}
+    untrained-policy return, each file rewritten (atomically) after each type. With
+    `keep_measured` (a resumed run) the types the run dir's file already holds keep their
+    figure: a short resumed start stopped before the probe came round to a type left it with
+    none, and its `learned` verdict turned unknown."""
+    kept = read_results(Path(out_dir)) if keep_measured else {}
+    results: dict[str, dict] = {name: kept[name] for name in nodes if name in kept}
     for i, (name, node) in enumerate(nodes.items()):
+        if name in results:
+            continue
         results[name] = play_random(node, episodes, budget_s, seed + 1000 * i)
         atomic_write(Path(out_dir) / RESULT_FILE, json.dumps(results, indent=1))
     if initial_pickle is None:
@@ -172,6 +185,33 @@ def measure(
     for i, (name, node) in enumerate(nodes.items()):
         starts[name] = initial.play(policy, name, node, seed + 1000 * i + 500)
         atomic_write(Path(out_dir) / INITIAL_FILE, json.dumps(starts, indent=1))
+
+
+def not_measured(run_dir: Path, names: list[str], logging_spec) -> dict[str, dict[str, str]]:
+    """Why a type has no `random_return` or `initial_policy_return` in summary.json, per
+    figure and type (`logging_spec`: the run's LoggingSpec): the summary says so rather than
+    leave an empty entry to be read as "none measured, for no reason"."""
+    randoms, starts = read_results(run_dir), read_results(run_dir, INITIAL_FILE)
+    out: dict[str, dict[str, str]] = {"random_return": {}, "initial_policy_return": {}}
+    for name in names:
+        if randoms.get(name, {}).get("mean") is None:
+            out["random_return"][name] = (
+                "off (logging.random_return_episodes=0)"
+                if not logging_spec.random_return_episodes
+                else "the probe had not finished it when the run ended"
+                if name not in randoms
+                else "no episode finished within logging.random_return_budget_s"
+            )
+        if not whole_sample(starts.get(name)):
+            out["initial_policy_return"][name] = (
+                "off (logging.initial_policy_episodes=0, or logging.random_return_episodes=0)"
+                if not logging_spec.initial_policy_episodes or not logging_spec.random_return_episodes
+                else "the probe had not come to it when the run ended (it plays every type's random "
+                "episodes first); a resumed run measures it only in its first start"
+                if name not in starts
+                else "its sample had a cut episode or fewer than 2 episodes"
+            )
+    return {figure: reasons for figure, reasons in out.items() if reasons}
 
 
 def read_results(run_dir: Path, name: str = RESULT_FILE) -> dict[str, dict]:
@@ -225,6 +265,7 @@ def start(
     seed: int,
     initial: InitialPolicy | None = None,
     cgroup_paths: tuple[str, ...] = (),
+    keep_measured: bool = False,
 ):
     """The measuring child process (a daemon: a clean exit stops it; a killed driver's dies
     with it, see `measure_all`), or None when `episodes` is 0."""
@@ -241,6 +282,7 @@ def start(
             os.getpid(),
             pickle.dumps(initial) if initial else None,
             tuple(cgroup_paths),
+            keep_measured,
         ),
         name="rlpipe-random-returns",
         daemon=True,

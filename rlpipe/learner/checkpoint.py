@@ -93,9 +93,7 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     try:
         record = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # truncated/corrupt zip, pickle errors, disallowed globals, I/O
-        raise CheckpointError(
-            f"checkpoint {path} is unreadable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        ) from exc
+        raise CheckpointError(f"checkpoint {path} is unreadable: {unreadable_reason(path, exc)}") from exc
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} is not an rlpipe checkpoint")
     if record.get("version") != VERSION:
@@ -105,6 +103,36 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     if not isinstance(record.get("payload"), dict):
         raise CheckpointError(f"checkpoint {path} has no payload")
     return record["payload"]
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+
+
+def unreadable_reason(path: Path, exc: Exception) -> str:
+    """Why torch.load refused a file, in rlpipe's words. torch's own message for a refused
+    pickle advises loading it again with weights_only=False, which runs whatever code the file
+    holds: never the advice for a file that did not load as what rlpipe writes."""
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(ZIP_MAGIC))
+    except OSError as err:
+        return f"{err.strerror or err}"
+    if head != ZIP_MAGIC:
+        return "not a checkpoint file (torch.save writes a zip archive; this file is not one)"
+    text = str(exc)
+    blocked = re.search(r"GLOBAL ([\w.]+)", text)
+    if blocked:
+        return (
+            f"it holds an object rlpipe never writes ({blocked.group(1)}): not written by rlpipe, or altered "
+            f"since; it is not loaded"
+        )
+    if "zip archive" in text or isinstance(exc, EOFError):
+        return "truncated or corrupted (its zip archive is not whole)"
+    first = text.splitlines()[0] if text else ""
+    said = first if first and "weights_only" not in first else "refused by torch.load(weights_only=True)"
+    return f"{type(exc).__name__}: {said}"
 
 
 def load_latest(

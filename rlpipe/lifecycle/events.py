@@ -9,6 +9,7 @@ EVENT_KINDS = frozenset(
         "env_create",
         "env_crash",
         "env_hang",
+        "env_stall",
         "env_rebuild",
         "env_quarantine",
         "group_wake",

@@ -21,6 +21,13 @@ ended episode's end obs is copied so. A cut episode has no end obs (`final` stay
 
 The inline step deadline (worker.stepper) watches `armed[0]`: the serial of the step in
 progress, 0 between steps. The loop writes it in C around each env call, so arming is free.
+
+A step that stalls is detached from the slice (rlpipe/worker/relief.py): `detach(serial)`
+raises the loop's `halt` word if that step is still in progress, and from then on the loop
+writes nothing: when the env call comes back (or raises, or its deadline cuts it) the loop
+returns at once with what happened in `halted`, as another thread has taken over the rest of
+the slice. Envs marked in `skip` (the table's `detached`) are not stepped: their row is a cut
+(1: detached; 2: rejoining, cut once more with the fresh obs it was given, then stepped).
 """
 import numpy as np
 
@@ -116,6 +123,9 @@ cdef class StepLoop:
     cdef float[::1] r_ep_return
     cdef int32_t[::1] r_ep_len
     cdef int64_t[::1] armed
+    cdef int64_t[::1] halt_word
+    cdef uint8_t[::1] skip
+    cdef public object halted   # why a halted run stopped: True (the env call came back) or its exception
 
     def __init__(self, table, list writes, list specs, results: dict, armed, check_obs,
                  violation, timeout_exc, list final_writes=None, bint final_all=False):
@@ -143,6 +153,29 @@ cdef class StepLoop:
         self.r_ep_return = results["ep_return"]
         self.r_ep_len = results["ep_len"]
         self.armed = armed
+        self.halt_word = np.zeros(1, dtype=np.int64)
+        self.skip = table.detached
+        self.halted = None
+
+    def detach(self, int64_t serial) -> bool:
+        """Halt the loop if the step with this serial is still in progress (called from another
+        thread; atomic under the GIL, as no Python code runs here): True when it was."""
+        if serial != 0 and self.armed[0] == serial:
+            self.halt_word[0] = 1
+            return True
+        return False
+
+    def armed_serial(self) -> int:
+        return self.armed[0]
+
+    @property
+    def halting(self) -> bool:
+        return self.halt_word[0] != 0
+
+    def rearm(self) -> None:
+        """After a halted run has been dealt with: the loop steps again."""
+        self.halt_word[0] = 0
+        self.halted = None
 
     cdef void _write_obs(self, Py_ssize_t i, object obs, bint copy=True) except *:
         """Validate obs against env i's keys and (with `copy`) copy it into its staging rows,
@@ -212,13 +245,22 @@ cdef class StepLoop:
         cdef Py_ssize_t env_id
         for j in range(hi - lo):
             i = lo + j
+            serial += 1  # also for a skipped env: a serial names the j-th env of the run
+            if self.skip[i]:
+                self._cut(i)  # detached (its step is in progress elsewhere), or rejoining once
+                if self.skip[i] == 2:
+                    self.skip[i] = 0  # its fresh obs goes out with this cut; stepped from the next
+                continue
             env_id = self.id_lo + i
-            serial += 1
             try:
                 self.armed[0] = serial
                 env = self.envs[i]
                 clock_gettime(CLOCK_MONOTONIC, &t0)
                 result = env.step(env_id, actions[j])
+                if self.halt_word[0]:
+                    self.armed[0] = 0
+                    self.halted = True
+                    return serial
                 if self.has_step_ms:
                     clock_gettime(CLOCK_MONOTONIC, &t1)
                     self.r_step_ms[i] = <float>((t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6)
@@ -239,20 +281,34 @@ cdef class StepLoop:
                     self.ep_return[i] = 0.0
                     self.ep_len[i] = 0
                     obs = env.reset(env_id)
+                    if self.halt_word[0]:
+                        self.armed[0] = 0
+                        self.halted = True
+                        return serial
                 else:
                     self.r_ep_return[i] = 0.0
                     self.r_ep_len[i] = 0
                     self.ep_return[i] += r
                     self.ep_len[i] += 1
                 self._write_obs(i, obs)
+                if self.halt_word[0]:  # (check_obs's Python ran inside: the GIL may have moved)
+                    self.armed[0] = 0
+                    self.halted = True
+                    return serial
                 self.armed[0] = 0
             except self.timeout_exc as exc:
                 self.armed[0] = 0
+                if self.halt_word[0]:
+                    self.halted = exc
+                    return serial
                 self.table.abandon(i, exc, interrupted=True)
                 self._cut(i)
                 continue
             except Exception as exc:
                 self.armed[0] = 0
+                if self.halt_word[0]:
+                    self.halted = exc
+                    return serial
                 self.table.recover(i, exc)
                 self._cut(i)
                 continue
@@ -262,6 +318,10 @@ cdef class StepLoop:
             if self.has_final:
                 self.r_final[i] = final
         return serial
+
+    def cut(self, Py_ssize_t i) -> None:
+        """Env i's row as a cut step (a detached env's, written by the thread that took over)."""
+        self._cut(i)
 
     cdef void _cut(self, Py_ssize_t i):
         """A crashed, quarantined or hung step: the episode is cut, no finished stats."""

@@ -56,6 +56,10 @@ class DoorbellServer:
         for the first."""
         return self.board.take(timeout_ms)
 
+    def take_slots(self, timeout_ms: int) -> tuple[np.ndarray, np.ndarray]:
+        """`take` as two int64 arrays, (slots, seqs): a slot is its worker's slot_lo + slice."""
+        return self.board.take_slots(timeout_ms)
+
     def close(self) -> None:
         if self.segment is None:
             return

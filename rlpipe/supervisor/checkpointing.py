@@ -58,9 +58,19 @@ class Checkpointing:
         path, payload = found
         learner.restore(payload)
         self.resumed_from_step = learner.counters.env_steps
-        for key, state in zip(self.rnorm_keys, payload.get("reward_norm", [])):
+        states = payload.get("reward_norm", [])
+        for key, state in zip(self.rnorm_keys, states):
             if state.numel():
                 rcli.set(key, state.numpy().tobytes())
+        if self.spec.reward_norm.mode != "off" and not any(state.numel() for state in states):
+            # said, not silent: the workers start their running std anew and the first rewards
+            # are scaled as in a fresh run's first steps
+            log.warning(
+                "resumed from %s without reward statistics (Redis did not answer when it was written): "
+                "reward_norm=%s starts its running statistics anew",
+                path.name,
+                self.spec.reward_norm.mode,
+            )
         log.info("resumed from %s at %d env steps", path.name, self.resumed_from_step)
 
     def save(self, learner, rcli: redis.Redis) -> Path:

@@ -50,7 +50,7 @@ def env_in_step(h, plan, env_id_offset: int) -> dict | None:
         "env_id": env_id_offset + h.env_lo + i,
         "env_type": plan.names[t],
         "last_action": action,
-        "env_steps": h.slice_seq[s],  # steps each env of its slice had made
+        "env_steps": int(h.slice_seq[s]),  # steps each env of its slice had made
     }
 
 

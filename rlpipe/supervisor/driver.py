@@ -1,9 +1,10 @@
 """The driver: starts the services and workers, runs central inference and PPO in its main
 thread, watches the workers, and tears everything down on every way out.
 
-It orchestrates four parts, each None inside until started so teardown needs no guesses:
-`Services` (Redis, ZMQ, lifecycle log, TensorBoard writer), `Fleet` (the worker processes),
-`Checkpointing` and `RunMetrics` (charts and summary.json). What differs between a single
+It orchestrates four parts, each None inside until started so teardown needs no guesses: the
+`SliceEngine` (its services: Redis, ZMQ, the lifecycle log, the TensorBoard writer; its fleet
+of worker processes; every move through shared memory: rlpipe/supervisor/engine.py), the
+learner, `Checkpointing` and `RunMetrics` (charts and summary.json). What differs between a single
 process and a torchrun rank is asked of its run mode (rlpipe.supervisor.runmode).
 
 Exit codes: 0 when the run reached its stop condition, 128 + signal number when a signal
@@ -15,37 +16,31 @@ stacks in `stall_stacks.txt`, an emergency cleanup instead of the teardown, chec
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import signal
-import subprocess
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
 
-import rlpipe
 from rlpipe import heap, mix_learner
 from rlpipe.cadence import Every
 from rlpipe.chaos_faults import FreezeDriver
-from rlpipe.config import EnvTypeSpec, RunSpec
+from rlpipe.config import RunSpec
 from rlpipe.envs import random_return
-from rlpipe.envs.registry import MixPlan, plan_mix
+from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.checkpoint import checkpoint_files
-from rlpipe.shm.segment import run_segments, sweep_dead_segments
+from rlpipe.supervisor import stopping
 from rlpipe.supervisor.checkpointing import Checkpointing
 from rlpipe.supervisor.diskfull import disk_full_reason, end_disk_full, release_reserve
+from rlpipe.supervisor.engine import SliceEngine
 from rlpipe.supervisor.evaluation import Evaluation
-from rlpipe.supervisor.fleet import Fleet
 from rlpipe.supervisor.metrics import RunMetrics
-from rlpipe.supervisor.rounds import current_refs
 from rlpipe.supervisor.runmode import RunMode
-from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
 from rlpipe.supervisor.stall import LIFECYCLE_FLUSH_S, LoopMarks, StallWatch, emergency_cleanup
-from rlpipe.supervisor.workers import SliceRef, group_ranges
+from rlpipe.supervisor.stopping import StopRecord, StopRequested
+from rlpipe.supervisor.workers import group_ranges
 from rlpipe.telemetry.progress import Progress
 
 log = logging.getLogger("rlpipe")
@@ -62,31 +57,6 @@ _first_job_in_process = True
 def charts_interval_s(elapsed_s: float) -> float:
     """The periodic charts' cadence at `elapsed_s` into the run."""
     return TB_INTERVAL_S if elapsed_s < TB_DETAIL_S else TB_LONG_INTERVAL_S
-
-
-def git_commit() -> str:
-    root = Path(rlpipe.__file__).resolve().parent.parent
-    if not (root / ".git").exists():
-        return "nogit"
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() or "nogit"
-    except (OSError, subprocess.TimeoutExpired):
-        return "nogit"
-
-
-def env_version(node: dict, commit: str) -> str:
-    """Hash of the type's config + package version + git commit (docs/architecture.md)."""
-    text = json.dumps(node, sort_keys=True, default=str) + rlpipe.__version__ + commit
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def env_versions(env_types: Sequence[EnvTypeSpec]) -> dict[str, str]:
-    """Each type's env_version at the checkout's commit, by type name."""
-    commit = git_commit()
-    return {t.name: env_version(t.node, commit) for t in env_types}
 
 
 class Driver:
@@ -107,14 +77,15 @@ class Driver:
         first_job, _first_job_in_process = _first_job_in_process, False
         self.run_id = mode.new_run_id()
         self.stop_signal: int | None = None
+        self.stop = StopRecord()  # when and where the stop signal came (rlpipe.supervisor.stopping)
         self.disk_full: str | None = None  # what a write failed for space on (rlpipe.supervisor.diskfull)
         self.plan: MixPlan | None = None
         self.learner = None  # learner.central.CentralLearner
         self.random_probe = None  # the child measuring each type's random-action return
         self.started = False  # services and workers up: a final checkpoint makes sense
         self.freeze_at: float | None = None  # chaos.freeze_driver_at_s: set by the first checkpoint
-        self.services = Services(run_dir, self.run_id)
-        self.fleet = Fleet(spec, self.run_id, self.t0, self.services, self._phase, first_job)
+        self.engine = SliceEngine(spec, run_dir, self.run_id, self.t0, self._phase, first_job)
+        self.services, self.fleet = self.engine.services, self.engine.fleet
         self.checkpointing = Checkpointing(spec, run_dir, self.run_id, config_yaml, self.t0)
         self.metrics = RunMetrics(spec, run_dir, self.run_id, self.t0, self.services, self.fleet, mode)
         # evaluation during training (eval.interval_s), by the process charting the job (rank 0)
@@ -129,34 +100,43 @@ class Driver:
 
     # -- signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, _frame) -> None:
-        self.stop_signal = signum
+        if self.stop_signal is None:  # a second signal changes nothing: the stop is under way
+            self.stop_signal = signum
+            self.stop.came(self.started, time.monotonic() - self.t0)
 
     def install_signals(self) -> None:
+        if stopping.pending() is not None:  # came while the app composed the config
+            self._on_signal(stopping.pending(), None)
+            self.stop.at_s = stopping.pending_at_s()
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
 
     # -- setup -------------------------------------------------------------------------------
     def _phase(self, what: str) -> None:
         log.info("startup: %s at %.2f s", what, time.monotonic() - self.t0)
+        self._stop_if_asked(what)
+
+    def _stop_if_asked(self, phase_done: str) -> None:
+        """Between start-up phases: a stop signal starts nothing more (the teardown takes what is up)."""
+        self.stop.last_phase = phase_done
+        if self.stop_signal is not None and not self.started:
+            raise StopRequested(self.stop_signal, phase_done)
 
     def setup(self) -> None:
-        spec, services = self.spec, self.services
-        sweep_dead_segments()
-        sweep_dead_socket_dirs()
-        self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
+        spec, engine = self.spec, self.engine
+        self._stop_if_asked("config composed")
+        self.plan = engine.describe()
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
         self._phase(f"layout: {spec.layout.describe()}")  # what groups.size=auto & co. chose
         log.info("learner: %s", mix_learner.describe(spec.learner, spec.learner_from))  # and learner.*=auto
-        versions = env_versions(spec.env_types)
-        services.start_redis(spec.redis.url, spec.env_count, self.mode.redis_fields())
-        self._phase(f"redis ({services.redis.mode}) up")
-        services.start_lifecycle()
+        engine.start_services(self.mode.redis_fields())
+        self._phase(f"redis ({self.services.redis.mode}) up")
         if spec.run.resume:  # true or auto: the workers' reward statistics must be in Redis before they start
-            self._build_learner(versions)
-        self.fleet.start(self.plan, versions)
+            self._build_learner()
+        engine.start_workers()
         if self.learner is None:
-            self._build_learner(versions)  # while the hot workers build their envs
+            self._build_learner()  # while the hot workers build their envs
         if not self.learner.random and self.mode.writes_job_outputs:
             # the untrained policy is measured only before it has trained: a resumed run keeps
             # the figures of its first start (rlpipe/envs/random_return.py)
@@ -172,12 +152,13 @@ class Driver:
                 spec.run.seed + 99,
                 InitialPolicy.of(self.learner, spec) if fresh and spec.logging.initial_policy_episodes else None,
                 self.fleet.cgroups.active_paths(),  # the workers' memory limit (rlpipe.supervisor.memory)
+                keep_measured=not fresh,  # a resumed run keeps its first start's random figures too
             )
         self.metrics.resources.start()
-        services.set_state("running")
+        self.services.set_state("running")
         self.started = True
 
-    def _build_learner(self, versions: dict[str, str]) -> None:
+    def _build_learner(self) -> None:
         # torch (and, in start_tensorboard, TensorBoard) is imported only now, not at module
         # level: a second of imports that the hot workers spend building their envs instead of waiting.
         import torch
@@ -190,6 +171,7 @@ class Driver:
             self.metrics.chart_mark = (self.learner.counters.env_steps, time.monotonic())
         self.mode.start_learner(self.learner, resumed=self.checkpointing.resumed_from_step > 0)
         self.services.start_tensorboard(self.config_yaml, self.mode)
+        versions = self.engine.versions
         self.services.tb.text("env_versions", "\n".join(f"{k}: {v}" for k, v in versions.items()))
         self._phase("learner built")
 
@@ -201,8 +183,14 @@ class Driver:
         return FreezeDriver.due_at(self.spec.chaos, first_checkpoint, bool(self.checkpointing.resumed_from_step))
 
     def loop(self) -> None:
-        spec, learner, fleet, metrics, marks = self.spec, self.learner, self.fleet, self.metrics, self.marks
-        held: list[SliceRef] = []  # rings waiting while the learner is backlogged
+        spec, learner, engine, fleet, metrics, marks = (
+            self.spec,
+            self.learner,
+            self.engine,
+            self.fleet,
+            self.metrics,
+            self.marks,
+        )
         with Progress(
             spec.logging.progress_interval_s,
             spec.run.total_env_steps,
@@ -219,7 +207,7 @@ class Driver:
                     marks.phase = "chaos.freeze_driver_at_s"
                     FreezeDriver.freeze_driver(self.services.lifecycle, now - self.t0)
                 poll_ms = 10
-                if held and learner.updating and learner.backlogged:
+                if engine.has_ready and learner.updating and learner.backlogged:
                     # everything waits for the running update: return the moment it ends
                     # rather than at the end of a doorbell poll (rings keep in their done words)
                     marks.phase = "waiting for the PPO update (backlog held)"
@@ -239,19 +227,12 @@ class Driver:
                     learner.start_update()
                     poll_ms = 0
                 marks.phase = "taking doorbells, starting workers"
-                refs = fleet.take_rings(now, poll_ms)
-                fleet.spawn_some()
-                refs.extend(fleet.wake_due(now))
-                if learner.backlogged:
-                    held.extend(refs)
-                    refs = []
-                elif held:
-                    refs, held = held + refs, []
-                refs = current_refs(refs)
-                if refs:
+                engine.poll(now, poll_ms)
+                # while the learner is backlogged the ready slices wait (held) in the engine
+                rnd = None if learner.backlogged else engine.recv()
+                if rnd is not None:
                     marks.phase = "serving inference"
-                    rnd = fleet.recv(refs)
-                    fleet.send(rnd, learner.act(rnd))
+                    engine.send(rnd.slots, learner.act(rnd))
                     learner.observe(rnd)  # while the workers step
                     marks.served_at, marks.serving = now, True
                     if metrics.all_ready_at is None and fleet.all_slices_stepped:
@@ -274,17 +255,13 @@ class Driver:
         """Once a second: keep the workers and Redis up, publish exploration rates, chart
         health and reward statistics, and take the periodic checkpoint."""
         spec, learner, fleet, services, metrics = self.spec, self.learner, self.fleet, self.services, self.metrics
-        fleet.check_workers(now)
+        self.engine.supervise(now)  # workers and Redis
         services.lifecycle.check()  # a lost record stops the run: never silently
         metrics.health_charts(now)
         self.evaluation.poll()
         self.evaluation.maybe_start(now, learner)
         if fleet.errors.maybe_run(now):
             metrics.error_report()
-        if services.restart_dead_redis(now):
-            fleet.watchdog.redis_restarted()
-        if services.redis_down_since is not None:
-            services.check_redis_recovered(fleet.live_worker_ids())
         if spec.scaling.enabled and self.scaling_timer.due(now):
             fleet.publish_epsilons(learner)
             metrics.scaling_charts()
@@ -327,22 +304,20 @@ class Driver:
         """Every resource of the run, in reverse order of creation; each step guarded so one
         failure cannot leave the rest behind. A second call finds nothing left to do."""
         started, self.started = self.started, False  # one final checkpoint and export
-        learner, fleet, mode = self.learner, self.fleet, self.mode
+        learner, mode = self.learner, self.mode
         final = started and learner is not None and self.disk_full is None  # full: keep the last good one
         steps = [
-            fleet.continue_stopped,
             lambda: mode.join_update_in_flight(learner),
             lambda: random_return.stop(self.random_probe),
             self.evaluation.stop,
-            fleet.stop_starts,
-            fleet.stop_workers,
-            self._final_errors,
-            fleet.count_lifecycle_drops,
-            lambda: self._checkpoint() if final and not learner.random else None,
-            lambda: self._export() if final and self.spec.learner.export and mode.writes_job_outputs else None,
-            self.metrics.resources.stop,
-            *fleet.release_steps(),
-            *self.services.stop_steps(),
+            *self.engine.stop_steps(
+                between=[
+                    self._final_error_report,
+                    lambda: self._checkpoint() if final and not learner.random else None,
+                    lambda: self._export() if final and self.spec.learner.export and mode.writes_job_outputs else None,
+                    self.metrics.resources.stop,
+                ]
+            ),
         ]
         for i, step in enumerate(steps):
             self.marks.phase, self.marks.alive_at = f"teardown step {i + 1} of {len(steps)}", time.monotonic()
@@ -354,16 +329,12 @@ class Driver:
                     log.exception("teardown step failed")
                 else:  # e.g. the final checkpoint or error report: a full disk, said once at the end
                     self.disk_full = self.disk_full or full
-        for name in run_segments(self.run_id):  # belt and braces: nothing of ours stays
-            Path("/dev/shm", name).unlink(missing_ok=True)
         mode.sweep_after_teardown()
 
-    def _final_errors(self) -> None:
-        """Every worker has stopped: pull the error logs one last time and write the report."""
-        if self.fleet.errors is not None:
-            self.fleet.errors.finish()
-            if self.services.tb is not None:
-                self.metrics.error_report()
+    def _final_error_report(self) -> None:
+        """Every worker has stopped and its error log been read a last time: the report."""
+        if self.fleet.errors is not None and self.services.tb is not None:
+            self.metrics.error_report()
 
     def run(self) -> int:
         self.install_signals()
@@ -372,6 +343,8 @@ class Driver:
             self.stall.start()  # armed with the loop: start-up has its own timeouts
             self.loop()
             self.metrics.loop_ended()
+        except StopRequested:
+            pass  # a signal during start-up: what is up goes in the teardown below
         except Exception as exc:
             self.disk_full = disk_full_reason(exc)  # a write failed for space: stop on purpose
             if self.disk_full is None:
@@ -381,16 +354,25 @@ class Driver:
         finally:
             if self.stop_signal is not None:
                 self.mode.say_stopping(self.stop_signal)  # before teardown: torchrun may SIGKILL us
+            self.stop.tearing_down = True
             self.teardown()
             self.stall.stop()  # after the teardown: a hung teardown step is a stall too
         if self.disk_full is not None:
             release_reserve(self.run_dir)  # the space held for this summary
-            summary = self._write_summary if self.learner is not None else None  # None: stopped in start-up
+            summary = self._write_summary
             return end_disk_full(self.disk_full, checkpoint_files(self.checkpointing.dir), summary)
         self._write_summary()
         return 128 + self.stop_signal if self.stop_signal else 0
 
     def _write_summary(self) -> None:
+        loop_end = self.metrics.loop_end
+        end_s = (loop_end if loop_end is not None else time.monotonic()) - self.t0
+        stop = self.stop.stopped_by(
+            self.spec, self.learner, self.stop_signal, self.disk_full, end_s, loop_ran=loop_end is not None
+        )
+        if loop_end is None:  # stopped in start-up: nothing measured yet
+            wall_s = time.monotonic() - self.t0
+            return self.stop.short_summary(self.run_dir, stop, self.spec, self.checkpointing.resumed_from_step, wall_s)
         result = self.metrics.summary(time.monotonic(), self.checkpointing.resumed_from_step)
-        result = self.mode.finish_summary(result, self.stop_signal, self.run_dir)
+        result = self.mode.finish_summary({**result, "stopped_by": stop}, self.stop_signal, self.run_dir)
         self.metrics.write(result, self.stop_signal)

@@ -14,6 +14,7 @@ import signal
 import time
 from typing import Callable
 
+import numpy as np
 import redis
 
 from rlpipe.config import RunSpec
@@ -35,7 +36,6 @@ from rlpipe.supervisor.slot_table import SlotTable
 from rlpipe.supervisor.watchdog import Watchdog
 from rlpipe.supervisor.workers import (
     BackgroundStarts,
-    SliceRef,
     WorkerHandle,
     group_ranges,
     stop_workers,
@@ -83,8 +83,10 @@ class Fleet(FleetRounds):
         services: Services,
         phase: Callable[[str], None],
         first_job: bool = True,
+        final_obs_all_ends: bool = False,
     ):
         self.spec = spec
+        self.final_obs_all_ends = final_obs_all_ends  # rlpipe.vector's: every end's obs, not only truncations'
         self.run_id = run_id
         self.t0 = t0
         self.services = services
@@ -107,8 +109,6 @@ class Fleet(FleetRounds):
         self.unspawned: list[WorkerHandle] = []
         self.hot_unready: set[int] = set()  # hot workers not yet stepped: the chaos clock waits for them
         self.starts = BackgroundStarts()  # dormant workers' process starts
-        self.slice_seen: dict[tuple[int, int], float] = {}
-        self.slice_first_step: dict[tuple[int, int], float] = {}
         self.lifecycle_dropped = 0  # workers' lifecycle events dropped at the ZMQ high-water mark
         self.pinned_at: float | None = None  # learner_core: when the workers left the update's CPU
         # `cpu_seconds` counts from the job's start: a later job of a multirun shares the
@@ -119,8 +119,9 @@ class Fleet(FleetRounds):
         self.first_job = first_job
 
     # -- start -------------------------------------------------------------------------------
-    def start(self, plan: MixPlan, versions: dict[str, str]) -> None:
-        """The doorbell, the groups' cgroups, schedule and watchdog, and the hot workers."""
+    def start(self, plan: MixPlan, versions: dict[str, str], errors: ErrorAggregator | None = None) -> None:
+        """The doorbell, the groups' cgroups, schedule and watchdog, and the hot workers;
+        `errors`: the error aggregator to use instead of a plain ErrorAggregator."""
         spec, services = self.spec, self.services
         self.plan, self.versions = plan, versions
         self.sections = worker_sections(spec)
@@ -136,7 +137,7 @@ class Fleet(FleetRounds):
         self.max_rss_mb = contain_memory(self.cgroups.name, spec.worker.max_rss_mb, mem, n)
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, services.rcli, services.lifecycle)
-        self.errors = ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
+        self.errors = errors or ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
         hb = spec.heartbeat
         quiet = (
             self.t0 + spec.run.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
@@ -160,6 +161,7 @@ class Fleet(FleetRounds):
             h.on_attach = self.slots.attach
             self.handles.append(h)
         self.by_id = {h.worker_id: h for h in self.handles}
+        self.start_rounds(sum(slices))
         self.respawn_backoff = FaultBackoff(len(self.handles))
         self.n_slices = sum(len(h.bounds) for h in self.handles)
         # Hot groups start now; dormant ones are started from the loop, so the first steps
@@ -203,6 +205,7 @@ class Fleet(FleetRounds):
             driver_pid=os.getpid(),
             env_id_offset=spec.env_id_offset,
             output_log=str(services.run_dir / WORKER_OUTPUT_DIR / f"worker_{h.worker_id}.log"),
+            final_obs_all_ends=self.final_obs_all_ends,
             # the worker section as built at start, but for the CPUs this generation pins to
             **{
                 **self.sections,
@@ -284,15 +287,17 @@ class Fleet(FleetRounds):
         self.lifecycle_dropped += old.views.load(H_LC_DROPPED)
 
     # -- the loop ----------------------------------------------------------------------------
-    def wake_due(self, now: float) -> list[SliceRef]:
-        """Wake the groups the schedule says are due; return their parked rings."""
+    def wake_due(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Wake the groups the schedule says are due; return their parked rings (slots, seqs)."""
+        none = np.zeros(0, dtype=np.int64)
         if self.schedule.all_awake:
-            return []
-        min_steps = {h.worker_id: min(h.slice_seq) for h in self.handles if h.awake}
-        refs = []
+            return none, none
+        min_steps = {h.worker_id: int(h.slice_seq.min()) for h in self.handles if h.awake}
+        slots, seqs = [none], [none]
         for k in self.schedule.due(min_steps):
             h = self.handles[k]
             h.awake = True
+            self.slot_awake[h.slot_lo : h.slot_lo + len(h.bounds)] = True
             if h.views is not None:
                 h.views.store(H_AWAKE, 1)  # before the move: a worker still joining looks again
             if h.alive():
@@ -303,14 +308,17 @@ class Fleet(FleetRounds):
             self.services.lifecycle.record(
                 "group_wake", worker_id=k, generation=h.generation, detail={"envs": h.n, "wake": self.schedule.wakes}
             )
-            refs.extend(h.parked)
-            h.parked = []
-        return refs
+            parked = np.flatnonzero(h.parked >= 0)
+            slots.append(h.slot_lo + parked)
+            seqs.append(h.parked[parked].copy())
+            h.parked[:] = -1
+        return np.concatenate(slots), np.concatenate(seqs)
 
-    def check_workers(self, now: float, on_replace=None) -> None:
+    def check_workers(self, now: float) -> list[int]:
         """Replace workers that exited, inject the configured faults, advance the watchdog and
-        replace the workers it has ended; `on_replace(worker_id)` hears of each replacement (the
-        learner needs not: a new generation's first ring, seq 0, restarts its slices)."""
+        replace the workers it has ended; the ids replaced are returned (no one needs to be
+        called: a new generation's first ring, seq 0, restarts its slices)."""
+        replaced = []
         for h in self.handles:
             if h.respawn_at is not None:  # backing off (_replace): started once its time is up
                 if now >= h.respawn_at:
@@ -322,14 +330,17 @@ class Fleet(FleetRounds):
             h.proc.join()
             code = h.proc.exitcode
             reason = "rss" if code == EXIT_RECYCLE else "exited"
-            self._replace(h, reason, {"exitcode": code}, on_replace)
+            self._replace(h, reason, {"exitcode": code})
+            replaced.append(h.worker_id)
         if self.chaos is not None:
             self.chaos.tick(self.handles, now)
         self.watchdog.scan(self.handles, now)
         for rep in self.watchdog.reap(now):
-            self._replace(rep.handle, rep.reason, rep.detail, on_replace)
+            self._replace(rep.handle, rep.reason, rep.detail)
+            replaced.append(rep.handle.worker_id)
+        return replaced
 
-    def _replace(self, h: WorkerHandle, reason: str, detail: dict, on_replace) -> None:
+    def _replace(self, h: WorkerHandle, reason: str, detail: dict) -> None:
         # A worker dead soon after its start (an env that kills it) backs off as an env does;
         # not an RSS recycle, nor a death the chaos runner may have caused on purpose.
         quick = reason != "rss" and self.chaos is None and time.monotonic() - h.spawned_at < QUICK_DEATH_S
@@ -342,14 +353,20 @@ class Fleet(FleetRounds):
         self.services.lifecycle.record(
             "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason, **detail}
         )
-        if on_replace is not None:
-            on_replace(h.worker_id)
-        for s in range(len(h.bounds)):
-            self.slice_seen.pop((h.worker_id, s), None)
+        self.slot_seen[h.slot_lo : h.slot_lo + len(h.bounds)] = -np.inf  # not active until it rings
         kill_orphans(self.forkserver_pid, self.handles)  # what its envs started, if it could not
         if delay:
             h.respawn_at = time.monotonic() + delay
         else:
+            self._spawn(h)
+
+    def restart_all(self, reason: str) -> None:
+        """Every worker stopped and started again in a new generation (rlpipe.vector's reset)."""
+        stop_workers(self.handles, self.spec.heartbeat.term_grace_s)
+        for h in self.handles:
+            self.services.lifecycle.record(
+                "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": reason}
+            )
             self._spawn(h)
 
     def cpu_seconds(self) -> dict[str, float]:

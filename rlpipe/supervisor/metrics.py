@@ -114,10 +114,15 @@ class RunMetrics:
         """The periodic TensorBoard charts; returns the sps of the window since the last call."""
         c = self.learner.counters
         last_steps, last_t = self.chart_mark
-        sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9)
+        # The first window starts at this start's first step: before it (start-up, and the
+        # start-up of a resumed run at its resumed step) nothing was measured, and a 0 charted
+        # there read as a run that stalled
+        if c.first_step_at is not None:
+            last_t = max(last_t, c.first_step_at)
+        sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9) if c.first_step_at is not None else 0.0
         self.chart_mark = (c.env_steps, now)
-        values = {
-            "charts/sps": sps,
+        values = {"charts/sps": sps} if c.first_step_at is not None else {}
+        values |= {
             "envs/active": self.fleet.active_envs(now),
             "board/torn_retries": c.torn_retries,
             "charts/episodes": c.episodes,
@@ -189,7 +194,9 @@ class RunMetrics:
     def _memory_curves(self) -> None:
         """Memory of the whole run (PSS, sampled by the resource sampler) and each worker's RSS
         from its Redis beat: the original system's RSS curves, per worker group."""
-        values = {"memory/pss_mb": self.resources.last_bytes / 2**20}
+        # before the sampler's first sample there is no figure: a 0 charted then read as a
+        # run of no memory (a short run's only points were such zeros)
+        values = {"memory/pss_mb": self.resources.last_bytes / 2**20} if self.resources.last_bytes else {}
         try:
             pipe = self.services.rcli.pipeline(transaction=False)
             for h in self.fleet.handles:
@@ -279,13 +286,14 @@ class RunMetrics:
             "mean_return_first100": {
                 k: (round(float(np.mean(v)), 3) if v else None) for k, v in c.first_returns.items()
             },
+            "not_measured": random_return.not_measured(self.run_dir, list(c.returns), self.spec.logging),
             "learned": {
                 k: random_return.verdict(
                     list(v), c.first_returns[k], c.episodes_by_type[k], randoms.get(k), starts.get(k)
                 )
                 for k, v in c.returns.items()
             },
-            "peak_rss_mb": round(self.resources.peak_bytes / 2**20, 1),
+            "peak_rss_mb": round(self.resources.peak_bytes / 2**20, 1) if self.resources.peak_bytes else None,
             "shm_bytes": sum(h.layout.size for h in fleet.handles if h.generation > 0),
             "faults": faults,
             "board": {"torn_retries": c.torn_retries},
@@ -341,8 +349,17 @@ class RunMetrics:
             write_health_report(self.run_dir)
         except Exception as exc:  # a report must never turn a finished run into a failure
             log.warning("health report failed: %s", exc, exc_info=space_error(exc) is None)
+        if self.loop_end is not None:  # the whole shutdown, hparams and health report included
+            result["teardown_s"] = round(time.monotonic() - self.loop_end, 3)
+            try:
+                atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
+            except OSError as exc:  # the summary written above stands, with the teardown until then
+                log.warning("summary.json: teardown_s not updated: %s", exc)
         rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
+        stop = result.get("stopped_by") or {}
+        if stop.get("signal") and stop.get("phase") == "teardown":  # it had reached its stop condition
+            how = f"done ({stop['signal']} during the teardown)"
         print(
             f"rlpipe {self.mode.line_prefix}{how}: {result['env_steps']:,} env steps in {result['wall_s']:.0f} s "
             f"({result['sps']:,.0f} sps), {result['updates']} updates, return last 100: {rets}; "

@@ -107,6 +107,10 @@ class RedisService:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 preexec_fn=die_with_parent,
+                # its own process group: a terminal's Ctrl-C (SIGINT to the foreground group)
+                # must not end it before the driver's last checkpoint has read the workers'
+                # reward statistics from it; the driver stops it in its teardown
+                process_group=0,
             )
             self.url = f"unix://:{quote(password)}@{self.socket_path}?db=0"
             self._wait_ready(timeout_s)

@@ -1,78 +1,76 @@
-"""The fleet's serving side: the rings taken in each turn of the driver's loop (with the
-book-keeping each says of its worker: first step, last ring, readiness), the rings still worth
-serving, and a round's moves through the slot table. `Fleet` (rlpipe/supervisor/fleet.py)
-carries these; they read its handles, schedule, chaos runner and lifecycle log."""
+"""The fleet's side of serving: the rings taken in each turn of the engine's poll, with the
+book-keeping each says of its worker (first step, last ring, readiness), and the envs active.
+`Fleet` (rlpipe/supervisor/fleet.py) carries these; they read its handles, schedule, chaos
+runner and lifecycle log. The rounds themselves are the slice engine's
+(rlpipe/supervisor/engine.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rlpipe.protocol import Round
-from rlpipe.supervisor.workers import SliceRef
-
 ACTIVE_WINDOW_S = 10.0  # an env counts as active if its slice rang within this window
 
 
-def current_refs(refs: list[SliceRef]) -> list[SliceRef]:
-    """The rings still worth serving: a replaced generation's are dropped (its slot was held or
-    parked while the worker was replaced) and each slice is served once, at its newest ring."""
-    latest: dict[tuple[int, int], SliceRef] = {}
-    for ref in refs:
-        if ref.generation == ref.handle.generation:
-            latest[(ref.handle.worker_id, ref.slice_index)] = ref
-    return list(latest.values())
-
-
 class FleetRounds:
-    """Mixed into Fleet: everything here reads the fleet's own fields."""
+    """Mixed into Fleet: everything here reads the fleet's own fields, and its per-slot arrays
+    (`start_rounds`)."""
 
-    def take_rings(self, now: float, poll_ms: int) -> list[SliceRef]:
-        """The doorbells rung since the last turn (waiting up to `poll_ms` for the first): the
-        awake workers' slices to serve. A dormant group's rings are parked until its wake."""
-        refs: list[SliceRef] = []
-        by_id = self.by_id
-        for w, s, seq in self.doorbells.take(poll_ms):  # the current generations' rings only
-            h = by_id[w]
-            gen = h.generation
-            ref = SliceRef(h, s, seq, gen)
-            if not h.awake:
-                h.parked.append(ref)  # dormant: built, not stepped until its wake
-                continue
-            refs.append(ref)
-            h.slice_seq[s] = seq
-            self.slice_seen[(w, s)] = now
-            if seq == 1 and s == 0:
-                self.services.lifecycle.record(
-                    "worker_ready", worker_id=w, generation=gen, detail={"since_spawn_s": round(now - h.spawned_at, 3)}
-                )
-                if self.chaos is not None and h.spawned_awake:
-                    self.chaos.worker_ready(now - h.spawned_at, replacement=h.replacement)
-                self.hot_unready.discard(w)
-                if self.chaos is not None and self.chaos.started_at is None and not self.hot_unready:
-                    self.chaos.start(now)  # every hot worker (or its replacement) has stepped
-            if seq > 0 and (w, s) not in self.slice_first_step:
-                self.slice_first_step[(w, s)] = now
-        return refs
+    def start_rounds(self, n_slots: int) -> None:
+        """The per-slot book-keeping, the handles' per-slice fields made views of it."""
+        self.slot_seq = np.zeros(n_slots, dtype=np.int64)  # the last ring's step
+        self.parked_seq = np.full(n_slots, -1, dtype=np.int64)  # a dormant group's ring (-1: none)
+        self.slot_seen = np.full(n_slots, -np.inf)  # when it last rang
+        self.slot_first_step = np.zeros(n_slots)  # when it first rang with a step (0: not yet)
+        self.slot_awake = np.zeros(n_slots, dtype=bool)
+        self.slot_slice = np.zeros(n_slots, dtype=np.int64)  # its slice index in its worker
+        for h in self.handles:
+            part = slice(h.slot_lo, h.slot_lo + len(h.bounds))
+            h.slice_seq, h.parked = self.slot_seq[part], self.parked_seq[part]
+            self.slot_awake[part] = h.awake
+            self.slot_slice[part] = np.arange(len(h.bounds))
 
-    def recv(self, refs: list[SliceRef]) -> Round:
-        """The obs and step results of the slices these current rings are for, as one batch."""
-        slots = np.fromiter((r.handle.slot_lo + r.slice_index for r in refs), dtype=np.int64, count=len(refs))
-        seqs = np.fromiter((r.seq for r in refs), dtype=np.int64, count=len(refs))
-        return self.slots.recv(slots, seqs)
+    def take_rings(self, now: float, poll_ms: int) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, seqs) of the doorbells rung since the last turn (waiting up to `poll_ms` for
+        the first): the awake workers' slices to serve, the current generations' rings only
+        (a segment's done words are read until it is replaced). A dormant group's rings are
+        parked until its wake. A few numpy calls whatever the number of rings; Python only for
+        a worker's first step."""
+        slots, seqs = self.doorbells.take_slots(poll_ms)
+        if not len(slots):
+            return slots, seqs
+        awake = self.slot_awake[slots]
+        if not awake.all():
+            self.parked_seq[slots[~awake]] = seqs[~awake]  # built, not stepped until its wake
+            slots, seqs = slots[awake], seqs[awake]
+        self.slot_seq[slots] = seqs
+        self.slot_seen[slots] = now
+        first = (seqs > 0) & (self.slot_first_step[slots] == 0)
+        if first.any():
+            self.slot_first_step[slots[first]] = now
+        for slot in slots[(seqs == 1) & (self.slot_slice[slots] == 0)].tolist():
+            self._worker_ready(self.by_id[int(self.slots.worker[slot])], now)  # each generation's
+        return slots, seqs
 
-    def send(self, rnd: Round, actions: dict) -> None:
-        """The round's actions out to its slices, and their rings."""
-        self.slots.send(rnd.slots, rnd.seqs, actions)
+    def _worker_ready(self, h, now: float) -> None:
+        """The first step of a worker generation's first slice."""
+        w = h.worker_id
+        self.services.lifecycle.record(
+            "worker_ready", worker_id=w, generation=h.generation, detail={"since_spawn_s": round(now - h.spawned_at, 3)}
+        )
+        if self.chaos is not None and h.spawned_awake:
+            self.chaos.worker_ready(now - h.spawned_at, replacement=h.replacement)
+        self.hot_unready.discard(w)
+        if self.chaos is not None and self.chaos.started_at is None and not self.hot_unready:
+            self.chaos.start(now)  # every hot worker (or its replacement) has stepped
 
     @property
     def all_slices_stepped(self) -> bool:
-        return len(self.slice_first_step) == self.n_slices
+        return bool((self.slot_first_step > 0).all())
 
     def active_envs(self, now: float) -> int:
-        return sum(
-            h.bounds[s][1] - h.bounds[s][0]
-            for h in self.handles
-            if h.alive()
-            for s in range(len(h.bounds))
-            if now - self.slice_seen.get((h.worker_id, s), -1e9) <= ACTIVE_WINDOW_S
-        )
+        """The envs of live workers' slices that rang within ACTIVE_WINDOW_S."""
+        recent = now - self.slot_seen <= ACTIVE_WINDOW_S
+        for h in self.handles:
+            if not h.alive():
+                recent[h.slot_lo : h.slot_lo + len(h.bounds)] = False
+        return int(self.slots.count[recent].sum())

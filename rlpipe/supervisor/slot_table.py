@@ -56,6 +56,7 @@ class SlotTable:
         self.env_lo = np.zeros(n_slots, dtype=np.int64)  # global env id of the slot's first row
         self.local_lo = np.zeros(n_slots, dtype=np.int64)  # its row inside the worker's segment
         self.worker = np.zeros(n_slots, dtype=np.int64)
+        self.generation = np.zeros(n_slots, dtype=np.int64)  # the worker generation the addresses are of
         self.ordinal = np.zeros(n_slots, dtype=np.int64)  # worker_id * slices + slice (staggering)
         self.act_word = np.zeros(n_slots, dtype=np.uint64)
         self.bell = np.zeros(n_slots, dtype=np.uint64)
@@ -112,6 +113,7 @@ class SlotTable:
         self.local_lo[slots] = lo
         self.env_lo[slots] = h.env_lo + lo
         self.worker[slots] = h.worker_id
+        self.generation[slots] = h.generation
         self.ordinal[slots] = h.worker_id * n + np.arange(n)
         self.act_word[slots] = views.act_addr + 8 * np.arange(n, dtype=np.uint64)
         self.bell[slots] = views.bell_addr

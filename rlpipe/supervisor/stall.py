@@ -48,6 +48,7 @@ import psutil
 
 from rlpipe.shm.segment import SHM_DIR, run_segments
 from rlpipe.supervisor.services import SOCKET_NAMES
+from rlpipe.supervisor.stopping import process_started_at, stopped_by, write_short_summary
 
 EXIT_STALL = 4  # beside 0 (done), 2 (config), 3 (rank lost), 128+n (signal)
 STACKS_FILE = "stall_stacks.txt"
@@ -144,6 +145,7 @@ class StallWatch:
         except OSError:
             pass  # a full or gone disk: still clean up and exit
         os.write(2, (line + "\n").encode())
+        self._short_summary(now)
         # The row and the cleanup each get a bound; nothing after this returns to the loop.
         detail = {**self.marks.ages(now), "stall_timeout_s": self.timeout_s, "exit_code": EXIT_STALL}
         worker = threading.Thread(
@@ -152,6 +154,18 @@ class StallWatch:
         worker.start()
         worker.join(CLEANUP_BOUND_S)
         os._exit(EXIT_STALL)
+
+    def _short_summary(self, now: float) -> None:
+        """summary.json says why the run stopped; its figures are the loop's, which is stuck,
+        so none is given (`env_steps` null: not measured; a restart's summary replaces it)."""
+        at_s = time.time() - process_started_at()
+        ages = self.marks.ages(now)
+        loop_at = ages.pop("phase")
+        stop = stopped_by("stall", at_s, phase="running", loop_at=loop_at, stall_timeout_s=self.timeout_s, **ages)
+        try:
+            write_short_summary(self.run_dir, stop, env_steps=None, wall_s=round(at_s, 3), exit_code=EXIT_STALL)
+        except OSError:
+            pass  # a full or gone disk: the line on stderr says it all
 
     def _row_and_cleanup(self, detail: dict) -> None:
         if self.record is not None:

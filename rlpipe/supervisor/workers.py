@@ -7,10 +7,12 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
+
+import numpy as np
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan
+from rlpipe.proctree import stop_signals_blocked
 from rlpipe.protocol import reward_stats_key, slice_bounds
 from rlpipe.shm.doorbell import DoorbellServer, send_stop, wake_worker
 from rlpipe.shm.errorlog import ErrorLog
@@ -30,6 +32,17 @@ def worker_context(start_method: str, env_modules: list[str]):
         # the mix's env modules (never torch): a new worker costs a fork, and those pages are
         # shared until written.
         ctx.set_forkserver_preload(WORKER_PRELOAD + env_modules)
+        # Started here, with the stop signals held, rather than by the first worker's start:
+        # it inherits the mask, and its first preload module ignores them before Python could
+        # turn a terminal's Ctrl-C into a KeyboardInterrupt in its imports (rlpipe.proctree).
+        # The resource tracker first: the forkserver's start starts it too, and its own start
+        # unblocks both signals in the calling thread when it is done (not restoring the mask),
+        # which left the forkserver's start unprotected.
+        from multiprocessing import forkserver, resource_tracker
+
+        resource_tracker.ensure_running()
+        with stop_signals_blocked():
+            forkserver.ensure_running()
     return ctx
 
 
@@ -41,17 +54,6 @@ def reward_stats_keys(spec: RunSpec, run_id: str) -> list[str]:
     """The Redis key of each worker group's reward statistics (known before any worker exists)."""
     n_workers = -(-spec.env_count // spec.groups.size)
     return [reward_stats_key(run_id, k) for k in range(n_workers)]
-
-
-@dataclass
-class SliceRef:
-    """One ring: a slice of a worker that stepped (`seq`), by the worker generation that rang
-    (a replaced generation's rings are stale)."""
-
-    handle: "WorkerHandle"
-    slice_index: int
-    seq: int
-    generation: int
 
 
 class WorkerHandle:
@@ -87,8 +89,9 @@ class WorkerHandle:
         self.error_log: ErrorLog | None = None
         self.on_retire = None  # called with the handle before a segment goes
         self.on_attach = None  # called with the handle once a new segment is in place
-        self.parked: list = []  # rings of a dormant group, served on wake
-        self.slice_seq = [0] * len(self.bounds)  # last step seq per slice (steps per env)
+        # per slice (views into the fleet's per-slot arrays once it has started the handle):
+        self.slice_seq = np.zeros(len(self.bounds), dtype=np.int64)  # the last ring's step (steps per env)
+        self.parked = np.full(len(self.bounds), -1, dtype=np.int64)  # a dormant group's ring, served on wake
         self.respawn_at: float | None = None  # a crash-looping group's next start (Fleet._replace)
 
     def _new_segment(self) -> None:
@@ -123,8 +126,8 @@ class WorkerHandle:
         self.generation += 1
         self._new_segment()
         self.views.store(H_AWAKE, int(self.awake))
-        self.parked = []
-        self.slice_seq = [0] * len(self.bounds)
+        self.parked[:] = -1
+        self.slice_seq[:] = 0
 
     @property
     def replacement(self) -> bool:

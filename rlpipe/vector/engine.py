@@ -1,17 +1,15 @@
-"""rlpipe's engine served by a caller instead of by the learner: the run's services (embedded
-Redis, the lifecycle writer) and its worker fleet (forkserver, one worker per group, the
-doorbells, the watchdog that replaces dead and silent workers), exactly as a training run
-starts them (rlpipe/supervisor/driver.py `Driver.setup`), and one inference round's moves as
-a training round makes them: the fleet's slot table (rlpipe/supervisor/slot_table.py) scatters
-actions and rings, and gathers the obs, step results and final obs of the slices that rang.
+"""rlpipe's engine served by a caller instead of by the learner: the slice engine
+(rlpipe/supervisor/engine.py: the run's services, its worker fleet and every move through
+shared memory, as a training run starts them) with the state of each slice as Gymnasium's
+vector calls move it.
 
-The unit of stepping is a worker's slice (rlpipe/protocol.py `slice_bounds`): each slice of
-the fleet is in one of three states, moved only here:
+The unit of stepping is a worker's slice, a slot of the engine (rlpipe/protocol.py
+`slot_count`): each is in one of three states, moved only here:
   flight   actions sent, its worker is stepping it;
   arrived  its worker rang: obs published, results readable, not yet handed to the caller;
   held     handed to the caller, whose next actions it waits for.
-A replaced worker's new generation rings each slice with seq 0 whatever state the slice was
-in; the slice is marked `restarted` until its results are handed out.
+A replaced worker's new generation rings each slot with seq 0 whatever state it was in; the
+engine's next round of the slot says `restarted`.
 """
 
 from __future__ import annotations
@@ -23,20 +21,16 @@ import sys
 import tempfile
 import time
 import types
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from rlpipe.cadence import Every
 from rlpipe.config import RunSpec
-from rlpipe.envs.registry import MixPlan, plan_mix
-from rlpipe.shm.segment import new_run_id, run_segments, sweep_dead_segments
-from rlpipe.supervisor.driver import env_versions
-from rlpipe.supervisor.fleet import Fleet
-from rlpipe.supervisor.rounds import current_refs
-from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
-from rlpipe.supervisor.workers import SliceRef, stop_workers
+from rlpipe.envs.registry import MixPlan
+from rlpipe.protocol import Round
+from rlpipe.shm.segment import new_run_id
+from rlpipe.supervisor.engine import SliceEngine
 from rlpipe.vector.faults import FaultRecords
 
 log = logging.getLogger("rlpipe")
@@ -44,14 +38,6 @@ _started_engines = 0  # engines of this process with services up (they share the
 MAX_SILENT_RESTARTS = 5  # a worker replaced this often without one ring: its envs cannot be built
 SUPERVISE_S = 0.25  # while waiting for rings: replace exited workers, advance the watchdog
 POLL_MS = 10
-
-
-class VectorFleet(Fleet):
-    """The training run's fleet; its workers also copy the end obs of terminated episodes
-    (Gymnasium's `final_obs`), which the learner never needs."""
-
-    def worker_spec(self, h):
-        return replace(super().worker_spec(h), final_obs_all_ends=True)
 
 
 @contextlib.contextmanager
@@ -81,19 +67,15 @@ class Engine:
         # /tmp and short: the run's unix sockets live in it (sun_path is 108 bytes)
         self.run_dir = Path(tempfile.mkdtemp(prefix="rlv", dir="/tmp")) if run_dir is None else Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.run_id = new_run_id()
         self.t0 = time.monotonic()
-        self.services = Services(self.run_dir, self.run_id)
-        self.fleet = VectorFleet(spec, self.run_id, self.t0, self.services, self._phase)
-        self.plan: MixPlan | None = None
+        self.run_id = new_run_id()
+        self.core = SliceEngine(spec, self.run_dir, self.run_id, self.t0, self._phase, final_obs_all_ends=True)
         self.faults: FaultRecords | None = None
-        self.keys: list[tuple[int, int]] = []  # (worker id, slice) of every slice
-        self.rows: dict[tuple[int, int], tuple[int, int]] = {}  # slice -> global env rows [a, b)
-        self.ref: dict[tuple[int, int], SliceRef] = {}  # the latest ring of each slice
-        self.flight: set = set()
-        self.arrived: set = set()
-        self.held: set = set()
-        self.restarted: set = set()
+        self.n_slots = 0
+        self.slot_env_lo = np.zeros(0, dtype=np.int64)  # each slot's first env id
+        self.slot_envs = np.zeros(0, dtype=np.int64)  # and its number of envs
+        self.slot_worker = np.zeros(0, dtype=np.int64)  # and its worker's id
+        self.held = np.zeros(0, dtype=bool)
         self.supervise_timer = Every(SUPERVISE_S)
         self.silent_restarts: dict[int, int] = {}  # worker id -> replacements since its last ring
         self.started = False
@@ -104,62 +86,73 @@ class Engine:
     # -- start and restart ---------------------------------------------------------------
     def describe(self) -> MixPlan:
         """Each type described once (as the driver does), the board sized to it."""
-        spec = self.spec
-        self.plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
-        return self.plan
+        return self.core.describe()
 
     def start(self) -> None:
-        """Services and workers up, as Driver.setup brings them (no learner, no TensorBoard)."""
-        spec, services, fleet = self.spec, self.services, self.fleet
-        sweep_dead_segments()
-        sweep_dead_socket_dirs()
-        versions = env_versions(spec.env_types)
-        services.start_redis(spec.redis.url, spec.env_count, {"client": "rlpipe.vector"})
-        services.start_lifecycle()
+        """The engine's services and workers up, as a training run brings them (no learner, no
+        TensorBoard); its fault records kept by env id."""
+        core = self.core
+        core.start_services({"client": "rlpipe.vector"})
         global _started_engines
         self.started = True
         _started_engines += 1
+        self.faults = FaultRecords(self.run_dir, self.spec.logging.aggregate_interval_s)
         with hidden_main():
-            fleet.start(self.plan, versions)
-        # The fleet's aggregator, swapped for one that also keeps records by env id (the hot
-        # workers already started hand their error logs over; replacements add theirs).
-        self.faults = FaultRecords(self.run_dir, spec.logging.aggregate_interval_s)
-        for h in fleet.handles:
-            if h.error_log is not None:
-                self.faults.add_log(h.worker_id, h.error_log)
-        fleet.errors = self.faults
-        for h in fleet.handles:
-            for s, (lo, hi) in enumerate(h.bounds):
-                key = (h.worker_id, s)
-                self.keys.append(key)
-                self.rows[key] = (h.env_lo + lo, h.env_lo + hi)
-        self.flight = set(self.keys)  # every slice rings once its envs are built
-        services.set_state("running")
+            core.start_workers(errors=self.faults)
+        table = core.fleet.slots
+        self.n_slots = table.n_slots
+        self.slot_env_lo, self.slot_envs, self.slot_worker = (
+            table.env_lo.copy(),
+            table.count.copy(),
+            table.worker.copy(),
+        )
+        self.held = np.zeros(self.n_slots, dtype=bool)
+        core.services.set_state("running")
 
     def restart_all(self) -> None:
         """Every worker replaced by a new generation (a reset: fresh envs, the spec's seed)."""
-        fleet = self.fleet
-        stop_workers(fleet.handles, self.spec.heartbeat.term_grace_s)
         with hidden_main():
-            for h in fleet.handles:
-                fleet.services.lifecycle.record(
-                    "worker_restart", worker_id=h.worker_id, generation=h.generation, detail={"reason": "vector_reset"}
-                )
-                fleet._spawn(h)
-        self.ref.clear()
-        self.arrived.clear()
-        self.held.clear()
-        self.restarted.clear()
-        self.flight = set(self.keys)
+            self.core.restart_all()
+        self.held[:] = False
 
-    def drop_worker(self, worker_id: int) -> None:
-        """Fleet's call when it replaces a worker (the learner forgets half-made rollouts here;
-        the vector learns of the restart from the new generation's first ring). A worker that
-        never rings between replacements is not a fault of one env but a type that cannot be
-        built (the worker gives up after MAX_BUILD_ATTEMPTS of one env): said, not waited on."""
+    # -- the slots' states ----------------------------------------------------------------
+    @property
+    def arrived(self) -> np.ndarray:
+        return self.core.ready_mask() & ~self.held
+
+    @property
+    def flight(self) -> np.ndarray:
+        return ~self.core.ready_mask() & ~self.held
+
+    def envs_in(self, mask: np.ndarray) -> int:
+        """The envs of the slots in `mask`."""
+        return int(self.slot_envs[mask].sum())
+
+    def rows_of(self, slots: np.ndarray) -> np.ndarray:
+        """The env ids of these slots, one after another."""
+        return self.core.slot_rows(slots)
+
+    # -- the serving moves ---------------------------------------------------------------
+    def poll(self, timeout_ms: int = POLL_MS) -> None:
+        """Take the rings (waiting up to timeout_ms for the first) and, when due, supervise."""
+        now = time.monotonic()
+        with hidden_main():  # dormant groups may start
+            rang = self.core.poll(now, timeout_ms)
+        for w in np.unique(self.slot_worker[rang]).tolist():
+            self.silent_restarts.pop(w, None)
+        if self.supervise_timer.due(now):
+            with hidden_main():  # it may start replacements
+                replaced = self.core.supervise(now)
+            for w in replaced:
+                self._count_silent_restart(w)
+
+    def _count_silent_restart(self, worker_id: int) -> None:
+        """A worker that never rings between replacements is not a fault of one env but a type
+        that cannot be built (the worker gives up after MAX_BUILD_ATTEMPTS of one env): said,
+        not waited on."""
         n = self.silent_restarts[worker_id] = self.silent_restarts.get(worker_id, 0) + 1
         if n > MAX_SILENT_RESTARTS:
-            h = self.fleet.by_id[worker_id]
+            h = self.core.fleet.by_id[worker_id]
             last = None
             if self.faults is not None:
                 self.faults.drain(worker_id)
@@ -170,100 +163,45 @@ class Engine:
                 f"replaced {n} times without building its envs; last error: {why}"
             )
 
-    # -- the serving moves ---------------------------------------------------------------
-    def poll(self, timeout_ms: int = POLL_MS) -> None:
-        """Take the rings (waiting up to timeout_ms for the first) and, when due, supervise."""
-        fleet = self.fleet
-        now = time.monotonic()
-        for ref in current_refs(fleet.take_rings(now, timeout_ms)):
-            key = (ref.handle.worker_id, ref.slice_index)
-            self.silent_restarts.pop(key[0], None)
-            old = self.ref.get(key)
-            if old is not None and old.generation != ref.generation:
-                self.restarted.add(key)  # a new process took the slice's env ids
-            self.ref[key] = ref
-            if key in self.held:
-                continue  # the caller's next actions go to the new generation
-            self.flight.discard(key)
-            self.arrived.add(key)
-        if self.supervise_timer.due(now):
-            self.supervise(now)
-
-    def supervise(self, now: float) -> None:
-        fleet, services = self.fleet, self.services
-        with hidden_main():  # it may start replacements
-            fleet.check_workers(now, self.drop_worker)
-        if services.restart_dead_redis(now):
-            fleet.watchdog.redis_restarted()
-        if services.redis_down_since is not None:
-            services.check_redis_recovered(fleet.live_worker_ids())
-
     def wait(self, done) -> None:
         """Poll until `done()`; the watchdog and the step deadline bound how long that takes."""
         while not done():
             self.poll()
 
-    def send(self, keys, disc: np.ndarray, cont: np.ndarray | None) -> None:
-        """Held slices' actions (rows of the full-size `disc`/`cont`) out, and their rings: the
-        slot table's scatter and rings, as a training round's (a gone worker leaves them
-        unanswered: the fleet replaces it and its new generation rings)."""
-        slots, seqs = self.slots_of(keys)
-        rows = self.rows_of(keys)
+    def send(self, slots: np.ndarray, disc: np.ndarray, cont: np.ndarray | None) -> None:
+        """Held slots' actions (rows of the full-size `disc`/`cont`) out, and their rings (a gone
+        worker leaves them unanswered: the fleet replaces it and its new generation rings)."""
+        rows = self.rows_of(slots)
         actions = {"discrete": disc[rows]}
         if cont is not None:
             actions["continuous"] = cont[rows]
-        self.fleet.slots.send(slots, seqs, actions)
-        for key in keys:
-            self.held.discard(key)
-            self.flight.add(key)
+        self.core.send(slots, actions)
+        self.held[slots] = False
 
-    def recv(self, keys):
-        """The obs, step results and final obs of these arrived slices, in their order (the slot
-        table's gather, as a training round's): an rlpipe.protocol.Round."""
-        return self.fleet.slots.recv(*self.slots_of(keys))
-
-    def slots_of(self, keys) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, seqs) of these slices' latest rings."""
-        refs = [self.ref[key] for key in keys]
-        slots = np.fromiter((r.handle.slot_lo + r.slice_index for r in refs), dtype=np.int64, count=len(refs))
-        return slots, np.fromiter((r.seq for r in refs), dtype=np.int64, count=len(refs))
-
-    def rows_of(self, keys) -> np.ndarray:
-        """The env ids of these slices, one after another."""
-        return np.concatenate([np.arange(*self.rows[key]) for key in keys]) if keys else np.zeros(0, np.int64)
-
-    def hand_out(self, keys) -> None:
-        for key in keys:
-            self.arrived.discard(key)
-            self.held.add(key)
-            self.restarted.discard(key)
+    def recv(self, slots: np.ndarray) -> Round:
+        """The obs, step results and final obs of these arrived slots, in their order, handed
+        to the caller (held) from now on: an rlpipe.protocol.Round."""
+        rnd = self.core.recv(slots)
+        self.held[slots] = True
+        return rnd
 
     # -- stop ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Everything the engine started, in reverse order, each step guarded (as
-        Driver.teardown): workers, the fleet's segments, doorbells and cgroups, the lifecycle
-        writer, Redis, the socket dir and, if the engine made it, the run dir."""
-        fleet = self.fleet
-        steps = [
-            fleet.stop_starts,
-            fleet.stop_workers,
-            lambda: self.faults.finish() if self.faults is not None else None,
-            fleet.count_lifecycle_drops,
-            *fleet.release_steps(),
-            *self.services.stop_steps(),
-        ]
+        """Everything the engine started, in reverse order, each step guarded (the slice
+        engine's teardown); the forkserver with the last engine of the process and, if the
+        engine made it, the run dir."""
         global _started_engines
+        steps = self.core.stop_steps()
         if self.started:
             _started_engines -= 1
             if _started_engines == 0:
                 steps.append(release_forkserver)
-        for step in steps if self.started else self.services.stop_steps():
+        for step in steps:
             try:
                 step()
             except Exception:
                 log.exception("rlpipe.vector: a close step failed")
-        for name in run_segments(self.run_id):
-            Path("/dev/shm", name).unlink(missing_ok=True)
+        self.core.unlink_segments()
         if self.own_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         self.started = False

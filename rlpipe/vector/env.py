@@ -124,10 +124,8 @@ class RlpipeVectorEnv(VectorEnv):
         """Fresh envs: the first reset starts the workers; later ones replace them with a new
         generation (every env rebuilt; `seed` None reseeds from the vector's own stream)."""
         self._start(seed, options)
-        self.engine.wait(lambda: not self.engine.flight)
-        keys = list(self.engine.keys)
-        self._gather(keys)
-        self.engine.hand_out(keys)
+        self.engine.wait(lambda: not self.engine.flight.any())
+        self._gather(np.arange(self.engine.n_slots))
         obs = self._obs
         return (
             obs.copy() if isinstance(obs, np.ndarray) else {k: v.copy() for k, v in obs.items()}
@@ -154,9 +152,7 @@ class RlpipeVectorEnv(VectorEnv):
         if not self._started:
             self._started = True
             engine.start()
-            for k, key in enumerate(engine.keys):
-                a, b = engine.rows[key]
-                self.slice_of_env[a:b] = k
+            self.slice_of_env[:] = np.repeat(np.arange(engine.n_slots), engine.slot_envs)
         else:
             engine.restart_all()
         engine.faults.forget(range(self.num_envs))
@@ -171,13 +167,13 @@ class RlpipeVectorEnv(VectorEnv):
         engine = self.engine
         if not self._started:
             raise RuntimeError("step() before reset(): call reset() first")
-        if len(engine.held) != len(engine.keys):
+        if not engine.held.all():
             raise RuntimeError("step() while envs are out with send(): recv() them first, or use send/recv throughout")
         self.spaces.encode(actions, self.num_envs, self._disc, self._cont, slice(None))
-        keys = list(engine.keys)
-        engine.send(keys, self._disc, self._cont)
-        engine.wait(lambda: not engine.flight)
-        rew, term, trunc, info = self._results(keys, np.arange(self.num_envs))
+        slots = np.arange(engine.n_slots)
+        engine.send(slots, self._disc, self._cont)
+        engine.wait(lambda: not engine.flight.any())
+        rew, term, trunc, info = self._results(slots, np.arange(self.num_envs))
         obs = self._obs
         if self.copy:
             obs = obs.copy() if isinstance(obs, np.ndarray) else {k: v.copy() for k, v in obs.items()}
@@ -195,18 +191,18 @@ class RlpipeVectorEnv(VectorEnv):
             ids = np.asarray(env_ids, dtype=np.int64).reshape(-1)
             if ids.size and (ids.min() < 0 or ids.max() >= self.num_envs):
                 raise ValueError(f"env ids must be in [0, {self.num_envs}), got {ids.min()}..{ids.max()}")
-        keys = [engine.keys[k] for k in np.unique(self.slice_of_env[ids])]
-        covered = sum(engine.rows[k][1] - engine.rows[k][0] for k in keys)
+        slots = np.unique(self.slice_of_env[ids])
+        covered = int(engine.slot_envs[slots].sum())
         if covered != len(ids) or len(np.unique(ids)) != len(ids):
             raise ValueError("send: env_ids must be whole slices as recv() handed them out, each once")
-        not_held = [k for k in keys if k not in engine.held]
+        not_held = int((~engine.held[slots]).sum())
         if not_held:
             raise RuntimeError(
-                f"send: envs of {len(not_held)} slice(s) are not waiting for actions "
+                f"send: envs of {not_held} slice(s) are not waiting for actions "
                 "(already sent, or not yet received with recv())"
             )
         self.spaces.encode(actions, len(ids), self._disc, self._cont, ids)
-        engine.send(keys, self._disc, self._cont)
+        engine.send(slots, self._disc, self._cont)
 
     def recv(self):
         """Whichever envs are ready, at least `batch_size` of them (whole slices):
@@ -215,35 +211,37 @@ class RlpipeVectorEnv(VectorEnv):
         engine = self.engine
         if not self._started:
             raise RuntimeError("recv() before async_reset() or reset()")
-        if not engine.flight and not engine.arrived:
+        out = ~engine.held  # in flight or arrived
+        if not out.any():
             raise RuntimeError("recv() with nothing sent: send() actions first")
-        want = min(self.batch_size, sum(engine.rows[k][1] - engine.rows[k][0] for k in engine.flight | engine.arrived))
-        engine.wait(lambda: sum(engine.rows[k][1] - engine.rows[k][0] for k in engine.arrived) >= want)
-        keys = sorted(engine.arrived, key=lambda k: engine.rows[k][0])
-        ids = np.concatenate([np.arange(*engine.rows[k]) for k in keys])
-        rew, term, trunc, info = self._results(keys, ids)
+        want = min(self.batch_size, engine.envs_in(out))
+        engine.wait(lambda: engine.envs_in(engine.arrived) >= want)
+        slots = np.flatnonzero(engine.arrived)  # ascending slots: ascending env ids
+        ids = engine.rows_of(slots)
+        rew, term, trunc, info = self._results(slots, ids)
         info["env_id"] = ids
         obs = self._obs
         obs = obs[ids] if isinstance(obs, np.ndarray) else {k: v[ids] for k, v in obs.items()}
         return obs, rew, term, trunc, info
 
     # -- results ----------------------------------------------------------------------------
-    def _gather(self, keys):
+    def _gather(self, slots):
         """The slices' obs into the vector's buffers, their results and final obs beside them:
-        one gather for all of them (an rlpipe.protocol.Round, rows in the order of `keys`)."""
-        rnd = self.engine.recv(keys)
+        one gather for all of them (an rlpipe.protocol.Round, rows in the order of `slots`),
+        the slices handed out."""
+        rnd = self.engine.recv(slots)
         for k in self._keys:
             self._bufs[k][rnd.rows] = rnd.obs[k]
         return rnd
 
-    def _results(self, keys, ids: np.ndarray):
-        """Obs into the buffers; rewards, flags and infos of the slices `keys` (rows `ids`, in
-        the same order), read before the slices are handed out (and rung again)."""
+    def _results(self, slots, ids: np.ndarray):
+        """Obs into the buffers; rewards, flags and infos of the slices `slots` (rows `ids`, in
+        the same order), handed out."""
         engine = self.engine
         m = len(ids)
-        rnd = self._gather(keys)
+        rnd = self._gather(slots)
         res = rnd.results
-        restarted = np.repeat(np.fromiter((key in engine.restarted for key in keys), bool, len(keys)), rnd.counts)
+        restarted = np.repeat(rnd.restarted, rnd.counts)
         stepped = rnd.stepped & ~restarted
         rew = np.where(stepped, res["reward_raw"], 0.0).astype(np.float64)
         term = stepped & res["terminated"].astype(bool)
@@ -261,10 +259,9 @@ class RlpipeVectorEnv(VectorEnv):
             faults[j] = WORKER_RESTART
         if restarted.any():
             engine.faults.forget(ids[restarted].tolist())
-        worker = np.repeat(engine.fleet.slots.worker[rnd.slots], rnd.counts)
+        worker = np.repeat(engine.slot_worker[rnd.slots], rnd.counts)
         for j in np.flatnonzero(trunc & ~term & (ep_len == 0) & stepped).tolist():
             faults[j] = fault_info(engine.faults.take(int(ids[j]), int(worker[j])))
-        engine.hand_out(keys)
         info: dict[str, Any] = {}
         ended = (term | trunc) & (ep_len > 0)  # a cut step (a fault) has no end obs
         if ended.any():

@@ -1,13 +1,20 @@
-"""The step deadline of each env type, from its measured step time (issue 49).
+"""The step deadline and the stall budget of each env type, from its measured step time
+(issue 49).
 
-One env blocking in `step` holds the rest of its slice (the inline step loop steps the slice on
-one thread) until its deadline cuts it; with only `worker.step_timeout_s` (30 s by default) a
-hung env froze its 15 neighbours for 30 s. Each type's deadline is instead `FACTOR` times the
-longest step this worker has seen of that type, at least `FLOOR_S` (autoresets and rare slow
-steps are not measured, and must not be cut), at most `worker.step_timeout_s`, which also holds
-until the type has made `WARMUP_STEPS` steps here (first steps load, compile, warm caches). A
-CartPole step takes microseconds: its hung env holds its neighbours `FLOOR_S`, not 30 s. The
-pool of threads (`worker.threads` > 1) lets the other envs of the slice step meanwhile.
+Two figures per type, both from the longest step this worker has seen of that type once the
+type has made `WARMUP_STEPS` steps here (first steps load, compile, warm caches; until then both
+are `worker.step_timeout_s`):
+
+- the **stall budget**, `STALL_FACTOR` times that longest step, at least `STALL_FLOOR_S`: a step
+  still running past it is detached from its slice (rlpipe/worker/relief.py), so the slice's
+  other envs go on stepping while it runs on. A detached step that comes back costs its env one
+  cut episode, and its time joins the type's figures, so a type that got slower stalls once.
+- the **deadline**, `FACTOR` times that longest step, at least `FLOOR_S` (autoresets and rare
+  slow steps are not measured, and must not be cut), at most `worker.step_timeout_s`: a step
+  past it is cut and its env rebuilt.
+
+A CartPole step takes microseconds and its longest seen a few milliseconds: a hung CartPole env
+is detached from its slice after 0.25 s and cut after 5 s, not 30.
 """
 
 from __future__ import annotations
@@ -18,7 +25,10 @@ from rlpipe.shm.layout import H_SLICE_LO, H_SLICE_SERIAL
 
 FACTOR = 100.0
 FLOOR_S = 5.0
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 0.25
 WARMUP_STEPS = 50
+POLL_S = 0.05  # how often the watcher looks at the step in progress: a stall is seen within this
 
 
 class TypeDeadlines:
@@ -29,21 +39,47 @@ class TypeDeadlines:
         self.max_ms = np.zeros(n_types)
         self.seen = np.zeros(n_types, dtype=np.int64)
         self.limit_s = np.full(n_types, cap_s)
+        self.stall_s = np.full(n_types, cap_s)
 
     @property
     def poll_s(self) -> float:
-        """How often the deadline's watcher looks: an eighth of the shortest deadline there can be."""
-        return min(self.cap_s, FLOOR_S) / 8
+        return min(self.cap_s / 8, POLL_S)
 
     def observe(self, lo: int, hi: int, step_ms: np.ndarray) -> None:
         """After a slice: its envs' step times (ms) into their types' figures."""
         types = self.type_index[lo:hi]
         np.maximum.at(self.max_ms, types, step_ms)
         np.add.at(self.seen, types, 1)
-        measured = np.clip(FACTOR * self.max_ms / 1e3, FLOOR_S, self.cap_s)
-        self.limit_s = np.where(self.seen >= WARMUP_STEPS, measured, self.cap_s)
+        self._derive()
+
+    def observe_stall(self, i: int, seconds: float) -> None:
+        """Env i's detached step came back after `seconds`: a step its type can take."""
+        t = self.type_index[i]
+        self.max_ms[t] = max(self.max_ms[t], seconds * 1e3)
+        self._derive()
+
+    def _derive(self) -> None:
+        longest_s = self.max_ms / 1e3
+        warm = self.seen >= WARMUP_STEPS
+        self.limit_s = np.where(warm, np.clip(FACTOR * longest_s, FLOOR_S, self.cap_s), self.cap_s)
+        self.stall_s = np.where(
+            warm, np.minimum(np.maximum(STALL_FACTOR * longest_s, STALL_FLOOR_S), self.limit_s), self.cap_s
+        )
+
+    def env_of(self, serial: int) -> int:
+        """The env (row) of the main loop's step with this serial, -1 if none."""
+        i = self.views.load(H_SLICE_LO) + serial - self.views.load(H_SLICE_SERIAL) - 1
+        return i if 0 <= i < len(self.type_index) else -1
 
     def limit_of(self, serial: int) -> float:
         """The deadline of the step with this serial (the watcher thread asks)."""
-        i = self.views.load(H_SLICE_LO) + serial - self.views.load(H_SLICE_SERIAL) - 1
-        return float(self.limit_s[self.type_index[i]]) if 0 <= i < len(self.type_index) else self.cap_s
+        i = self.env_of(serial)
+        return float(self.limit_s[self.type_index[i]]) if i >= 0 else self.cap_s
+
+    def stall_of(self, serial: int) -> float:
+        """The stall budget of the step with this serial."""
+        i = self.env_of(serial)
+        return float(self.stall_s[self.type_index[i]]) if i >= 0 else self.cap_s
+
+    def limit_of_env(self, i: int) -> float:
+        return float(self.limit_s[self.type_index[i]])

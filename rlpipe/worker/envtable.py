@@ -99,6 +99,9 @@ class EnvTable:
         self.ep_len = np.zeros(self.n, dtype=np.int64)
         self.step_ms = np.zeros(self.n, dtype=np.float32)  # step_one's latest env step() time
         self.faults: list[EnvFault] = []
+        # envs whose step stalled and goes on off the slice's path (rlpipe.worker.relief): the
+        # C loop cuts their rows instead of stepping them
+        self.detached = np.zeros(self.n, dtype=np.uint8)
         self.hangs = 0  # steps cut at the deadline, over this table's life
         self.backoff = FaultBackoff(self.n) if crash_backoff else None  # rlpipe.worker.backoff
 
@@ -254,12 +257,27 @@ class EnvTable:
         if delay:
             self.faults[-1].backoff_s = delay
             self.envs[i] = PARKED
-            for view, _key in self._rows[i]:  # a neutral obs while parked: never the one that broke it (NaN)
-                view[:] = 0
-            self.ep_return[i] = 0.0  # the episode is cut, as `start` would begin a new one
-            self.ep_len[i] = 0
+            self.neutral(i)
         else:
             self.start(i)
+
+    def neutral(self, i: int) -> None:
+        """Env i out of play (parked, or its step detached): a neutral obs in its rows, never the
+        one that broke it (NaN), and its episode cut, as `start` would begin a new one."""
+        for view, _key in self._rows[i]:
+            view[:] = 0
+        self.ep_return[i] = 0.0
+        self.ep_len[i] = 0
+
+    def rejoin(self, i: int) -> None:
+        """Env i's detached step came back before its deadline: its episode was cut for the
+        learner, so it starts a new one (a reset; a failing one is a fault like any other)."""
+        try:
+            self._write(i, harness.reset(self.specs[self.type_index[i]], self.envs[i], self.id_lo + i))
+            self.ep_return[i] = 0.0
+            self.ep_len[i] = 0
+        except Exception as exc:
+            self.recover(i, exc)
 
     def actions(self, lo: int, hi: int, disc: np.ndarray, cont: np.ndarray) -> list:
         """The actions of envs [lo, hi) as each env's head expects them."""

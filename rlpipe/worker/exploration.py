@@ -61,6 +61,23 @@ class EpsilonGreedy:
         else:
             self.epsilon[lo : lo + len(eps)] = np.clip(eps, 0.0, 1.0)
 
+    def apply_slice(self, lo: int, hi: int, acts: dict, results: dict) -> int:
+        """`apply` on a worker's shared arrays: the learner's actions of envs [lo, hi) in, the
+        executed ones and their behaviour log-probs into the results; how many explored."""
+        ed, ec, blogp, explored = self.apply(
+            lo,
+            hi,
+            acts["discrete"][lo:hi],
+            acts["continuous"][lo:hi],
+            acts["logp"][lo:hi],
+            acts["alt_discrete"][lo:hi],
+            acts["alt_continuous"][lo:hi],
+            acts["alt_logp"][lo:hi],
+        )
+        results["exec_discrete"][lo:hi], results["exec_continuous"][lo:hi] = ed, ec
+        results["behaviour_logp"][lo:hi] = blogp
+        return int(explored.sum())
+
     def apply(
         self,
         lo: int,

@@ -48,6 +48,7 @@ from rlpipe.worker.deadlines import TypeDeadlines
 from rlpipe.worker.envtable import EnvTable
 from rlpipe.worker.exploration import EpsilonGreedy
 from rlpipe.worker.os_process import join_cgroups, rss_mb, set_scheduling
+from rlpipe.worker.relief import Stalls
 from rlpipe.worker.rewardnorm import RewardNormalizer
 from rlpipe.worker.spec import WorkerSpec
 from rlpipe.worker.stability import StabilityTracker
@@ -104,6 +105,8 @@ class Worker:
         self.feed: EpsilonFeed | None = None
         self.spawn_detail = {"pid": os.getpid(), "envs": self.n}
         self.deadlines: TypeDeadlines | None = None
+        self.stalls = Stalls(self)  # a stalled step off the slice's path
+        self.slice_ctx: tuple = ()  # the main loop's slice in progress: (s, seq, lo, hi, actions)
         self.output: OutputLog | None = None
 
     def run(self) -> None:
@@ -206,6 +209,8 @@ class Worker:
             tick=self.beat,
             armed=views.word_array(H_ARMED),
             deadlines=self.deadlines,
+            # a detached env's rows are cuts with no fault record, as a parked env's: both or neither
+            on_stall=self.stalls.on_stall if self.deadlines is not None and spec.worker.crash_backoff else None,
         )
         if spec.reward_norm.mode != "off":
             self.rnorm = RewardNormalizer(
@@ -297,29 +302,31 @@ class Worker:
         """One doorbell: act (exploring if scaling is on), step the slice's envs, write rewards
         and scores, publish the obs and ring back. False when this worker was replaced."""
         lo, hi = self.bounds[s]
-        views = self.views
-        acts, results = views.actions, views.results
-        explore, table = self.explore, self.table
-        if explore is not None:
-            exec_disc, exec_cont = results["exec_discrete"], results["exec_continuous"]
-            ed, ec, blogp, explored = explore.apply(
-                lo,
-                hi,
-                acts["discrete"][lo:hi],
-                acts["continuous"][lo:hi],
-                acts["logp"][lo:hi],
-                acts["alt_discrete"][lo:hi],
-                acts["alt_continuous"][lo:hi],
-                acts["alt_logp"][lo:hi],
-            )
-            exec_disc[lo:hi], exec_cont[lo:hi], results["behaviour_logp"][lo:hi] = ed, ec, blogp
-            self.explored_steps += int(explored.sum())
-            actions = table.actions(lo, hi, exec_disc, exec_cont)
-        else:
-            actions = table.actions(lo, hi, acts["discrete"], acts["continuous"])
-        views.store(H_SLICE_LO, lo)  # with H_ARMED: the env being stepped, should we die in it
-        views.store(H_SLICE_SERIAL, self.stepper.serial)
-        self.stepper.step(lo, hi, actions)
+        actions = self.slice_actions(lo, hi)
+        self.slice_ctx = (s, seq, lo, hi, actions)
+        if not self.step_rows(lo, hi, actions):
+            self.stalls.take_back()  # a step stalled: a relief finished the slice and kept the loop going
+            return not self.stopping
+        return self.after_step(s, seq, lo, hi)
+
+    def step_rows(self, lo: int, hi: int, actions: list) -> bool:
+        """The main thread steps envs [lo, hi): False when one stalled and was detached."""
+        self.views.store(H_SLICE_LO, lo)  # with H_ARMED: the env being stepped, should we die in it
+        self.views.store(H_SLICE_SERIAL, self.stepper.serial)
+        return self.stepper.step(lo, hi, actions)
+
+    def slice_actions(self, lo: int, hi: int) -> list:
+        """The actions of envs [lo, hi) as their envs take them (epsilon-greedy if scaling is on)."""
+        acts, results = self.views.actions, self.views.results
+        if self.explore is not None:
+            self.explored_steps += self.explore.apply_slice(lo, hi, acts, results)
+            return self.table.actions(lo, hi, results["exec_discrete"], results["exec_continuous"])
+        return self.table.actions(lo, hi, acts["discrete"], acts["continuous"])
+
+    def after_step(self, s: int, seq: int, lo: int, hi: int) -> bool:
+        """The slice's rewards and scores, its obs published, its ring; False once replaced."""
+        views, table = self.views, self.table
+        results = views.results
         if self.deadlines is not None:
             self.deadlines.observe(lo, hi, results["step_ms"][lo:hi])
         raw = results["reward"][lo:hi].copy()

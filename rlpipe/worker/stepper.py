@@ -20,7 +20,9 @@ Two ways, picked by `worker.threads`:
   finish or hang on its own and is never listened to again, and a fresh helper takes the
   rest of the slice. This also covers native code that releases the GIL and ignores signals.
 
-Either way the env of a step past its deadline is rebuilt by id. Its neighbours go on.
+Either way the env of a step past its deadline is rebuilt by id. Its neighbours go on. Inline,
+they do not even wait for the deadline: a step past its type's shorter stall budget is
+detached and another thread runs the worker's loop meanwhile (rlpipe/worker/relief.py).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class Stepper:
         tick: Callable[[], None] = lambda: None,
         armed: np.ndarray | None = None,
         deadlines=None,
+        on_stall: Callable[[int, float], None] | None = None,
     ):
         self.table = table
         self.timeout_s = timeout_s
@@ -115,6 +118,8 @@ class Stepper:
                     armed=armed,
                     limit_of=deadlines.limit_of if deadlines is not None else None,
                     poll_s=deadlines.poll_s if deadlines is not None else None,
+                    stall_of=deadlines.stall_of if deadlines is not None and on_stall is not None else None,
+                    on_stall=on_stall,
                 )
                 self.deadline.start()
             armed = self.deadline.armed if self.deadline is not None else armed
@@ -130,12 +135,15 @@ class Stepper:
     def hung_total(self) -> int:
         return self.table.hangs
 
-    def step(self, lo: int, hi: int, actions: list) -> None:
-        """Step envs [lo, hi); a step past the deadline is cut and its env rebuilt."""
+    def step(self, lo: int, hi: int, actions: list) -> bool:
+        """Step envs [lo, hi); a step past the deadline is cut and its env rebuilt. False when
+        a step stalled and was detached: another thread finished the slice (worker.relief),
+        and `loop.halted` says how the stalled step ended."""
         if self.inline:
             self.serial = self.loop.run(lo, hi, actions, self.serial)
-        else:
-            self.table.finish(lo, hi, self._step_pool(lo, hi, actions), self.results)
+            return self.loop.halted is None
+        self.table.finish(lo, hi, self._step_pool(lo, hi, actions), self.results)
+        return True
 
     # -- pool ---------------------------------------------------------------------------------
     def _spawn(self) -> _StepThread:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from rlpipe.proctree import become_subreaper
+from rlpipe.proctree import become_subreaper, forkserver_ignores_stop_signals
 
 
 def _in_forkserver() -> bool:
@@ -27,5 +27,6 @@ def _in_forkserver() -> bool:
 
 
 if _in_forkserver():
+    forkserver_ignores_stop_signals()  # a terminal's Ctrl-C is the driver's to handle
     become_subreaper()
     warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")

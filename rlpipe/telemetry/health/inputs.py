@@ -20,6 +20,9 @@ RETURN_PREFIX = "charts/episodic_return/"
 MEMORY_TAGS = ("memory/pss_mb", "workers/rss_mb_max", "workers/rss_mb_mean")
 ENV_FAULT_KINDS = ("env_crash", "env_hang", "env_quarantine")  # a failed reset is an env_crash
 EVAL_HISTORY = "eval/history.jsonl"  # evaluation during training: one line per round
+# the random-return probe's files (rlpipe/envs/random_return.py), read where summary.json is
+# missing or lacks their figures (a killed run's)
+PROBE_FILES = {"random_return": "random_returns.json", "initial_policy_return": "initial_policy_returns.json"}
 
 
 @dataclass
@@ -34,6 +37,8 @@ class RunFiles:
     eval_rounds: list[dict] = field(default_factory=list)
     eval_note: str = "missing"
     notes: list[str] = field(default_factory=list)
+    randoms: dict[str, float] = field(default_factory=dict)  # each type's random-action return
+    starts: dict[str, float] = field(default_factory=dict)  # ... and its untrained policy's
 
 
 def _load_summary(run_dir: Path) -> tuple[dict | None, str]:
@@ -105,7 +110,23 @@ def load_run(run_dir: Path) -> RunFiles:
     run.scalars, run.tb_note = _load_tb(run.run_dir)
     run.db, run.db_note = _load_db(run.run_dir)
     run.eval_rounds, run.eval_note = _load_eval_rounds(run.run_dir)
+    run.randoms = _probe_figures(run, "random_return")
+    run.starts = _probe_figures(run, "initial_policy_return")
     return run
+
+
+def _probe_figures(run: RunFiles, key: str) -> dict[str, float]:
+    """summary.json's figures of the probe, each type it lacks from the probe's own file."""
+    figures = dict((run.summary or {}).get(key) or {})
+    try:
+        measured = json.loads((run.run_dir / PROBE_FILES[key]).read_text())
+    except (OSError, ValueError):
+        return figures
+    for name, result in measured.items() if isinstance(measured, dict) else ():
+        if name not in figures and isinstance(result, dict) and result.get("mean") is not None:
+            if key == "random_return" or (result.get("episodes", 0) > 1 and not result.get("cut")):
+                figures[name] = round(float(result["mean"]), 3)
+    return figures
 
 
 def query(db_path: Path, sql: str, args: tuple = ()) -> list[tuple]:

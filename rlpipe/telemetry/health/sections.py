@@ -35,6 +35,7 @@ class Report(EvaluationSections):
         self.groups: dict[int, dict] | None = None
         self.life_counts: dict[str, int] | None = None
         self.verdicts: list[tuple[str, str, str]] = []  # (check, yes|no|n/a, evidence)
+        self.randoms = run.randoms  # summary.json's, else random_returns.json's (a killed run)
 
     def add(self, *lines: str) -> None:
         self.lines.extend(lines)
@@ -167,8 +168,7 @@ class Report(EvaluationSections):
         if not names:
             self.add("No returns: summary.json and TensorBoard both lack them.")
             return
-        randoms = self.s.get("random_return") or {}
-        starts = self.s.get("initial_policy_return") or {}
+        randoms, starts = self.randoms, self.run.starts
         learned = self.s.get("learned") or {}
         rows = []
         for name in names:

@@ -62,12 +62,16 @@ def build_verdicts(report: Report) -> None:
         )
 
     peak, src = None, None
-    if s.get("peak_rss_mb") is not None:
+    if s.get("peak_rss_mb"):
         peak, src = float(s["peak_rss_mb"]), "summary.json peak_rss_mb"
-    elif "memory/pss_mb" in report.run.scalars:
-        peak, src = float(report.run.scalars["memory/pss_mb"].values.max()), "TensorBoard memory/pss_mb"
+    else:  # a killed run's: the sampler's own curve, else the driver's chart (0: no sample yet)
+        for tag in ("resources/tree/pss_mb", "memory/pss_mb"):
+            series = report.run.scalars.get(tag)
+            if series is not None and len(series.values) and float(series.values.max()) > 0:
+                peak, src = float(series.values.max()), f"TensorBoard {tag}"
+                break
     if peak is None:
-        v.append(("peak memory under 12 GiB", "n/a", "no memory figure"))
+        v.append(("peak memory under 12 GiB", "n/a", "not measured (no memory sample was taken)"))
     else:
         v.append(verdict("peak memory under 12 GiB", peak < PEAK_MEMORY_LIMIT_MB, f"{peak:,.1f} MiB ({src})"))
 
@@ -90,6 +94,16 @@ def build_verdicts(report: Report) -> None:
                 f"{len(judged) - len(missed)}/{len(judged)} learned"
                 + (f"; did not learn: {', '.join(missed)}" if missed else "")
                 + " (summary.json learned)",
+            )
+        )
+    elif report.randoms:
+        v.append(
+            (
+                "every env type learned (above its random return)",
+                "n/a",
+                "every verdict `unknown`: fewer than 200 episodes of each type"
+                if learned
+                else "no verdicts (summary.json missing)",
             )
         )
     else:

@@ -1,0 +1,154 @@
+"""The learner's training side: when a PPO update is due, what waits while the learner is
+backlogged (`learner.backlog`), the update run in a thread of its own on the ready rollouts
+while serving goes on, and its result taken in between two rounds (the actor refreshed).
+`CentralLearner` (rlpipe/learner/central.py) carries this; it reads the learner's ready queue,
+policy/actor pair, optimizer settings and counters."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import torch
+
+from rlpipe import heap
+from rlpipe.learner.adam import FusedAdam
+from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
+
+
+class BackgroundTraining:
+    """Mixed into CentralLearner: everything here reads the learner's own fields."""
+
+    @property
+    def update_due(self) -> bool:
+        return not self.random and self._update_thread is None and self.ready_samples >= self.update_samples
+
+    @property
+    def optimizer(self) -> FusedAdam:
+        """Built on first use, in the first update's thread.
+        Adam's fused kernel: the same update rule in one pass over all parameters instead of
+        a dozen small ops per parameter tensor (the update's second cost after the layers),
+        called without torch.optim, whose first call imports torch._dynamo (rlpipe/learner/adam.py)."""
+        if self._optimizer is None:
+            self._optimizer = FusedAdam(self.policy.parameters(), lr=self.cfg.learning_rate, eps=1e-5)
+        return self._optimizer
+
+    @property
+    def backlogged(self) -> bool:
+        """A full batch of rollouts waits to be trained on.
+        learner.backlog=hold: hold the workers until the waiting rollouts have gone into
+        updates (backpressure: every sample is trained on, and stepping runs at the pace of
+        training; with thousands of envs one inference round alone completes more rollouts
+        than an update takes, so holding only while an update runs would let them pile up).
+        learner.backlog=drop: keep stepping; while an update trains, drop the oldest waiting
+        rollouts beyond one batch (throughput: the policy lag stays bounded).
+        learner.backlog=sync: as hold, and the workers also wait while any update trains, so
+        every step is taken with the newest weights (on-policy, as a synchronous PPO: under
+        hold the next batch is collected while the last one trains, one update behind). For
+        small runs, where an update is short and samples are what the learning costs."""
+        if self.cfg.backlog == "sync" and self._update_thread is not None:
+            return True
+        if self.ready_samples < self.update_samples:
+            return False
+        if self.cfg.backlog in ("hold", "sync"):
+            return True
+        if self._update_thread is None:
+            return False
+        while self.ready_samples > self.update_samples and len(self.ready_blocks) > 1:
+            block = self.ready_blocks.pop(0)
+            self.ready_types.pop(0)
+            self.ready_samples -= len(block["adv"])
+            self.counters.dropped_rollouts += block["n_envs"]
+        return False
+
+    @property
+    def global_env_steps(self) -> int:
+        """Env steps of the whole run (across torchrun ranks in rlpipe.ranks.learner)."""
+        return self.counters.env_steps
+
+    def lr_now(self, steps: int | None = None) -> float:
+        """learner.anneal_lr: linear in env steps toward run.total_env_steps (down to 2 % of the
+        base rate), so the schedule is the same on a fast and a slow machine. A run bounded
+        only by its duration has no step budget to anneal toward: the rate stays constant.
+        `steps`: the run's env steps (default: this learner's count)."""
+        total = self.spec.run.total_env_steps
+        if not self.cfg.anneal_lr or not total:
+            return self.cfg.learning_rate
+        steps = self.counters.env_steps if steps is None else steps
+        return self.cfg.learning_rate * max(1.0 - steps / total, 0.02)
+
+    def start_update(self) -> None:
+        """Start a PPO update on the ready rollouts in the background; rollouts arriving
+        meanwhile make up the next update's batch."""
+        lr = self.lr_now()
+        batch = self._take_batch()
+        self._update_thread = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update", daemon=True)
+        self._update_thread.start()
+
+    def _take_batch(self) -> dict | None:
+        """The oldest ready blocks, about update_samples of them, as one batch (None: no block
+        ready); the rest wait for the next update. Made here, in the serving thread: at day4 the
+        update's thread is the one that limits training, and the copy would be its work."""
+        take, samples = 0, 0
+        while take < len(self.ready_blocks) and samples < self.update_samples:
+            samples += len(self.ready_blocks[take]["adv"])
+            take += 1
+        if not take:
+            return None
+        batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
+        del self.ready_blocks[:take], self.ready_types[:take]
+        self.ready_samples -= samples
+        return batch
+
+    def _train(self, batch: dict, lr: float) -> None:
+        try:
+            if self.spec.learner_cpu is not None:  # worker.cpu_affinity=learner_core
+                os.sched_setaffinity(threading.get_native_id(), {self.spec.learner_cpu})
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self._update_result = ppo_update(
+                self.policy, self.optimizer, batch, self.cfg, self.generator, per_type=self.type_settings
+            )
+            if self.spec.run.trim_after_update:
+                heap.trim()  # the update's activations freed: their pages go back
+        except BaseException as exc:  # re-raised in the main thread by poll_update
+            self._update_result = exc
+
+    @property
+    def updating(self) -> bool:
+        return self._update_thread is not None and self._update_thread.is_alive()
+
+    def wait_update(self, timeout_s: float) -> None:
+        """Block until the running update ends, at most `timeout_s` (at once without one)."""
+        thread = self._update_thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def poll_update(self, wait: bool = False) -> UpdateStats | None:
+        """The finished update's stats (None while one runs or none was started); the actor
+        takes the new weights here, in the main thread, between two inference rounds."""
+        thread = self._update_thread
+        if thread is None or (thread.is_alive() and not wait):
+            return None
+        thread.join()
+        self._update_thread = None
+        result, self._update_result = self._update_result, None
+        if isinstance(result, BaseException):
+            raise result
+        self._refresh_actor()
+        self.counters.updates += 1
+        self.counters.trained_samples += result.samples
+        self.counters.losses.add((time.monotonic(), result.total_loss))
+        self.counters.recent_losses.append(result.total_loss)
+        self.last_stats = result
+        return result
+
+    def _refresh_actor(self) -> None:
+        """The serving copy takes the trained weights: one fused copy over every parameter and
+        buffer (load_state_dict walks the module tree and copies them one by one)."""
+        if self._actor_pairs is None:
+            mine = [*self.actor.parameters(), *self.actor.buffers()]
+            theirs = [*self.policy.parameters(), *self.policy.buffers()]
+            self._actor_pairs = ([t.data for t in mine], [t.data for t in theirs])
+        torch._foreach_copy_(*self._actor_pairs)

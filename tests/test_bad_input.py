@@ -1,0 +1,91 @@
+"""Bad input on the command line, each row of docs/running.md's "Bad input" table that Hydra
+finds before rlpipe's own checks (an unknown key, also with `+`; a value of the wrong type; a
+group option that does not exist; an override it cannot parse; a run dir it cannot create):
+one paragraph naming the key and what is allowed, exit 2, no traceback, nothing started.
+(rlpipe's own checks: tests/test_config.py and the tests each table row names.)"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import REPO, compose_cfg, driver_dies_with_pytest, rlpipe_cmd
+from rlpipe.config import ConfigError, RunSpec
+from rlpipe.config_errors import OPEN_KEYS, check_known_keys
+
+ROWS = {
+    "typo": (["env_cont=64"], ["Unknown config key env_cont", "Did you mean `env_count`?"]),
+    "typo-with-plus": (["+env_cont=64"], ["Unknown config key env_cont", "Did you mean `env_count`?"]),
+    "unknown-in-a-section": (["+learner.epoch=3"], ["Unknown config key learner.epoch", "`learner.epochs`"]),
+    "not-an-integer": (["env_count=abc"], ["Invalid config value env_count='abc': allowed is an integer"]),
+    "not-a-number": (["learner.learning_rate=fast"], ["learner.learning_rate='fast': allowed is a number"]),
+    "no-such-option": (["env_mix=cartpol"], ["no option `cartpol` in config group `env_mix`", "`env_mix=cartpole`"]),
+    "no-such-stage": (["+stage=day9"], ["no option `day9` in config group `stage`", "day0, day1"]),
+    "unparsable": (["env_count=[1"], ["cannot read the override `env_count=[1`"]),
+    "run-dir-not-creatable": (["hydra.run.dir=/proc/x"], ["cannot create or write the run directory", "/proc/x"]),
+    # rlpipe's own check of an env node's parameters (a `+` there is allowed: the type checks it)
+    "env-parameter-unknown": (
+        ["+env_mix.types.cartpole.bar=2"],
+        ["cannot be built", "unexpected keyword argument 'bar'"],
+    ),
+}
+
+
+def test_what_hydra_refuses_is_one_paragraph_and_exit_2(short_tmp):
+    """Every row at once (each a real CLI run that stops before anything starts: about 0.6 s
+    of CPU each), every row's failures reported together."""
+    procs = {
+        row: subprocess.Popen(
+            rlpipe_cmd(short_tmp / row, *overrides),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=driver_dies_with_pytest,
+        )
+        for row, (overrides, _said) in ROWS.items()
+    }
+    failures = {}
+    for row, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        paragraph = err.strip()
+        wrong = [
+            what
+            for what, ok in (
+                (f"exit {proc.returncode}", proc.returncode == 2),
+                ("a traceback or Hydra's report", "Traceback" not in err and "HYDRA_FULL_ERROR" not in err),
+                ("not one rlpipe paragraph", paragraph.startswith("rlpipe: ") and "\n" not in paragraph),
+                ("a summary.json", not (short_tmp / row / "summary.json").exists()),
+                *((f"missing {words!r}", words in paragraph) for words in ROWS[row][1]),
+            )
+            if not ok
+        ]
+        if wrong:
+            failures[row] = (wrong, paragraph[-2000:])
+    assert not failures, failures
+
+
+def test_plus_adds_keys_only_where_keys_are_names():
+    """`+` under env_mix.types / env_mix.weights / buffer.keys adds an entry (the mix and the
+    board check it); anywhere else a key the schema lacks is refused before the run."""
+    assert OPEN_KEYS == ("env_mix.types", "env_mix.weights", "buffer.keys")
+    check_known_keys(compose_cfg(["+env@env_mix.types.acrobot=acrobot", "+env_mix.weights.acrobot=1"]), RunSpec)
+    for override, key in (("+run.duraton_s=5", "run.duraton_s"), ("+heartbeat.x=1", "heartbeat.x")):
+        with pytest.raises(ConfigError, match=f"Unknown config key {key}"):
+            check_known_keys(compose_cfg([override]), RunSpec)
+
+
+def test_help_describes_rlpipe_its_main_options_and_stages():
+    """`--help` is Hydra's hydra.help template filled by conf/hydra/help/rlpipe.yaml, not
+    Hydra's generic page."""
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("rlpipe trains one policy") and "powered by Hydra" not in out.stdout
+    for words in ("env_count=N", "run.duration_s=", "run.resume=", "+stage=dayN", "day4", "exit 130 or 143"):
+        assert words in out.stdout, words
+    assert "env_mix: acrobot," in out.stdout and "stage: day0, day1" in out.stdout  # the groups, from conf/
