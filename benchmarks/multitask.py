@@ -3,6 +3,7 @@
     python benchmarks/multitask.py                       # env_mix=control, the defaults below
     python benchmarks/multitask.py --mix reward_scales --envs 32 --steps 500000
     python benchmarks/multitask.py --skip-grid --json
+    python benchmarks/multitask.py --random-mixes 4 --seed 1 --results /tmp/mixes   # benchmarks/random_mixes.py
     python benchmarks/multitask.py --mix seed12 --envs 32 --steps 131072 --envs-of mountaincar_cont=96 \
         --set env_mix.types.minigrid.view=symbolic --skip-grid --skip-baseline --keep --out /tmp/seed12
 
@@ -160,6 +161,22 @@ def score(gen, spec, rnd):
     return (gen - rnd) / (spec - rnd)
 
 
+def random_mixes(args) -> None:
+    """--random-mixes K: benchmarks/random_mixes.py, with this script's runner."""
+    from random_mixes import run_random_mixes
+
+    if args.random_mixes < 1 or args.budget_scale <= 0:
+        raise SystemExit("--random-mixes K needs K >= 1 and --budget-scale a positive number")
+    args.results = args.results or Path(tempfile.mkdtemp(prefix="rlpipe_mixes_"))
+
+    def play_random(name: str, episodes: int, seed: int) -> dict:
+        return random_return.play_random(mix_types(name, [])[name], episodes, 120.0, seed)
+
+    table = run_random_mixes(args, run, play_random)
+    if args.json:
+        print(json.dumps(table))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mix", default="control")
@@ -180,10 +197,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-grid", action="store_true")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument(
+        "--random-mixes", type=int, default=0, metavar="K", help="K mixes drawn by --seed (benchmarks/random_mixes.py)"
+    )
+    ap.add_argument("--budget-scale", type=float, default=1.0, help="--random-mixes: every budget times this")
+    ap.add_argument("--results", type=Path, default=None, help="--random-mixes: where runs are kept and shared")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.random_mixes:
+        random_mixes(args)
+        return
     out = args.out or Path(tempfile.mkdtemp(prefix="rlpipe_multitask_"))
     out.mkdir(parents=True, exist_ok=True)
     nodes = mix_types(args.mix, args.set)

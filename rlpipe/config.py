@@ -34,7 +34,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from rlpipe import config_checks as checks, process_layout
+from rlpipe import config_checks as checks, mix_learner, process_layout
 from rlpipe.chaos_faults import ticked_faults
 from rlpipe.config_checks import (
     count,
@@ -161,8 +161,12 @@ class LearnerSpec(_Section):
     cnn_channels: list[int] = setting(positive_ints("a list of three positive ints", 3))
     cnn_out: int = setting(positive_int)
     backlog: str = setting(one_of("hold", "drop", "sync"))  # what the learner does while an update lags behind
-    rollout_len: int = setting(positive_int)
-    update_envs: int = setting(positive_int)
+    # auto | a number: rollout_len and update_envs follow the mix (rlpipe/mix_learner.py
+    # resolves auto from type_rollout_len and update_envs_per_type below)
+    rollout_len: Any = setting(checks.positive_int_or_auto)
+    update_envs: Any = setting(checks.positive_int_or_auto)
+    type_rollout_len: int = setting(positive_int)  # a type's rollout where its env node asks for none
+    update_envs_per_type: int = setting(positive_int)
     learning_rate: float = setting(positive)
     anneal_lr: bool = MISSING
     gamma: float = setting(unit_interval)
@@ -209,12 +213,16 @@ TYPE_LEARNER_KEYS = (
     *("gamma", "gae_lambda", "ent_coef", "popart_beta"),
     *("log_std_init", "value_init_std", "adv_std_floor"),
 )
+# What a type may ask of the whole update: the run takes the most any type of the mix asks for
+# (learner.rollout_len=auto, rlpipe/mix_learner.py), a number in the config overrules them.
+TYPE_RUN_KEYS = ("rollout_len",)
 
 
 def type_learner_checks() -> dict[str, checks.Check]:
-    """Each per-type key's check: the one declared on its LearnerSpec field."""
+    """Each per-type key's check: the one declared on its LearnerSpec field (a type's
+    rollout is a number: `auto` is the learner's)."""
     declared = {f.name: f.metadata.get("check") for f in dataclasses.fields(LearnerSpec)}
-    return {name: declared[name] for name in TYPE_LEARNER_KEYS}
+    return {**{name: declared[name] for name in TYPE_LEARNER_KEYS}, **dict.fromkeys(TYPE_RUN_KEYS, positive_int)}
 
 
 @dataclass
@@ -360,7 +368,8 @@ class RunSpec(_Section):
     (ObsKey per buffer key, in board order, before sizing=auto grows them) and `layout`
     (rlpipe.process_layout.Layout: workers, groups, slices and CPUs, `auto` resolved for this
     machine), written back as ints into `groups.size` and `worker.slices`, the workers' CPUs
-    into `worker.cpu_affinity` and the update thread's into `learner_cpu`."""
+    into `worker.cpu_affinity` and the update thread's into `learner_cpu`; the learner's `auto`
+    rollout_len and update_envs resolved from the mix (`learner_from` says how)."""
 
     env_mix: EnvMixSpec = MISSING
     buffer: BufferSpec = MISSING
@@ -391,6 +400,9 @@ class RunSpec(_Section):
         )
         if self.env_count < len(self.env_types):
             fail("env_count", self.env_count, f"allowed is at least one env per type ({len(self.env_types)} types)")
+        # learner settings that follow the mix: auto becomes a number here, and how it was chosen
+        # is kept for the log and summary.json (a replace() sees the numbers: "set")
+        self.learner_from = mix_learner.resolve(self.learner, self.env_types, self.env_count)
         self.obs_keys = checks.obs_keys(self.buffer.keys)
         # from the settings as configured, so a replace() with another env_count (a torchrun
         # rank's share) resolves auto again

@@ -50,6 +50,12 @@ def positive_int(key: str, value: Any) -> None:
         fail(key, value, "allowed is a positive integer")
 
 
+def positive_int_or_auto(key: str, value: Any) -> None:
+    """learner.rollout_len and update_envs: auto (from the mix) or a number."""
+    if value != AUTO and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        fail(key, value, "allowed is auto (derived from the mix: rlpipe/mix_learner.py) or a positive integer")
+
+
 def positive_int_or_null(key: str, value: Any) -> None:
     if value is not None:
         positive_int(key, value)

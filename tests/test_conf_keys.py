@@ -23,7 +23,7 @@ from pathlib import Path
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from conftest import REPO, compose_cfg
-from rlpipe.config import TYPE_LEARNER_KEYS, LearnerSpec, RunSpec, conf_dir
+from rlpipe.config import TYPE_LEARNER_KEYS, TYPE_RUN_KEYS, LearnerSpec, RunSpec, conf_dir
 
 # Schema defaults allowed, each for a key that not every option file sets.
 ALLOWED_DEFAULTS = {
@@ -321,16 +321,16 @@ def test_env_node_learner_keys_are_per_type_learner_settings():
     by code (as `.name`, like every learner setting); no env type takes a `learner` parameter
     of its own (the node key could not reach it)."""
     learner_fields, read = {f.name for f in dataclasses.fields(LearnerSpec)}, attributes_read()
-    problems = [f"TYPE_LEARNER_KEYS: {k} is no LearnerSpec field" for k in TYPE_LEARNER_KEYS if k not in learner_fields]
+    per_type = TYPE_LEARNER_KEYS + TYPE_RUN_KEYS
+    problems = [f"TYPE_LEARNER_KEYS: {k} is no LearnerSpec field" for k in per_type if k not in learner_fields]
     problems += [
-        f"TYPE_LEARNER_KEYS: {k} is read by no code outside rlpipe/config*.py"
-        for k in TYPE_LEARNER_KEYS
-        if k not in read
+        f"TYPE_LEARNER_KEYS: {k} is read by no code outside rlpipe/config*.py" for k in per_type if k not in read
     ]
     for file, name, cls, node, _defines in env_nodes():
         if TYPE_LEARNER_NODE in env_parameters(cls):
             problems.append(f"{cls.__name__} takes a `{TYPE_LEARNER_NODE}` parameter, which the node key shadows")
         for key in node.get(TYPE_LEARNER_NODE) or {}:
-            if key not in TYPE_LEARNER_KEYS:
-                problems.append(f"{file}: {name}.learner.{key} is not one of {', '.join(TYPE_LEARNER_KEYS)}")
+            if key not in TYPE_LEARNER_KEYS + TYPE_RUN_KEYS:
+                allowed = ", ".join(TYPE_LEARNER_KEYS + TYPE_RUN_KEYS)
+                problems.append(f"{file}: {name}.learner.{key} is not one of {allowed}")
     assert not problems, "\n".join(problems)

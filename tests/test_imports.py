@@ -65,6 +65,7 @@ def layer_of(module: str) -> str:
         "rlpipe.config_compat",
         "rlpipe.config_errors",
         "rlpipe.process_layout",
+        "rlpipe.mix_learner",
     ):
         return "config"
     if module in ("rlpipe.app", "rlpipe.__main__"):

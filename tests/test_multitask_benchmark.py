@@ -49,3 +49,33 @@ def test_random_returns_are_played_on_the_nodes_the_runs_train_on():
     nodes = multitask.mix_types("seed12", ["env_mix.types.minigrid.view=symbolic"])
     assert len(nodes) == 12 and nodes["minigrid"]["view"] == "symbolic"
     assert multitask.mix_types("seed12", [])["minigrid"]["view"] == "rgb"
+
+
+random_mixes = load_benchmark("random_mixes")
+
+
+def test_random_mixes_are_drawn_by_the_seed_alone():
+    mixes = random_mixes.draw_mixes(20, seed=5)
+    assert mixes == random_mixes.draw_mixes(20, seed=5) != random_mixes.draw_mixes(20, seed=6)
+    assert all(2 <= len(m) <= 4 and len(set(m)) == len(m) and set(m) <= set(random_mixes.POOL) for m in mixes)
+    assert {len(m) for m in mixes} == {2, 3, 4}
+
+
+def test_a_random_mix_is_composed_as_a_user_would_with_each_type_at_its_budget():
+    types = ["cartpole", "lunar_lander", "minigrid"]
+    steps = random_mixes.budgets(types, 0.5)
+    overrides, envs = random_mixes.generalist_overrides(types, steps, seed=2)
+    assert not [o for o in overrides if o.startswith("learner.")]  # defaults only
+    assert overrides[0] == "env_mix=lunar_lander"  # not env_mix=cartpole: it tunes the update to CartPole
+    spec = run_spec(compose_cfg(overrides))
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
+    assert plan.counts() == envs == {"cartpole": 64, "lunar_lander": 128, "minigrid": 64}
+    # every env steps equally often: type t makes its own budget
+    per_env = spec.run.total_env_steps / spec.env_count
+    assert {t: round(per_env * n) for t, n in envs.items()} == steps
+    assert next(t for t in spec.env_types if t.name == "minigrid").node["view"] == "symbolic"  # its env_mix's
+    lc = spec.learner
+    # auto, from the mix: 64 env-rollouts of LunarLander (the type with the most envs), the rest in proportion
+    assert (lc.rollout_len, lc.update_envs, lc.minibatch_size) == (128, 128, 512)
+    alone = run_spec(compose_cfg(random_mixes.specialist_overrides("minigrid", 250_000, seed=2)))
+    assert alone.env_count == 64 and alone.env_types[0].node["view"] == "symbolic"

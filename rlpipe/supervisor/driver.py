@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from rlpipe import heap
+from rlpipe import heap, mix_learner
 from rlpipe.cadence import Every
 from rlpipe.chaos_faults import FreezeDriver
 from rlpipe.config import RunSpec
@@ -129,6 +129,7 @@ class Driver:
         check_memory_budget(spec, self.plan, group_ranges(spec.env_count, spec.groups.size))
         self._phase("env types described")
         self._phase(f"layout: {spec.layout.describe()}")  # what groups.size=auto & co. chose
+        log.info("learner: %s", mix_learner.describe(spec.learner, spec.learner_from))  # and learner.*=auto
         engine.start_services(self.mode.redis_fields())
         self._phase(f"redis ({self.services.redis.mode}) up")
         if spec.run.resume:  # true or auto: the workers' reward statistics must be in Redis before they start

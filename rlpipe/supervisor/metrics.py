@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import redis
 
+from rlpipe import mix_learner
 from rlpipe.cadence import Every
 from rlpipe.config import RunSpec
 from rlpipe.envs import random_return
@@ -301,6 +302,11 @@ class RunMetrics:
             "layout": {
                 **self.spec.layout.as_dict(),
                 "workers_pinned_s": (round(fleet.pinned_at - self.t0, 3) if fleet.pinned_at is not None else None),
+            },
+            # the update's shape as resolved (auto: from the mix, rlpipe/mix_learner.py) and how
+            "learner": {
+                **{key: getattr(self.spec.learner, key) for key in mix_learner.MIX_KEYS},
+                "from": dict(self.spec.learner_from),
             },
             "cgroup_driver": fleet.cgroups.name if fleet.cgroups else "none",
             "redis": self.services.redis.mode,
