@@ -99,7 +99,6 @@ class Fleet(FleetRounds):
         self.slots: SlotTable | None = None  # every slice's addresses: a round's moves (rlpipe.supervisor.slot_table)
         self.handles: list[WorkerHandle] = []
         self.by_id: dict[int, WorkerHandle] = {}
-        self.n_slices = 0
         self.cgroups = None
         self.active_mem_mb = resolve_active_mem_mb(spec.groups.active_mem_mb)  # rlpipe.supervisor.memory
         self.schedule: WakeSchedule | None = None
@@ -163,7 +162,6 @@ class Fleet(FleetRounds):
         self.by_id = {h.worker_id: h for h in self.handles}
         self.start_rounds(sum(slices))
         self.respawn_backoff = FaultBackoff(len(self.handles))
-        self.n_slices = sum(len(h.bounds) for h in self.handles)
         # Hot groups start now; dormant ones are started from the loop, so the first steps
         # are not queued behind a hundred forks on a busy machine.
         self.unspawned = [h for h in self.handles if not h.awake]
