@@ -62,6 +62,20 @@ def inductor_cache_in_tmp(tmp_path_factory):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
+@pytest.fixture(autouse=True, scope="session")
+def sb3_logs_in_tmp(tmp_path_factory):
+    """Stable-Baselines3 makes a /tmp/SB3-<time> folder for every model built without a log dir
+    (its `configure` falls back to the temp dir unless SB3_LOGDIR is set): point it into the
+    session's tmp, which goes when the session ends."""
+    before = os.environ.get("SB3_LOGDIR")
+    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3"))
+    yield
+    if before is None:
+        del os.environ["SB3_LOGDIR"]
+    else:
+        os.environ["SB3_LOGDIR"] = before
+
+
 def pytest_unconfigure(config):
     """tmp_path_retention_policy "none" (pyproject.toml) removes the session's tmp folders but
     not their root, /tmp/pytest-of-<user>: the main process removes it too once it is empty
