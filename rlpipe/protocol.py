@@ -24,6 +24,14 @@ def slot_count(env_count: int, group_size: int, slices: int) -> int:
     return sum(len(slice_bounds(min(group_size, env_count - lo), slices)) for lo in range(0, env_count, group_size))
 
 
+def batch_rows(first_env: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Slots of `counts` envs from `first_env` on, one after another as a round's batch:
+    (each slot's first row in the batch, each row's env id)."""
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    return starts, np.repeat(first_env - starts, counts) + np.arange(int(ends[-1]) if len(ends) else 0)
+
+
 @dataclass
 class Round:
     """The ready slices of one round, in the order they rang, as rows of one batch: what the

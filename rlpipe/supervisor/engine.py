@@ -32,7 +32,7 @@ import numpy as np
 import rlpipe
 from rlpipe.config import EnvTypeSpec, RunSpec
 from rlpipe.envs.registry import MixPlan, plan_mix
-from rlpipe.protocol import Round
+from rlpipe.protocol import Round, batch_rows
 from rlpipe.shm.segment import run_segments, sweep_dead_segments
 from rlpipe.supervisor.fleet import Fleet
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
@@ -189,9 +189,7 @@ class SliceEngine:
     def slot_rows(self, slots) -> np.ndarray:
         """The env ids of `slots`, one slot after another."""
         table = self.fleet.slots
-        counts = table.count[slots]
-        ends = np.cumsum(counts)
-        return np.repeat(table.env_lo[slots] - (ends - counts), counts) + np.arange(int(ends[-1]) if len(ends) else 0)
+        return batch_rows(table.env_lo[slots], table.count[slots])[1]
 
     # -- supervision ------------------------------------------------------------------------
     def supervise(self, now: float) -> list[int]:

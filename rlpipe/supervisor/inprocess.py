@@ -20,7 +20,7 @@ import numpy as np
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, make_factory, plan_mix
-from rlpipe.protocol import Round, slice_bounds
+from rlpipe.protocol import Round, batch_rows, slice_bounds
 from rlpipe.supervisor.slot_table import RESULT_FIELDS, SlotTable
 from rlpipe.supervisor.workers import group_ranges
 from rlpipe.worker.envtable import EnvTable
@@ -96,9 +96,7 @@ class InProcessEngine:
             if not len(slots):
                 return None
         counts = self.slot_count[slots]
-        ends = np.cumsum(counts)
-        starts = ends - counts
-        rows = np.repeat(self.slot_lo[slots] - starts, counts) + np.arange(int(ends[-1]))
+        starts, rows = batch_rows(self.slot_lo[slots], counts)
         seqs = self.seq[slots]
         stepped = np.repeat(seqs > 0, counts)
         results = {f: self.results[f][rows] for f in RESULT_FIELDS}
@@ -124,8 +122,7 @@ class InProcessEngine:
         n = self.spec.env_count
         disc = np.zeros(n, dtype=np.int32)
         cont = np.zeros((n,) + self.results["exec_continuous"].shape[1:], dtype=np.float32)
-        counts = self.slot_count[slots]
-        rows = np.repeat(self.slot_lo[slots] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        _, rows = batch_rows(self.slot_lo[slots], self.slot_count[slots])
         if "discrete" in actions:
             disc[rows] = actions["discrete"]
         if "continuous" in actions:

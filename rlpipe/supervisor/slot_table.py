@@ -25,7 +25,7 @@ import numpy as np
 from rlpipe.native.bell import ring_words
 from rlpipe.native.board import gather_slices
 from rlpipe.native.spans import copy_spans
-from rlpipe.protocol import Round
+from rlpipe.protocol import Round, batch_rows
 
 # The step results a round gathers (rlpipe.shm.layout's results but the final obs rows, which
 # are gathered by row: only those of time-limit truncations, or of every end in rlpipe.vector).
@@ -138,11 +138,8 @@ class SlotTable:
         if len(np.unique(slots)) != len(slots):
             raise RuntimeError(f"a round of {len(slots)} slots names some twice: a slice was served twice")
         counts = self.count[slots]
-        ends = np.cumsum(counts)
-        starts = ends - counts
-        n = int(ends[-1]) if len(ends) else 0
-        first = self.env_lo[slots]
-        rows = np.repeat(first - starts, counts) + np.arange(n)
+        starts, rows = batch_rows(self.env_lo[slots], counts)
+        n = len(rows)
         torn = gather_slices(
             self.boards, self.worker[slots], self.local_lo[slots], counts, self.obs_ptrs, self.obs_strides
         )
