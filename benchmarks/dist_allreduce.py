@@ -97,7 +97,7 @@ def _update_seconds(spec, plan, policy) -> float:
 def main() -> None:
     import torch.multiprocessing as tmp_mp
 
-    from rlpipe.learner.budget import memory_budget
+    from rlpipe.learner.budget import NOT_BYTES, memory_budget
     from rlpipe.supervisor.workers import group_ranges
 
     torch.set_num_threads(1)
@@ -108,7 +108,7 @@ def main() -> None:
         plan, policy = _policy(spec)
         params = sum(p.numel() for p in policy.parameters())
         budget = memory_budget(spec, plan, group_ranges(spec.env_count, spec.groups.size))
-        per_env = sum(v for k, v in budget.items() if k != "obs_bytes_per_step") / spec.env_count
+        per_env = sum(v for k, v in budget.items() if k not in NOT_BYTES) / spec.env_count
         lc = spec.learner
         samples = lc.update_envs * lc.rollout_len
         minibatches = -(-samples // lc.minibatch_size)

@@ -13,13 +13,16 @@ its specialist and in the generalist alike, so a type that needs more episodes g
 
 - random:      each type's return under uniformly random actions (`--random-episodes`
                episodes of one env per type, measured here, before the runs);
-- specialist:  the type alone: N envs, S steps, PPO updates of N env-rollouts;
+- specialist:  the type alone: N envs, S steps, PPO updates of N env-rollouts (`--defaults`:
+               no learner override, the learner's `auto` settings for the type alone);
 - generalist:  the whole mix: N envs per type (k N; the mix's weights are replaced by the
                envs per type), k S steps, updates of k N env-rollouts and minibatches k times
                larger, so each update and each gradient step sees about as many samples of
                each type as a specialist's, and there are as many updates as a specialist makes
                (`--generalist-minibatch B`: minibatches of B samples, so k x 512 / B times the
-               gradient steps on the same samples and epochs);
+               gradient steps on the same samples and epochs; `--defaults`: no learner
+               override, the update the learner's `auto` settings give the mix, as a user
+               composing the mix gets it: rlpipe/mix_learner.py);
 - baseline:    the generalist with `learner.value_norm=none learner.adv_norm=batch` (one
                critic scale, advantages normalized over mixed minibatches: the learner
                before the multi-task work), same budget;
@@ -143,15 +146,22 @@ def common(mix: str, n_envs: int, steps: int, seed: int) -> list[str]:
 
 
 def generalist_overrides(
-    mix: str, counts: dict[str, int], steps_per_env: int, seed: int, minibatch: int | None = None
+    mix: str,
+    counts: dict[str, int],
+    steps_per_env: int,
+    seed: int,
+    minibatch: int | None = None,
+    defaults: bool = False,
 ) -> list[str]:
     """The generalist's run: every type's envs in one mix, updates of all of them, minibatches of
-    `minibatch` samples (None: k x BASE_MINIBATCH, one specialist's minibatch per type)."""
+    `minibatch` samples (None: k x BASE_MINIBATCH, one specialist's minibatch per type).
+    `defaults`: no learner override, the update the learner's `auto` settings give the mix."""
     total = sum(counts.values())
+    learner = [f"learner.update_envs={total}", f"learner.minibatch_size={minibatch or len(counts) * BASE_MINIBATCH}"]
     return (
         common(mix, total, total * steps_per_env, seed)
         + [f"env_mix.weights.{name}={count}" for name, count in counts.items()]
-        + [f"learner.update_envs={total}", f"learner.minibatch_size={minibatch or len(counts) * BASE_MINIBATCH}"]
+        + ([] if defaults else learner)
     )
 
 
@@ -191,6 +201,11 @@ def main() -> None:
         metavar="B",
         help="the generalist's minibatch in samples (default: k x 512, as many gradient steps as a specialist)",
     )
+    ap.add_argument(
+        "--defaults",
+        action="store_true",
+        help="no learner override on either side: the learner's auto settings follow each run's mix",
+    )
     ap.add_argument("--grid-steps", type=int, default=150_000, help="env steps per type in each grid job")
     ap.add_argument("--random-episodes", type=int, default=100)
     ap.add_argument("--unlearnable", default="", help="comma-separated types left out of median/min")
@@ -206,6 +221,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.defaults and args.generalist_minibatch:
+        raise SystemExit("--defaults runs the learner's own minibatch: leave out --generalist-minibatch")
     if args.random_mixes:
         random_mixes(args)
         return
@@ -232,7 +249,10 @@ def main() -> None:
             print(f"  {name}: {r['mean']:.1f} over {r['episodes']} episodes", flush=True)
 
         print("runs:", flush=True)
-        mixed = generalist_overrides(args.mix, counts, steps_per_env, args.seed, args.generalist_minibatch) + args.set
+        mixed = (
+            generalist_overrides(args.mix, counts, steps_per_env, args.seed, args.generalist_minibatch, args.defaults)
+            + args.set
+        )
         wall = {"generalist": run(out / "generalist", mixed, random)}
         generalist = returns_of(out / "generalist")
         baseline = {}
@@ -248,7 +268,7 @@ def main() -> None:
             wall[f"specialist_{name}"] = run(
                 out / f"specialist_{name}",
                 common(args.mix, n_t, n_t * steps_per_env, args.seed)
-                + [f"learner.update_envs={n_t}"]
+                + ([] if args.defaults else [f"learner.update_envs={n_t}"])
                 + others
                 + only_for(name, names, args.set),
                 {name: random[name]},
@@ -313,7 +333,9 @@ def main() -> None:
             )
             wall["grid"] = run(
                 out / "grid",
-                generalist_overrides(args.mix, counts, args.grid_steps // n, args.seed, args.generalist_minibatch)
+                generalist_overrides(
+                    args.mix, counts, args.grid_steps // n, args.seed, args.generalist_minibatch, args.defaults
+                )
                 + args.set
                 + ["learner.value_norm=popart,none", "reward_norm=off,per_type", "scaling=off,on"],
                 None,

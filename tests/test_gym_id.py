@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -19,6 +20,7 @@ from rlpipe.config import ConfigError, conf_dir, run_spec
 from rlpipe.config_checks import id_type_name
 from rlpipe.envs.registry import plan_mix
 from rlpipe.learner.budget import check_memory_budget
+from rlpipe.learner.rollout_store import RolloutStore
 from rlpipe.supervisor.workers import group_ranges
 
 WIDE_ID = "wide_obs_gym:WideObs-v0"
@@ -64,6 +66,20 @@ def test_memory_check_counts_the_sized_board():
     msg = str(err.value)
     assert f"{wide_obs_gym.OBS_DIM * 4:,} B of obs per step (state [{wide_obs_gym.OBS_DIM}] float32" in msg
     assert "buffer=auto" in msg
+
+
+def test_memory_check_counts_the_rollouts_the_store_keeps():
+    """An obs key only some types produce (seed12's rgb) is counted for those envs alone, as
+    the rollout store allocates it: the budget's rollouts are the store's bytes."""
+    spec, plan = _plan(["env_mix=seed12", "env_count=96", "learner.rollout_len=16"])
+    budget = check_memory_budget(spec, plan, group_ranges(spec.env_count, spec.groups.size))
+    n_types = len(plan.specs)
+    store = RolloutStore(plan, 16, 4, np.full(n_types, 0.99), np.full(n_types, 0.95), weighted=True)
+    arrays = [*store.obs.values(), store.a_disc, store.a_cont, store.logp, store.value]
+    arrays += [store.reward, store.done, store.weight]
+    assert budget["rollouts"] == sum(a.nbytes for a in arrays)
+    every_key = 16 * spec.env_count * budget["obs_bytes_per_step"]
+    assert budget["rollouts"] < every_key / 2  # rgb is most of a step's bytes, and few types have it
 
 
 def test_sized_rgb_is_the_types_own_shape_when_they_agree():

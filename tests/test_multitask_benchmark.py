@@ -33,6 +33,15 @@ def test_the_generalist_runs_each_type_on_its_own_envs_and_budget():
     assert run_spec(compose_cfg(smaller)).learner.minibatch_size == 256
 
 
+def test_defaults_leave_the_update_to_the_learners_auto_settings():
+    counts = {"cartpole": 64, "mountaincar_cont": 128}
+    overrides = multitask.generalist_overrides("mixed", counts, 4096, seed=3, defaults=True)
+    assert not [o for o in overrides if o.startswith("learner.")]
+    spec = run_spec(compose_cfg(overrides))
+    assert spec.learner.update_envs == 96  # auto: 64 x the weights' sum / the largest (64 x 192 / 128)
+    assert spec.learner.minibatch_size == multitask.BASE_MINIBATCH
+
+
 def test_a_specialist_leaves_out_the_overrides_of_types_not_in_its_run():
     given = [
         "env_mix.types.minigrid.view=symbolic",
