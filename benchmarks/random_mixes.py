@@ -18,8 +18,9 @@ the defaults a user gets, against each type alone on its defaults.
                   +env@env_mix.types.<other>=<other>` and the other types' env_mix tunings, such
                   as MiniGrid's symbolic view), no learner override on either side: the learner's
                   `auto` settings follow the mix (rlpipe/mix_learner.py). The base is a type other
-                  than cartpole where the mix has one: env_mix=cartpole tunes the update to
-                  CartPole alone (docs/benchmarks.md, "CartPole 475");
+                  than cartpole where the mix has one (drawn so before env_mix=cartpole's
+                  update held for CartPole alone only: rlpipe/mix_learner.py, `alone`; the
+                  runs of docs/multitask.md are comparable across seeds);
 - random:         each type's random-action return, `--random-episodes` episodes, measured here;
 - score:          (generalist - random) / (specialist - random) per type, then per mix the median
                   and the minimum over the counted types, and whether the mix meets the bar

@@ -24,16 +24,37 @@ the ablation, where the same update cut into minibatches of 512 (k times the gra
 did not. A value set as a number (a stage, an env_mix option such as the quick start's
 `env_mix=cartpole`, the command line) is used as it is. `learner.type_settings=shared` (the
 ablation that turns every env node's `learner:` off) also leaves out the nodes' rollouts.
+
+An env_mix file of one type may tune the update to that type alone (the quick start's
+conf/env_mix/cartpole.yaml: on-policy, six epochs over one minibatch, a larger step) with
+`${alone:TYPE,KEY,VALUE}` (`alone` below): the value holds while the mix is that type alone.
+A user who composes a mix on top of that file (`env_mix=cartpole +env@env_mix.types.acrobot=acrobot`)
+gets the learner's own defaults instead, as from any other file, and their `auto`s follow the
+mix; a stage or the command line that sets the key still overrules both.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlpipe.spec import EnvTypeSpec
+from rlpipe.spec import ConfigError, EnvTypeSpec
 
 AUTO = "auto"
 MIX_KEYS = ("rollout_len", "update_envs", "minibatch_size")  # summary.json's `learner`, the log line
+ALONE = "alone"  # the resolver's name in the config files
+
+
+def alone(type_name: str, key: str, value: Any, mix_types: list[str], learner_defaults: Any) -> Any:
+    """`${alone:TYPE,KEY,VALUE}`: VALUE while the composed mix (`mix_types`) is TYPE alone, else
+    learner.KEY as conf/learner/ppo.yaml (`learner_defaults`) sets it."""
+    if list(mix_types) == [type_name]:
+        return value
+    if key not in learner_defaults:
+        raise ConfigError(
+            f"${{{ALONE}:{type_name},{key},...}}: learner.{key} is not a setting of conf/learner/ppo.yaml; "
+            f"allowed is one of its keys ({', '.join(learner_defaults)})"
+        )
+    return learner_defaults[key]
 
 
 def resolve(learner: Any, env_types: tuple[EnvTypeSpec, ...], env_count: int) -> dict[str, str]:

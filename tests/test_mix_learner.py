@@ -50,6 +50,23 @@ def test_the_quick_start_and_day4_keep_their_own_settings():
     assert day4 == (16, 512, 2048) and set(how.values()) == {"set"}
 
 
+def test_a_mix_composed_on_the_quick_starts_file_gets_the_learners_own_update():
+    """conf/env_mix/cartpole.yaml tunes the update to CartPole alone (`${alone:...}`): a type
+    added to it gets the learner's defaults and the mix's `auto`s, as from any other file;
+    the command line still overrules both."""
+    acrobot = ["+env@env_mix.types.acrobot=acrobot", "+env_mix.weights.acrobot=1", "env_count=128"]
+    spec = run_spec(compose_cfg(acrobot))
+    lc = spec.learner
+    assert (lc.backlog, lc.epochs, lc.learning_rate, lc.clip_vloss) == ("hold", 4, 1.0e-3, True)
+    assert (lc.rollout_len, lc.update_envs, lc.minibatch_size) == (32, 128, 512)
+    assert spec.learner_from["update_envs"].startswith("auto: 64 x 2")
+    alone = run_spec(compose_cfg([])).learner
+    assert (alone.backlog, alone.epochs, alone.learning_rate, alone.clip_vloss) == ("sync", 6, 5.0e-3, False)
+    assert run_spec(compose_cfg([*acrobot, "learner.epochs=3"])).learner.epochs == 3
+    swapped = ["~env_mix.types.cartpole", "~env_mix.weights.cartpole", *acrobot]  # one type, not CartPole
+    assert run_spec(compose_cfg(swapped)).learner.backlog == "hold"
+
+
 def test_a_number_wins_and_shared_type_settings_leave_out_the_nodes_rollouts():
     assert shape([*THREE, "learner.rollout_len=64", "learner.update_envs=100"])[0] == (64, 100, 512)
     assert shape([*THREE, "learner.type_settings=shared"])[0] == (32, 192, 512)
