@@ -40,6 +40,12 @@ class TypeDeadlines:
         self.seen = np.zeros(n_types, dtype=np.int64)
         self.limit_s = np.full(n_types, cap_s)
         self.stall_s = np.full(n_types, cap_s)
+        # once every type of this worker is warm, a slice none of whose steps is its type's
+        # longest changes nothing: one comparison a slice instead of the figures' ufunc.at and
+        # derivation (15 us a slice of 70, a few % of a CartPole slice's steps)
+        self.present = np.bincount(self.type_index, minlength=n_types) > 0
+        self.warm = False
+        self.env_max_ms = self.max_ms[self.type_index]  # per env, its type's longest step
 
     @property
     def poll_s(self) -> float:
@@ -47,6 +53,8 @@ class TypeDeadlines:
 
     def observe(self, lo: int, hi: int, step_ms: np.ndarray) -> None:
         """After a slice: its envs' step times (ms) into their types' figures."""
+        if self.warm and not (step_ms > self.env_max_ms[lo:hi]).any():
+            return
         types = self.type_index[lo:hi]
         np.maximum.at(self.max_ms, types, step_ms)
         np.add.at(self.seen, types, 1)
@@ -61,6 +69,8 @@ class TypeDeadlines:
     def _derive(self) -> None:
         longest_s = self.max_ms / 1e3
         warm = self.seen >= WARMUP_STEPS
+        self.warm = bool((warm | ~self.present).all())
+        self.env_max_ms = self.max_ms[self.type_index]
         self.limit_s = np.where(warm, np.clip(FACTOR * longest_s, FLOOR_S, self.cap_s), self.cap_s)
         self.stall_s = np.where(
             warm, np.minimum(np.maximum(STALL_FACTOR * longest_s, STALL_FLOOR_S), self.limit_s), self.cap_s
