@@ -138,7 +138,7 @@ class InlineDeadline(threading.Thread):
         setting: str = "worker.step_timeout_s",
         armed: np.ndarray | None = None,
         limit_of: Callable[[int], float] | None = None,
-        poll_s: float | None = None,
+        poll_s: float | Callable[[], float] | None = None,
         stall_of: Callable[[int], float] | None = None,
         on_stall: Callable[[int, float], None] | None = None,
     ):
@@ -153,7 +153,9 @@ class InlineDeadline(threading.Thread):
         # on (rlpipe.worker.relief)
         self.stall_of = stall_of
         self.on_stall = on_stall
-        self.poll_s = poll_s or timeout_s / 8
+        # how long the watcher sleeps between looks; a callable is asked at each look (a
+        # worker's follows its types' stall budgets: rlpipe.worker.deadlines.POLL_S)
+        self.poll_s = poll_s if callable(poll_s) else lambda: poll_s or timeout_s / 8
         self.fired_limit = timeout_s
         # the loop's serial word: a worker's is in its shared segment (H_ARMED), where the
         # driver reads which env a dead worker was stepping
@@ -171,7 +173,7 @@ class InlineDeadline(threading.Thread):
     def run(self) -> None:
         # A hang is cut between its limit and its limit + poll after it began.
         seen, since, limit, stall, stalled = 0, 0.0, self.timeout_s, self.timeout_s, -1
-        while not self.closed.wait(self.poll_s):
+        while not self.closed.wait(self.poll_s()):
             armed, now = int(self.armed[0]), time.monotonic()
             if not armed or armed != seen:
                 seen, since = armed, now
