@@ -31,8 +31,8 @@ WARMUP_STEPS = 50
 # How often the watcher looks at the step in progress: half the shortest stall budget of the
 # worker's types, so a stall is seen between its budget and 1.5 times it, but never more often
 # than every POLL_S. Each look takes the GIL from the stepping thread: at 20 looks a second in
-# each of 20 CartPole workers (a fixed 50 ms) the workers stepped 4 % fewer env steps than at
-# one look a second (benchmarks/driver_cost.py, 7,000 CartPoles, random actions).
+# each of 20 CartPole workers (a fixed 50 ms) the workers stepped 2-3 % fewer env steps than at
+# one look a second, about what such runs vary (docs/benchmarks.md, "The deficit, bisected").
 POLL_S = 0.05
 
 
