@@ -27,7 +27,6 @@ them as read-only after `run_spec`; `rlpipe.ranks.rank_spec` derives a rank's sp
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -425,17 +424,7 @@ def register_schema() -> None:
     ConfigStore.instance().store(name="rlpipe_schema", node=RunSpec)
 
 
-def _alone(type_name: str, key: str, value: Any, *, _root_: DictConfig) -> Any:
-    return mix_learner.alone(type_name, key, value, list(_root_.env_mix.types), _learner_defaults())
-
-
-@functools.cache
-def _learner_defaults() -> DictConfig:
-    return OmegaConf.load(conf_dir() / "learner" / "ppo.yaml")
-
-
-# before any config resolves: an env_mix file's `${alone:...}` (rlpipe/mix_learner.py)
-OmegaConf.register_new_resolver(mix_learner.ALONE, _alone, replace=True)
+mix_learner.register_alone(conf_dir)  # before any config resolves: an env_mix file's `${alone:...}`
 
 
 def run_spec(cfg: DictConfig) -> RunSpec:

@@ -35,7 +35,12 @@ mix; a stage or the command line that sets the key still overrules both.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from rlpipe.spec import ConfigError, EnvTypeSpec
 
@@ -55,6 +60,20 @@ def alone(type_name: str, key: str, value: Any, mix_types: list[str], learner_de
             f"allowed is one of its keys ({', '.join(learner_defaults)})"
         )
     return learner_defaults[key]
+
+
+def register_alone(conf_dir: Callable[[], Path]) -> None:
+    """`${alone:...}` registered with OmegaConf (rlpipe/config.py, on import: before any config
+    resolves); the learner's defaults are read from `conf_dir()`'s learner/ppo.yaml once."""
+
+    @functools.cache
+    def learner_defaults() -> DictConfig:
+        return OmegaConf.load(conf_dir() / "learner" / "ppo.yaml")
+
+    def resolver(type_name: str, key: str, value: Any, *, _root_: DictConfig) -> Any:
+        return alone(type_name, key, value, list(_root_.env_mix.types), learner_defaults())
+
+    OmegaConf.register_new_resolver(ALONE, resolver, replace=True)
 
 
 def resolve(learner: Any, env_types: tuple[EnvTypeSpec, ...], env_count: int) -> dict[str, str]:
