@@ -32,6 +32,13 @@ def batch_rows(first_env: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, n
     return starts, np.repeat(first_env - starts, counts) + np.arange(int(ends[-1]) if len(ends) else 0)
 
 
+def stepped_rows(seqs: np.ndarray, counts: np.ndarray, final: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A round's rows that follow a step (bool: their slot's seq > 0, not a (re)started worker's
+    first obs), and those of them whose episode carries a final obs (`final`: the results' flag)."""
+    stepped = np.repeat(seqs > 0, counts)
+    return stepped, np.flatnonzero(final.astype(bool) & stepped)
+
+
 @dataclass
 class Round:
     """The ready slices of one round, in the order they rang, as rows of one batch: what the

@@ -48,18 +48,23 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
 
 
+def _env_var_in_tmp(name: str, folder):
+    """Sets `name` to `folder` for this process and the runs it starts, then puts it back."""
+    before = os.environ.get(name)
+    os.environ[name] = str(folder)
+    yield
+    if before is None:
+        del os.environ[name]
+    else:
+        os.environ[name] = before
+
+
 @pytest.fixture(autouse=True, scope="session")
 def inductor_cache_in_tmp(tmp_path_factory):
     """torch.optim.Adam, the reference of several tests (rlpipe's learner uses its own), imports
     torch._dynamo, which makes /tmp/torchinductor_<user> on first use: point it, for this
     process and the runs it starts, into the session's tmp, which goes when the session ends."""
-    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
-    yield
-    if before is None:
-        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    else:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+    yield from _env_var_in_tmp("TORCHINDUCTOR_CACHE_DIR", tmp_path_factory.mktemp("inductor"))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -67,13 +72,7 @@ def sb3_logs_in_tmp(tmp_path_factory):
     """Stable-Baselines3 makes a /tmp/SB3-<time> folder for every model built without a log dir
     (its `configure` falls back to the temp dir unless SB3_LOGDIR is set): point it into the
     session's tmp, which goes when the session ends."""
-    before = os.environ.get("SB3_LOGDIR")
-    os.environ["SB3_LOGDIR"] = str(tmp_path_factory.mktemp("sb3"))
-    yield
-    if before is None:
-        del os.environ["SB3_LOGDIR"]
-    else:
-        os.environ["SB3_LOGDIR"] = before
+    yield from _env_var_in_tmp("SB3_LOGDIR", tmp_path_factory.mktemp("sb3"))
 
 
 def pytest_unconfigure(config):

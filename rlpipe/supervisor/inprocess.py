@@ -20,7 +20,7 @@ import numpy as np
 
 from rlpipe.config import RunSpec
 from rlpipe.envs.registry import MixPlan, make_factory, plan_mix
-from rlpipe.protocol import Round, batch_rows, slice_bounds
+from rlpipe.protocol import Round, batch_rows, slice_bounds, stepped_rows
 from rlpipe.supervisor.slot_table import RESULT_FIELDS, SlotTable
 from rlpipe.supervisor.workers import group_ranges
 from rlpipe.worker.envtable import EnvTable
@@ -98,9 +98,8 @@ class InProcessEngine:
         counts = self.slot_count[slots]
         starts, rows = batch_rows(self.slot_lo[slots], counts)
         seqs = self.seq[slots]
-        stepped = np.repeat(seqs > 0, counts)
         results = {f: self.results[f][rows] for f in RESULT_FIELDS}
-        final_rows = np.flatnonzero(results["final"].astype(bool) & stepped)
+        stepped, final_rows = stepped_rows(seqs, counts, results["final"])
         return Round(
             slots=slots,
             seqs=seqs,

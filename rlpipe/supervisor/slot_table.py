@@ -25,7 +25,7 @@ import numpy as np
 from rlpipe.native.bell import ring_words
 from rlpipe.native.board import gather_slices
 from rlpipe.native.spans import copy_spans
-from rlpipe.protocol import Round, batch_rows
+from rlpipe.protocol import Round, batch_rows, stepped_rows
 
 # The step results a round gathers (rlpipe.shm.layout's results but the final obs rows, which
 # are gathered by row: only those of time-limit truncations, or of every end in rlpipe.vector).
@@ -147,8 +147,7 @@ class SlotTable:
         dst = self.result_base[None, :] + starts[:, None] * self.result_bytes[None, :]
         copy_spans(src.ravel(), dst.ravel(), (counts[:, None] * self.result_bytes[None, :]).ravel())
         results = {f: self.result_buf[f][:n] for f in RESULT_FIELDS}
-        stepped = np.repeat(seqs > 0, counts)
-        final_rows = np.flatnonzero(results["final"][:n].astype(bool) & stepped)
+        stepped, final_rows = stepped_rows(seqs, counts, results["final"][:n])
         final_obs = self._finals(rows[final_rows])
         return Round(
             slots=slots,
