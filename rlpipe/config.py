@@ -157,6 +157,7 @@ class LearnerSpec(_Section):
     mode: str = setting(one_of("ppo", "random"))  # ppo: policy acts and trains | random: uniform actions
     device: str = setting(checks.learner_device)
     torch_threads: int = setting(positive_int)
+    update_in: str = setting(one_of("auto", "process", "thread"))  # where PPO updates run (learner/update_process.py)
     hidden: list[int] = setting(positive_ints("a non-empty list of positive ints"))
     cnn_channels: list[int] = setting(positive_ints("a list of three positive ints", 3))
     cnn_out: int = setting(positive_int)

@@ -105,7 +105,11 @@ def test_the_in_process_backend_hands_out_what_the_worker_fleet_does(short_tmp):
 
 
 def test_the_learner_trains_on_in_process_rounds_with_no_process_started():
-    spec = spec_of("learner.rollout_len=8", "learner.update_envs=12", "learner.minibatch_size=48")
+    # the update in a thread: what is checked here is that the engine's backend starts no
+    # process (the update's own process is tests/test_update_process.py's)
+    spec = spec_of(
+        "learner.rollout_len=8", "learner.update_envs=12", "learner.minibatch_size=48", "learner.update_in=thread"
+    )
     engine = InProcessEngine(spec)
     plan = engine.describe()
     from rlpipe.learner.central import CentralLearner

@@ -418,7 +418,7 @@ def test_hold_backlog_never_lets_a_full_batch_wait_while_workers_step():
     hold = _learner("learner.backlog=hold", "learner.update_envs=4")
     assert not hold.backlogged
     hold.ready_samples = hold.update_samples
-    assert hold._update_thread is None and hold.backlogged
+    assert hold._update_job is None and hold.backlogged
     drop = _learner("learner.backlog=drop", "learner.update_envs=4")
     drop.ready_samples = 3 * drop.update_samples
     assert not drop.backlogged  # no update running: the loop starts one
@@ -434,16 +434,16 @@ def test_sync_backlog_holds_the_workers_through_every_update():
     assert sync.backlogged and sync.update_due  # the loop starts the update, then serves
     sync.ready_samples = 0
     release = threading.Event()
-    sync._update_thread = threading.Thread(target=release.wait)
-    sync._update_thread.start()
+    sync._update_job = threading.Thread(target=release.wait)
+    sync._update_job.start()
     try:
         assert sync.backlogged
         hold = _learner("learner.backlog=hold", "learner.update_envs=4")
-        hold._update_thread = sync._update_thread
+        hold._update_job = sync._update_job
         assert not hold.backlogged  # hold steps on beside a running update
     finally:
         release.set()
-        sync._update_thread.join()
+        sync._update_job.join()
 
 
 def test_learned_verdict_needs_random_the_start_and_enough_episodes():

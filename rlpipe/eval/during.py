@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from rlpipe.procs import lower_priority
+
 # The env seeds of every round: those of `python -m rlpipe.eval` (its --seed default), apart
 # from the training seeds; with the same weights both play the same deterministic episodes.
 EVAL_SEED = 10_000
@@ -98,10 +100,7 @@ def append_line(path: Path, record: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
-    try:
-        os.nice(19)  # only spare CPU: the driver and the workers come first
-    except OSError:
-        pass
+    lower_priority(19)  # only spare CPU: the driver and the workers come first
     args = parse_args(argv)
     if args.driver_pid is not None:
         watch_parent(args.driver_pid)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import threading
 import time
 
 import numpy as np
@@ -39,6 +38,7 @@ from rlpipe.learner.rollout_store import RolloutStore
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight
 from rlpipe.learner.training import BackgroundTraining
 from rlpipe.learner.type_settings import TypeSettings
+from rlpipe.learner.update_process import UpdateProcess, updates_in_process
 from rlpipe.protocol import Round, slot_count
 
 # Bumped when the policy's parameters change shape or meaning: older checkpoints are refused.
@@ -66,12 +66,17 @@ class CentralLearner(BackgroundTraining):
             value_init_std=self.type_settings.value_init_std,
         ).to(self.device)
         self._optimizer: FusedAdam | None = None
-        # PPO updates run in a thread on `policy` while `actor`, a copy refreshed after every
-        # update, keeps serving the workers: inference never waits for training.
+        # PPO updates run in a process or thread of their own on `policy` while `actor`, a
+        # copy refreshed after every update, keeps serving: inference never waits for training.
         self.actor = copy.deepcopy(self.policy)
         self._actor_pairs = None  # (actor tensors, policy tensors) in one order, for _refresh_actor
-        self._update_thread: threading.Thread | None = None
+        self._update_job = None  # the update in flight: a thread, or an update_process.RemoteUpdate
         self._update_result = None
+        self.update_process = (
+            UpdateProcess(self.policy, self.cfg, self.type_settings, spec.learner_cpu, spec.run.trim_after_update)
+            if updates_in_process(self.cfg, self.device)
+            else None
+        )
         self.random = self.cfg.mode == "random"
         self.scaling = spec.scaling
         # every env's rollout in (time x env) arrays, per slot its block's progress (none under
@@ -188,6 +193,8 @@ class CentralLearner(BackgroundTraining):
 
     @property
     def learning_rate(self) -> float:
+        if self.update_process is not None:
+            return self.update_process.lr
         return self.optimizer.param_groups[0]["lr"] if self._optimizer else self.cfg.learning_rate
 
     def epsilons(self, env_lo: int, env_hi: int) -> np.ndarray:
@@ -228,6 +235,7 @@ class CentralLearner(BackgroundTraining):
 
     def checkpoint_payload(self) -> dict:
         """Call with no update running (poll_update(wait=True) first)."""
+        self.sync_training_state()
         c = self.counters
         return {
             "compat": self.compat(),
@@ -255,3 +263,4 @@ class CentralLearner(BackgroundTraining):
             numpy_generators={"actions": self.rng},
             torch_generators={"ppo": self.generator, "explore": self.explore_gen},
         )
+        self.hand_over_training_state()

@@ -1,6 +1,7 @@
 """The learner's training side: when a PPO update is due, what waits while the learner is
-backlogged (`learner.backlog`), the update run in a thread of its own on the ready rollouts
-while serving goes on, and its result taken in between two rounds (the actor refreshed).
+backlogged (`learner.backlog`), the update run beside serving on the ready rollouts (in a
+process of its own, rlpipe/learner/update_process.py, or in a thread: `learner.update_in`),
+and its result taken in between two rounds (the actor refreshed).
 `CentralLearner` (rlpipe/learner/central.py) carries this; it reads the learner's ready queue,
 policy/actor pair, optimizer settings and counters."""
 
@@ -22,11 +23,12 @@ class BackgroundTraining:
 
     @property
     def update_due(self) -> bool:
-        return not self.random and self._update_thread is None and self.ready_samples >= self.update_samples
+        return not self.random and self._update_job is None and self.ready_samples >= self.update_samples
 
     @property
     def optimizer(self) -> FusedAdam:
-        """Built on first use, in the first update's thread.
+        """Built on first use, in the first update's thread (with an update process: the
+        process's own, and this one its copy at the last `sync_training_state`).
         Adam's fused kernel: the same update rule in one pass over all parameters instead of
         a dozen small ops per parameter tensor (the update's second cost after the layers),
         called without torch.optim, whose first call imports torch._dynamo (rlpipe/learner/adam.py)."""
@@ -47,13 +49,13 @@ class BackgroundTraining:
         every step is taken with the newest weights (on-policy, as a synchronous PPO: under
         hold the next batch is collected while the last one trains, one update behind). For
         small runs, where an update is short and samples are what the learning costs."""
-        if self.cfg.backlog == "sync" and self._update_thread is not None:
+        if self.cfg.backlog == "sync" and self._update_job is not None:
             return True
         if self.ready_samples < self.update_samples:
             return False
         if self.cfg.backlog in ("hold", "sync"):
             return True
-        if self._update_thread is None:
+        if self._update_job is None:
             return False
         while self.ready_samples > self.update_samples and len(self.ready_blocks) > 1:
             block = self.ready_blocks.pop(0)
@@ -78,13 +80,48 @@ class BackgroundTraining:
         steps = self.counters.env_steps if steps is None else steps
         return self.cfg.learning_rate * max(1.0 - steps / total, 0.02)
 
+    def prepare_updates(self) -> None:
+        """Start the update process ahead of the first update (its interpreter imports torch
+        while the driver starts its workers); without one, nothing to do."""
+        if self.update_process is not None and not self.random:
+            self.update_process.start(self.generator, self._optimizer_state_to_hand_over())
+
+    def _optimizer_state_to_hand_over(self) -> dict | None:
+        return self._optimizer.state_dict() if self._optimizer is not None else None
+
     def start_update(self) -> None:
         """Start a PPO update on the ready rollouts in the background; rollouts arriving
         meanwhile make up the next update's batch."""
         lr = self.lr_now()
         batch = self._take_batch()
-        self._update_thread = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update", daemon=True)
-        self._update_thread.start()
+        if self.update_process is not None:
+            self.prepare_updates()
+            self._update_job = self.update_process.begin(batch, lr, self._set_update_result)
+            return
+        self._update_job = threading.Thread(target=self._train, args=(batch, lr), name="ppo-update", daemon=True)
+        self._update_job.start()
+
+    def _set_update_result(self, result) -> None:
+        self._update_result = result
+
+    def sync_training_state(self) -> None:
+        """Bring `optimizer` and `generator` to the update process's (a checkpoint saves them
+        from here); with no process running they are the training state already. Call with no
+        update in flight."""
+        if self.update_process is not None and self.update_process.started:
+            optimizer_state, stream = self.update_process.state()
+            self.optimizer.load_state_dict(optimizer_state)
+            self.generator.set_state(stream)
+
+    def hand_over_training_state(self) -> None:
+        """After `optimizer` and `generator` were loaded here (a resumed run): the process's too."""
+        if self.update_process is not None and self.update_process.started:
+            self.update_process.load(self.optimizer.state_dict(), self.generator.get_state())
+
+    def close_updates(self) -> None:
+        """The update process stopped (the driver's teardown, after the final checkpoint)."""
+        if self.update_process is not None:
+            self.update_process.close()
 
     def _take_batch(self) -> dict | None:
         """The oldest ready blocks, about update_samples of them, as one batch (None: no block
@@ -117,22 +154,22 @@ class BackgroundTraining:
 
     @property
     def updating(self) -> bool:
-        return self._update_thread is not None and self._update_thread.is_alive()
+        return self._update_job is not None and self._update_job.is_alive()
 
     def wait_update(self, timeout_s: float) -> None:
         """Block until the running update ends, at most `timeout_s` (at once without one)."""
-        thread = self._update_thread
+        thread = self._update_job
         if thread is not None:
             thread.join(timeout_s)
 
     def poll_update(self, wait: bool = False) -> UpdateStats | None:
         """The finished update's stats (None while one runs or none was started); the actor
         takes the new weights here, in the main thread, between two inference rounds."""
-        thread = self._update_thread
+        thread = self._update_job
         if thread is None or (thread.is_alive() and not wait):
             return None
         thread.join()
-        self._update_thread = None
+        self._update_job = None
         result, self._update_result = self._update_result, None
         if isinstance(result, BaseException):
             raise result

@@ -54,6 +54,7 @@ def empty_batch(plan: MixPlan, device, weighted: bool) -> dict:
 class RankLearner(CentralLearner):
     def __init__(self, spec: RunSpec, plan: MixPlan, rank: int, world: int, store, sync_device):
         super().__init__(spec, plan)
+        self.update_process = None  # a round's update runs its collectives in a thread of this rank
         self.rank, self.world = rank, world
         self.rounds = Rounds(store, rank, world, spec.dist.sync_frac, spec.dist.timeout_s)
         self.sync = RankSync(rank, world, sync_device)
@@ -78,7 +79,7 @@ class RankLearner(CentralLearner):
     # -- rounds ------------------------------------------------------------------------------
     @property
     def update_due(self) -> bool:
-        if self._update_thread is not None or self.finished:
+        if self._update_job is not None or self.finished:
             return False
         return self.rounds.due(self.ready_samples >= self.update_samples, self.want_stop)
 
@@ -96,10 +97,10 @@ class RankLearner(CentralLearner):
             float(self.checkpoint_wanted),
         ]
         self._round = [local, None]
-        self._update_thread = threading.Thread(
+        self._update_job = threading.Thread(
             target=self._train_round, args=(batch, header), name="ppo-round", daemon=True
         )
-        self._update_thread.start()
+        self._update_job.start()
 
     def _train_round(self, batch: dict, header: list[float]) -> None:
         start = time.perf_counter()
@@ -129,7 +130,7 @@ class RankLearner(CentralLearner):
             self.round_s += time.perf_counter() - start
 
     def poll_update(self, wait: bool = False):
-        thread = self._update_thread
+        thread = self._update_job
         if thread is None:
             return None
         if thread.is_alive():
@@ -150,13 +151,13 @@ class RankLearner(CentralLearner):
             self.finished = sums[2] > 0 or bool(total and self.round_steps >= total)
             self._checkpoint_flag = self._checkpoint_flag or sums[3] > 0
         if self._update_result is None and sums is not None and sums[1] <= 0:
-            self._update_thread = None  # an empty round: nothing trained, nothing to load
+            self._update_job = None  # an empty round: nothing trained, nothing to load
             return None
         return super().poll_update(wait=True)
 
     def join_for_teardown(self) -> None:
         """A stopped run's update in flight: wait a bounded time (its peers may be gone)."""
-        thread = self._update_thread
+        thread = self._update_job
         if thread is not None and thread.is_alive():
             thread.join(TEARDOWN_JOIN_S)
             if thread.is_alive():

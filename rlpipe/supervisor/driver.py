@@ -170,6 +170,7 @@ class Driver:
             self.checkpointing.resume(self.learner, self.services.rcli, required=self.spec.run.resume is True)
             self.metrics.chart_mark = (self.learner.counters.env_steps, time.monotonic())
         self.mode.start_learner(self.learner, resumed=self.checkpointing.resumed_from_step > 0)
+        self.learner.prepare_updates()  # the update process starts while the workers build envs
         self.services.start_tensorboard(self.config_yaml, self.mode)
         versions = self.engine.versions
         self.services.tb.text("env_versions", "\n".join(f"{k}: {v}" for k, v in versions.items()))
@@ -315,6 +316,7 @@ class Driver:
                     self._final_error_report,
                     lambda: self._checkpoint() if final and not learner.random else None,
                     lambda: self._export() if final and self.spec.learner.export and mode.writes_job_outputs else None,
+                    lambda: learner.close_updates() if learner is not None else None,
                     self.metrics.resources.stop,
                 ]
             ),
