@@ -69,9 +69,11 @@ def in_process():
         learner.close_updates()
 
 
-def test_auto_takes_a_process_on_a_cpu_learner():
-    assert _learner("auto").update_process is not None
-    assert _learner("thread").update_process is None
+def test_auto_takes_a_process_on_a_cpu_learner_that_serves_while_it_trains():
+    assert _learner("auto", "learner.backlog=hold").update_process is not None
+    assert _learner("auto", "learner.backlog=drop").update_process is not None
+    assert _learner("auto", "learner.backlog=sync").update_process is None  # nothing serves meanwhile
+    assert _learner("thread", "learner.backlog=hold").update_process is None
 
 
 def test_the_process_trains_what_the_thread_trains_bit_for_bit(in_process):

@@ -1,4 +1,5 @@
-"""The PPO update in a process of its own (`learner.update_in=process`; `auto` on a CPU learner).
+"""The PPO update in a process of its own (`learner.update_in=process`; `auto`: on a CPU learner
+that serves while it trains).
 
 Why a process: in a thread, the update shares the driver's GIL with serving. Its torch kernels
 run without the GIL, but between any two of them (a minibatch is hundreds) it must take the
@@ -47,10 +48,14 @@ CLOSE_TIMEOUT_S = 10.0
 
 
 def updates_in_process(cfg: LearnerSpec, device: torch.device) -> bool:
-    """`learner.update_in`: auto takes a process on a CPU learner. On cuda the update's kernels
-    are queued asynchronously and the GIL is not what it waits for; there the thread stays."""
+    """`learner.update_in`. auto takes a process on a CPU learner whose serving goes on while
+    an update trains (`learner.backlog` hold or drop). Under sync every worker waits out the
+    update: nothing serves, so there is no GIL to share, and a process would only add its
+    start (an interpreter importing torch, about a second of CPU: the quick start's time to
+    475 rose 0.7 s) and a pipe's round trip to every update. On cuda the update's kernels are
+    queued asynchronously and the GIL is not what it waits for: there the thread stays."""
     if cfg.update_in == "auto":
-        return device.type == "cpu"
+        return device.type == "cpu" and cfg.backlog != "sync"
     return cfg.update_in == "process"
 
 
