@@ -10,7 +10,9 @@ import json
 import logging
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -295,3 +297,19 @@ def test_cli_bad_eval_value_is_one_paragraph(short_tmp, override, key):
     assert f"Invalid config value {key}=" in out.stderr and "allowed is a positive" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not (short_tmp / "run" / "summary.json").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no scheduler autogroups on this kernel")
+def test_a_child_in_a_session_of_its_own_lowers_its_autogroup_too():
+    """The evaluation child runs setsid: an autogroup of its own, scheduled as an equal of the
+    whole run's group whatever its nice. lower_priority sets the group's nice with its own;
+    a child in its parent's session leaves the group (the run's) alone."""
+    code = (
+        "import os; from rlpipe.procs import lower_priority; lower_priority(19); "
+        "print(os.nice(0), open('/proc/self/autogroup').read().split()[-1])"
+    )
+    own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, start_new_session=True)
+    assert own.stdout.split() == ["19", "19"], own.stderr
+    shared = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert shared.stdout.split()[0] == "19"
+    assert shared.stdout.split()[1] == Path("/proc/self/autogroup").read_text().split()[-1]  # the run's group as it was

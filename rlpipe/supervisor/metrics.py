@@ -164,10 +164,14 @@ class RunMetrics:
 
     # -- resources: who the sampler's pids are, and its latest sample charted ------------------
     def _process_roles(self) -> dict[int, str]:
-        """The pids of the forkserver, the embedded Redis and the workers (sampler thread)."""
+        """The pids of the forkserver, the embedded Redis, the PPO update process and the
+        workers (sampler thread)."""
         roles = {h.proc.pid: "workers" for h in list(self.fleet.handles) if h.proc is not None}
         if self.fleet.forkserver_pid is not None:
             roles[self.fleet.forkserver_pid] = "forkserver"
+        update = getattr(self.learner, "update_process", None)  # a rank's learner has none
+        if update is not None and update.pid is not None:
+            roles[update.pid] = "update"  # its RSS, fds and threads get long-run verdicts too
         proc = self.services.redis.proc if self.services.redis is not None else None
         if proc is not None:
             roles[proc.pid] = "redis"

@@ -1,8 +1,8 @@
 """What a run holds, sampled in one daemon thread and kept bounded: the figures a six-day run
 is judged by.
 
-Per process role (driver, forkserver, redis, workers as sum and max, other: the random-
-return probe, an eval child) the resident set (RSS), the proportional set (PSS: shared
+Per process role (driver, forkserver, redis, update: the PPO update's process where it has
+one, workers as sum and max, other: the random-return probe, an eval child) the resident set (RSS), the proportional set (PSS: shared
 pages split between their mappers), open file descriptors and threads; the run's bytes in
 /dev/shm; the run directory's bytes by part; Redis's `used_memory` and key count; the rows
 of the lifecycle log; the driver's own C heap (rlpipe.heap: bytes in use, free bytes malloc

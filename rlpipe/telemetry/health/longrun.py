@@ -13,7 +13,7 @@ from rlpipe.telemetry.tb_events import Series
 PLOT_RESOURCES = "health_resources.png"
 # The figures a six-day run is judged by, one panel each (the table lists every figure).
 PANELS = (
-    ("memory (MiB)", ("driver/rss_mb", "driver/pss_mb", "tree/pss_mb", "workers/rss_mb_max")),
+    ("memory (MiB)", ("driver/rss_mb", "driver/pss_mb", "tree/pss_mb", "workers/rss_mb_max", "update/rss_mb")),
     ("count", ("driver/fds", "driver/threads", "workers/fds_max", "redis/keys")),
     ("disk (MiB)", ("run_dir/total_mb", "run_dir/tb_mb", "run_dir/lifecycle_mb", "run_dir/checkpoints_mb")),
     ("Redis (MiB)", ("redis/used_memory_mb", "redis/rss_mb")),
