@@ -269,7 +269,7 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
     """64 CartPoles in two workers with an eval round every 2 s and reward normalization per
     env, stopped by `sig` once two rounds are in and a third runs: SIGTERM to the driver alone
     (systemd's KillMode=mixed), SIGINT to its whole process group (a terminal's Ctrl-C, which
-    reaches every child that stayed in the group). What was seen while it ran is kept for the
+    reaches every child that stayed in the group, the PPO update's process among them). What was seen while it ran is kept for the
     tests' checks."""
     run_dir.mkdir(parents=True)
     with open(run_dir.parent / "out.txt", "w") as out, open(run_dir.parent / "err.txt", "w") as err:
@@ -285,6 +285,9 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
                 "eval.episodes=2",
                 "logging.random_return_episodes=0",
                 "reward_norm=per_env",
+                # SIGINT's run trains under hold: its PPO update in a process of its own, which
+                # the group's Ctrl-C reaches too (it must still train the final update)
+                *(["learner.backlog=hold"] if sig == signal.SIGINT else []),
             ),
             cwd=REPO,
             stdout=out,
@@ -298,6 +301,13 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
         child = running[0]
         child_ppid = child.ppid()
         child_niced = bool(wait_for(lambda: child.nice() == 19, 10))  # it lowers itself first thing
+        import psutil
+
+        update_titles = [
+            " ".join(p.cmdline()).strip()
+            for p in psutil.Process(driver.pid).children()
+            if "ppo update" in " ".join(p.cmdline())
+        ]
         if sig == signal.SIGINT:
             os.killpg(driver.pid, sig)
         else:
@@ -316,6 +326,7 @@ def _signalled_run(run_dir: Path, sig: int) -> SimpleNamespace:
         child=child,
         child_ppid=child_ppid,
         child_niced=child_niced,
+        update_titles=update_titles,
     )
 
 

@@ -54,13 +54,19 @@ SUMMARY_KEYS = {
 
 def run_processes(driver_pid, run_dir):
     """Processes of one run (other runs may be going on beside the tests): its embedded Redis
-    (the run dir is on its command line) and workers mapping the run's segments."""
+    (the run dir is on its command line), workers mapping the run's segments and its PPO
+    update process (titled with the driver's pid)."""
     marker = f"rlpipe_{driver_pid}-"
+    update = f"rlpipe: ppo update (driver {driver_pid})"
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         try:
-            if str(run_dir) in cmd or (cmd.startswith("rlpipe:") and any(marker in m.path for m in p.memory_maps())):
+            if (
+                str(run_dir) in cmd
+                or cmd.startswith(update)
+                or (cmd.startswith("rlpipe:") and any(marker in m.path for m in p.memory_maps()))
+            ):
                 found.append(f"{p.info['pid']}: {cmd[:100]}")
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -275,6 +281,8 @@ def test_signal_stops_cleanly_with_its_exit_code(signalled_run, sig):
     assert summary["stopped_by"]["reason"] == "signal" and summary["stopped_by"]["signal"] == sig.name
     assert summary["stopped_by"]["phase"] == "running"
     assert f"rlpipe stopped by {sig.name}: " in run.stdout and "Traceback" not in run.stderr
+    if sig == signal.SIGINT:  # trained under hold: the update had a process of its own
+        assert run.update_titles == [f"rlpipe: ppo update (driver {run.pid})"]
     assert_nothing_left(run.run_dir, run.pid)
     # SIGINT went to the whole group: the embedded Redis, in a group of its own, still served
     # the final checkpoint the workers' reward statistics (reward_norm=per_env)

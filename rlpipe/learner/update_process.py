@@ -219,6 +219,12 @@ def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when training ends
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        from setproctitle import setproctitle
+
+        setproctitle(f"rlpipe: ppo update (driver {os.getppid()})")  # what ps and the tests see
+    except ImportError:
+        pass
     torch.set_num_threads(cfg.torch_threads)
     if learner_cpu is not None:  # worker.cpu_affinity=learner_core: the learner's own CPU
         os.sched_setaffinity(0, {learner_cpu})
