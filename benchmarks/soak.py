@@ -53,6 +53,8 @@ SHOWN = (
     "driver/python/blocks",
     "tree/pss_mb",
     "forkserver/rss_mb",
+    "update/rss_mb",  # the PPO update's process (learner.update_in), where the run has one
+    "update/fds",
     "redis/rss_mb",
     "workers/rss_mb_max",
     "workers/rss_less_env_leak_mb_max",

@@ -134,3 +134,13 @@ def test_closing_leaves_no_process_and_ignores_the_drivers_signals(in_process):
     assert _train(learner, 2).samples == 256
     learner.close_updates()
     assert not pid_alive(pid)
+
+
+def test_an_unknown_place_for_the_update_is_refused_by_name():
+    from rlpipe.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        _learner("gpu")
+    message = str(info.value)
+    assert "learner.update_in" in message and "gpu" in message
+    assert all(choice in message for choice in ("auto", "process", "thread"))

@@ -260,11 +260,12 @@ def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, 
 def _handle(kind, args, policy, optimizer, generator, cfg: LearnerSpec, per_type: TypeSettings, trim: bool):
     if kind == "update":
         batch, lr = args
+        args.clear()  # `batch` its last reference here: its shared pages go with it, before the reply
         opt = optimizer()
         for group in opt.param_groups:
             group["lr"] = lr
         stats: UpdateStats = ppo_update(policy, opt, batch, cfg, generator, per_type=per_type)
-        del batch  # its shared pages go before the reply
+        del batch
         if trim:
             heap.trim()  # the update's activations freed: their pages go back
         return stats

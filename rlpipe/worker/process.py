@@ -254,16 +254,18 @@ class Worker:
 
     # -- the loop ----------------------------------------------------------------------------
     def loop(self) -> None:
-        """Envs are built slice by slice, between doorbells: a slice rings (seq 0) as soon as
-        its own envs are up, so stepping starts while the rest of the group still builds."""
+        """Envs are built slice by slice, one between any two doorbells (not only when none waits:
+        a busy driver starved the build, tests/test_worker_loop.py): a slice rings (seq 0) as soon
+        as its own envs are up, so stepping starts while the rest of the group still builds."""
         doorbell, views, stopping, n = self.doorbell, self.views, self.stopping, self.n
         generation, driver_pid = self.generation, self.spec.driver_pid
         timeout_ms = int(self.spec.worker.doorbell_timeout_s * 1000)
         while not stopping:
             act = doorbell.take(0 if self.built < n else timeout_ms)
-            if act is None and self.built < n:
+            if self.built < n:
                 self.build_next_env()
-                continue
+                if act is None:
+                    continue
             if act is not None:
                 s, seq = act
                 if s == STOP_SLICE or not self.step_slice(s, seq):
