@@ -84,10 +84,8 @@ class BackgroundTraining:
         """Start the update process ahead of the first update (its interpreter imports torch
         while the driver starts its workers); without one, nothing to do."""
         if self.update_process is not None and not self.random:
-            self.update_process.start(self.generator, self._optimizer_state_to_hand_over())
-
-    def _optimizer_state_to_hand_over(self) -> dict | None:
-        return self._optimizer.state_dict() if self._optimizer is not None else None
+            loaded = self._optimizer.state_dict() if self._optimizer is not None else None  # a resumed run's
+            self.update_process.start(self.generator, loaded)
 
     def start_update(self) -> None:
         """Start a PPO update on the ready rollouts in the background; rollouts arriving
@@ -126,7 +124,7 @@ class BackgroundTraining:
     def _take_batch(self) -> dict | None:
         """The oldest ready blocks, about update_samples of them, as one batch (None: no block
         ready); the rest wait for the next update. Made here, in the serving thread: at day4 the
-        update's thread is the one that limits training, and the copy would be its work."""
+        update (thread or process) is what limits training, and the copy would be its work."""
         take, samples = 0, 0
         while take < len(self.ready_blocks) and samples < self.update_samples:
             samples += len(self.ready_blocks[take]["adv"])
@@ -158,17 +156,17 @@ class BackgroundTraining:
 
     def wait_update(self, timeout_s: float) -> None:
         """Block until the running update ends, at most `timeout_s` (at once without one)."""
-        thread = self._update_job
-        if thread is not None:
-            thread.join(timeout_s)
+        job = self._update_job
+        if job is not None:
+            job.join(timeout_s)
 
     def poll_update(self, wait: bool = False) -> UpdateStats | None:
         """The finished update's stats (None while one runs or none was started); the actor
         takes the new weights here, in the main thread, between two inference rounds."""
-        thread = self._update_job
-        if thread is None or (thread.is_alive() and not wait):
+        job = self._update_job
+        if job is None or (job.is_alive() and not wait):
             return None
-        thread.join()
+        job.join()
         self._update_job = None
         result, self._update_result = self._update_result, None
         if isinstance(result, BaseException):
