@@ -112,6 +112,24 @@ def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
     return copy.deepcopy(_COMPOSED[key])
 
 
+def ppo_batch(learner, n: int = 256, seed: int = 0) -> dict:
+    """A PPO batch of random rows for `learner`'s plan (four types in turn): what the update
+    tests train on without rollouts."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "obs": {k.name: torch.randn((n,) + k.shape, generator=g) for k in learner.plan.obs_keys},
+        "types": torch.arange(4).repeat(n // 4),
+        "a_disc": torch.randint(0, 2, (n,), generator=g),
+        "a_cont": torch.randn(n, max(learner.plan.actions.cont_dim, 1), generator=g),
+        "logp": torch.randn(n, generator=g) - 1,
+        "value": torch.randn(n, generator=g) * 50,
+        "adv": torch.randn(n, generator=g) * 10,
+        "ret": torch.randn(n, generator=g) * 100,
+    }
+
+
 def load_benchmark(name: str):
     """benchmarks/<name>.py as a module (the scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(f"{name}_bench", REPO / "benchmarks" / f"{name}.py")

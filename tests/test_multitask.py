@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose_cfg
+from conftest import compose_cfg, ppo_batch
 from rlpipe.config import ObsKey, run_spec
 from rlpipe.envs.contract import EnvSpec
 from rlpipe.envs.registry import ActionSpace, MixPlan, plan_mix
@@ -359,21 +359,6 @@ def test_learning_rate_anneals_by_env_steps_not_time():
     assert timed.lr_now() == 0.01  # duration only: constant
 
 
-def _batch_of(learner: CentralLearner, n: int = 256, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    types = torch.arange(4).repeat(n // 4)
-    return {
-        "obs": {k.name: torch.randn((n,) + k.shape, generator=g) for k in learner.plan.obs_keys},
-        "types": types,
-        "a_disc": torch.randint(0, 2, (n,), generator=g),
-        "a_cont": torch.randn(n, max(learner.plan.actions.cont_dim, 1), generator=g),
-        "logp": torch.randn(n, generator=g) - 1,
-        "value": torch.randn(n, generator=g) * 50,
-        "adv": torch.randn(n, generator=g) * 10,
-        "ret": torch.randn(n, generator=g) * 100,
-    }
-
-
 def test_resume_through_the_learner_is_bit_exact(tmp_path):
     """Weights, optimizer, PopArt statistics, counters and RNG streams: a learner restored
     from a checkpoint file trains on the next batch exactly as the original does."""
@@ -381,13 +366,13 @@ def test_resume_through_the_learner_is_bit_exact(tmp_path):
     from rlpipe.learner.ppo import ppo_update
 
     a = _learner()
-    ppo_update(a.policy, a.optimizer, _batch_of(a, seed=1), a.cfg, a.generator)
+    ppo_update(a.policy, a.optimizer, ppo_batch(a, seed=1), a.cfg, a.generator)
     a.rng.random(3)
     save_checkpoint(tmp_path, 100, a.checkpoint_payload(), keep=1)
     b = _learner("run.seed=99")  # other seeds: everything must come from the file
     b.restore(load_latest(tmp_path, validate=b.check_compatible)[1])
     for learner in (a, b):
-        ppo_update(learner.policy, learner.optimizer, _batch_of(learner, seed=2), learner.cfg, learner.generator)
+        ppo_update(learner.policy, learner.optimizer, ppo_batch(learner, seed=2), learner.cfg, learner.generator)
     for (k, va), (_, vb) in zip(a.policy.state_dict().items(), b.policy.state_dict().items()):
         assert torch.equal(va, vb), k
     assert np.array_equal(a.rng.random(4), b.rng.random(4))
@@ -563,7 +548,7 @@ def test_stability_weights_reach_the_ppo_loss():
     trained = []
     for drop_zero_rows in (False, True):
         learner = _learner("learner.epochs=1", f"learner.minibatch_size={n}")
-        batch = _batch_of(learner, n=n, seed=3)
+        batch = ppo_batch(learner, n=n, seed=3)
         batch["weight"] = torch.where(
             batch["types"] == 0, 0.0, 0.3 + 0.7 * torch.rand(n, generator=torch.Generator().manual_seed(4))
         )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose_cfg, run_cli
+from conftest import compose_cfg, ppo_batch, run_cli
 from rlpipe.config import ConfigError, ObsKey, run_spec
 from rlpipe.envs.registry import plan_mix
 from rlpipe.learner.central import CentralLearner
@@ -27,20 +27,6 @@ CLASSIC = ("cartpole", "acrobot", "pendulum", "mountaincar_cont")  # env_mix=cla
 def _learner(*overrides: str) -> CentralLearner:
     spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", *overrides]))
     return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
-
-
-def _batch(learner: CentralLearner, n: int = 256, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "obs": {k.name: torch.randn((n,) + k.shape, generator=g) for k in learner.plan.obs_keys},
-        "types": torch.arange(4).repeat(n // 4),
-        "a_disc": torch.randint(0, 2, (n,), generator=g),
-        "a_cont": torch.randn(n, max(learner.plan.actions.cont_dim, 1), generator=g),
-        "logp": torch.randn(n, generator=g) - 1,
-        "value": torch.randn(n, generator=g) * 50,
-        "adv": torch.randn(n, generator=g) * 10,
-        "ret": torch.randn(n, generator=g) * 100,
-    }
 
 
 def _train(learner: CentralLearner, batch: dict):
@@ -74,7 +60,7 @@ def test_an_override_that_changes_nothing_trains_bit_for_bit_as_none(override):
         gamma, lam = learner.type_settings.gae(np.arange(2).repeat(3))
         assert (type(gamma), type(lam)) == (float, float)
         assert (gamma, lam) == (learner.cfg.gamma, learner.cfg.gae_lambda)
-    (a_stats, a_state), (b_stats, b_state) = (_train(x, _batch(x, seed=7)) for x in (plain, with_empty))
+    (a_stats, a_state), (b_stats, b_state) = (_train(x, ppo_batch(x, seed=7)) for x in (plain, with_empty))
     assert a_stats == b_stats
     for key in a_state:
         assert torch.equal(a_state[key], b_state[key]), key
@@ -139,7 +125,7 @@ def test_each_rows_entropy_bonus_is_its_types_ent_coef():
         "+env_mix.types.cartpole.learner.ent_coef=0.5",
         "+env_mix.types.acrobot.learner.ent_coef=0.1",
     )
-    batch = _batch(learner)
+    batch = ppo_batch(learner)
     before = copy.deepcopy(learner.policy)
     stats, _ = _train(learner, batch)
     with torch.no_grad():

@@ -11,7 +11,7 @@ import signal
 import pytest
 import torch
 
-from conftest import compose_cfg
+from conftest import compose_cfg, ppo_batch
 from rlpipe.config import run_spec
 from rlpipe.envs.registry import plan_mix
 from rlpipe.learner.central import CentralLearner
@@ -26,24 +26,9 @@ def _learner(update_in: str, *overrides: str) -> CentralLearner:
     return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
 
 
-def _batch(learner: CentralLearner, seed: int, n: int = 256) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "obs": {k.name: torch.randn((n,) + k.shape, generator=g) for k in learner.plan.obs_keys},
-        "obs_present": {},
-        "types": torch.arange(4).repeat(n // 4),
-        "a_disc": torch.randint(0, 2, (n,), generator=g),
-        "a_cont": torch.randn(n, max(learner.plan.actions.cont_dim, 1), generator=g),
-        "logp": torch.randn(n, generator=g) - 1,
-        "value": torch.randn(n, generator=g) * 50,
-        "adv": torch.randn(n, generator=g) * 10,
-        "ret": torch.randn(n, generator=g) * 100,
-    }
-
-
 def _train(learner: CentralLearner, seed: int):
     """One update through the learner's own path: the batch as `_take_batch` hands it over."""
-    learner._take_batch = lambda: _batch(learner, seed)
+    learner._take_batch = lambda: ppo_batch(learner, seed=seed)
     learner.start_update()
     return learner.poll_update(wait=True)
 
@@ -118,7 +103,7 @@ def test_a_killed_update_process_stops_the_run_with_a_clear_error(in_process):
 
 def test_an_error_in_the_update_comes_back_with_its_traceback(in_process):
     learner = in_process()
-    learner._take_batch = lambda: {**_batch(learner, 1), "types": torch.full((256,), 99)}  # no such type
+    learner._take_batch = lambda: {**ppo_batch(learner, seed=1), "types": torch.full((256,), 99)}  # no such type
     learner.start_update()
     with pytest.raises(RuntimeError, match="the PPO update process failed:\n(.|\n)*Traceback"):
         learner.poll_update(wait=True)

@@ -264,7 +264,7 @@ class Worker:
             act = doorbell.take(0 if self.built < n else timeout_ms)
             if self.built < n:
                 self.build_next_env()
-                if act is None:
+                if act is None or stopping:
                     continue
             if act is not None:
                 s, seq = act
