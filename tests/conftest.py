@@ -8,6 +8,7 @@ import getpass
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,12 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(workers)))
+    # Before collection: importing torchrl (tests/test_vector_torchrl.py) makes torch's inductor
+    # cache dir, /tmp/torchinductor_<user> unless this names another; a session fixture would
+    # come too late. This process's own temp dir, removed when it ends (pytest_unconfigure).
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        config._inductor_dir = tempfile.mkdtemp(prefix="rlpipe-tests-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = config._inductor_dir
 
 
 def _env_var_in_tmp(name: str, folder):
@@ -60,14 +67,6 @@ def _env_var_in_tmp(name: str, folder):
 
 
 @pytest.fixture(autouse=True, scope="session")
-def inductor_cache_in_tmp(tmp_path_factory):
-    """torch.optim.Adam, the reference of several tests (rlpipe's learner uses its own), imports
-    torch._dynamo, which makes /tmp/torchinductor_<user> on first use: point it, for this
-    process and the runs it starts, into the session's tmp, which goes when the session ends."""
-    yield from _env_var_in_tmp("TORCHINDUCTOR_CACHE_DIR", tmp_path_factory.mktemp("inductor"))
-
-
-@pytest.fixture(autouse=True, scope="session")
 def sb3_logs_in_tmp(tmp_path_factory):
     """Stable-Baselines3 makes a /tmp/SB3-<time> folder for every model built without a log dir
     (its `configure` falls back to the temp dir unless SB3_LOGDIR is set): point it into the
@@ -78,7 +77,13 @@ def sb3_logs_in_tmp(tmp_path_factory):
 def pytest_unconfigure(config):
     """tmp_path_retention_policy "none" (pyproject.toml) removes the session's tmp folders but
     not their root, /tmp/pytest-of-<user>: the main process removes it too once it is empty
-    (an xdist worker's session ends first, inside it)."""
+    (an xdist worker's session ends first, inside it). The inductor cache dir of
+    pytest_configure goes in every process (torch.optim.Adam, the reference of several tests,
+    and torchrl fill it; the runs the tests start inherit it)."""
+    inductor_dir = getattr(config, "_inductor_dir", None)
+    if inductor_dir is not None:
+        shutil.rmtree(inductor_dir, ignore_errors=True)
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
     if hasattr(config, "workerinput") or config.option.basetemp:
         return
     root = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"  # pytest's default root
