@@ -308,8 +308,18 @@ def test_a_child_in_a_session_of_its_own_lowers_its_autogroup_too():
         "import os; from rlpipe.procs import lower_priority; lower_priority(19); "
         "print(os.nice(0), open('/proc/self/autogroup').read().split()[-1])"
     )
-    own = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, start_new_session=True)
-    assert own.stdout.split() == ["19", "19"], own.stderr
-    shared = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert shared.stdout.split()[0] == "19"
-    assert shared.stdout.split()[1] == Path("/proc/self/autogroup").read_text().split()[-1]  # the run's group as it was
+
+    def probe(**popen) -> list[str]:
+        # One CI run saw the second child end with nothing on stdout, and no trace of why. A
+        # child killed by a signal from outside is tried once more; any other end fails here
+        # with its exit code and stderr.
+        for _ in range(2):
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, **popen)
+            if out.returncode >= 0:
+                break
+        assert out.returncode == 0 and len(out.stdout.split()) == 2, (out.returncode, out.stdout, out.stderr)
+        return out.stdout.split()
+
+    assert probe(start_new_session=True) == ["19", "19"]
+    group_before = Path("/proc/self/autogroup").read_text().split()[-1]
+    assert probe() == ["19", group_before]  # the run's group as it was
