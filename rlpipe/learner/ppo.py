@@ -21,7 +21,9 @@ for one policy over many env types:
   per-type advantage statistics come from all ranks' batches, every rank cuts its batch into
   the same number of minibatches (ceil(global batch / minibatch_size)), and after each
   backward pass the gradients are averaged over the ranks' samples before clipping and the
-  optimizer step (DD-PPO), so every rank takes the same step.
+  optimizer step (DD-PPO), so every rank takes the same step;
+- each type's log std keeps, of every optimizer step, the share that gives it as many steps
+  per sample of its own as it takes alone (rlpipe/learner/exploration_pace.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch import nn
 
 from rlpipe.config import LearnerSpec
 from rlpipe.learner.adam import FusedAdam, clip_grad_norm
+from rlpipe.learner.exploration_pace import ExplorationPace
 from rlpipe.learner.scaling import weighted_mean, weighted_ppo_terms
 from rlpipe.learner.type_settings import TypeSettings
 
@@ -138,16 +141,17 @@ class WholeBatch:
 
     def batch_statistics(
         self, policy: nn.Module, batch: dict, cfg: LearnerSpec, beta, adv_floor: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, int]:
+    ) -> tuple[torch.Tensor, int, torch.Tensor]:
         """PopArt moved toward the batch's returns (with `beta`: the learner's popart_beta or one
-        per type); the advantages to train on (per type, divided by no less than `adv_floor`)
-        and the number of minibatches."""
+        per type); the advantages to train on (per type, divided by no less than `adv_floor`),
+        the number of minibatches and each type's sample count."""
         types, adv = batch["types"], batch["adv"]
         if cfg.value_norm == "popart":
             policy.popart.update(batch["ret"], types, beta, policy.critic.out)
         if cfg.adv_norm == "per_type":
             adv = normalize_per_type(adv, types, len(policy.popart.mu), adv_floor)
-        return adv, max(math.ceil(len(adv) / cfg.minibatch_size), 1)
+        counts = torch.bincount(types.cpu(), minlength=len(policy.popart.mu))
+        return adv, max(math.ceil(len(adv) / cfg.minibatch_size), 1), counts
 
     def average_gradients(self, params: list[nn.Parameter], samples: int) -> bool:
         """Whether the optimizer steps on this minibatch's gradients."""
@@ -171,7 +175,9 @@ def ppo_update(
     beta = cfg.popart_beta if per_type is None else per_type.popart_beta_by_type()
     ent_coef = cfg.ent_coef if per_type is None else per_type.ent_coef_rows(types)
     adv_floor = None if per_type is None else per_type.adv_std_floor_by_type()
-    adv_all, n_minibatches = sync.batch_statistics(policy, batch, cfg, beta, adv_floor)
+    adv_all, n_minibatches, type_counts = sync.batch_statistics(policy, batch, cfg, beta, adv_floor)
+    log_std = policy.log_std if policy.actor_cont is not None else None
+    pace = ExplorationPace(log_std, type_counts, cfg.minibatch_size, n_minibatches)
     ret = policy.popart.normalize(batch["ret"], types).float()
     old_value = policy.popart.normalize(batch["value"], types).float()
     present = batch.get("obs_present", {})
@@ -209,7 +215,9 @@ def ppo_update(
                 optimizer.zero_grad(set_to_none=True)
                 if sync.average_gradients(params, 0):
                     clip_grad_norm(params, cfg.max_grad_norm)
+                    pace.before_step()
                     optimizer.step()
+                    pace.after_step()
                 continue
             mb = _rows(shuffled, start, start + size)
             mb["obs"].update(compact.minibatch(i))
@@ -239,7 +247,9 @@ def ppo_update(
             loss.backward()
             if sync.average_gradients(params, size):
                 clip_grad_norm(params, cfg.max_grad_norm)
+                pace.before_step()
                 optimizer.step()
+                pace.after_step()
             # summed as tensors: one host read at the end instead of six per minibatch
             terms_sum += (
                 torch.stack([terms.pg_loss, terms.v_loss, terms.entropy, terms.approx_kl, terms.clipfrac, loss])

@@ -89,17 +89,20 @@ class RankSync:
         parts = [out[k * n_types : (k + 1) * n_types] for k in range(5)]
         return TypeSums(*parts, samples=int(out[-1].item()))
 
-    def batch_statistics(self, policy, batch: dict, cfg, beta, adv_floor=None) -> tuple[torch.Tensor, int]:
+    def batch_statistics(
+        self, policy, batch: dict, cfg, beta, adv_floor=None
+    ) -> tuple[torch.Tensor, int, torch.Tensor]:
         """`ppo.WholeBatch.batch_statistics` over every rank's batch: PopArt and the per-type
         advantage normalization from the all-reduced sums (one all-reduce), the minibatch count
-        from the global sample count."""
+        from the global sample count, each type's count over every rank (so every rank paces
+        the log std alike)."""
         types, adv = batch["types"], batch["adv"]
         m = self.type_sums(batch["ret"], adv, types, len(policy.popart.mu))
         if cfg.value_norm == "popart":
             policy.popart.update_sums(m.count, m.ret_sum, m.ret_sq, beta, policy.critic.out)
         if cfg.adv_norm == "per_type":
             adv = normalize_per_type_sums(adv, types, m.count, m.adv_sum, m.adv_sq, adv_floor)
-        return adv, max(math.ceil(m.samples / cfg.minibatch_size), 1)
+        return adv, max(math.ceil(m.samples / cfg.minibatch_size), 1), m.count.round().to(torch.int64)
 
     def average_gradients(self, params: list[torch.nn.Parameter], samples: int) -> bool:
         """Replace each parameter's gradient with the sample-weighted mean over ranks: each rank
