@@ -15,11 +15,11 @@ only wide noise makes) settles on not pushing at all.
 
 So after each optimizer step a type's log std row keeps `pace_t` = ceil(N_t / B) / ceil(N / B)
 of the step Adam took (Adam's moments are left as they are): per update, the same number of
-steps' worth as alone. A type with no sample in the update keeps its log std where it is (Adam's
-momentum alone would move it). Only the log std: the other per-type rows (the towers' input and output
-layers) are function fitting, where the extra steps of a mix did not hurt (LunarLander's
-ablation in the same page learned more with them). A run of one type has pace 1 and is
-computed exactly as before.
+steps' worth as alone. A type with no sample in the update keeps its log std where it is
+(Adam's momentum alone would move it). Only the log std: the other per-type rows (the towers'
+input and output layers) fit functions, where the extra steps of a mix did not hurt
+(LunarLander learned more with them in the same page's ablation). A run of one type has pace 1
+and is computed exactly as before.
 """
 
 from __future__ import annotations
