@@ -9,7 +9,7 @@ ceil(N_t / B) times the steps per sample of its own, about 1 / (its share of the
 
 What that did (docs/multitask.md, "MountainCar's exploration in a mix"): MountainCarContinuous
 beside Acrobot and the reacher (a share of 0.4) shrank its log std from 1.0 to 0.23 in its
-first 100k steps, where alone it was still at 0.66, and ended at -1.49 against -0.19 alone. A
+first 100k steps, where alone it was still at 0.67, and ended at -1.49 against -0.19 alone. A
 type that has not found its sparse reward by then (MountainCar's flag, found by a swing that
 only wide noise makes) settles on not pushing at all.
 
