@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard rlpipe/native/*.pyx rlpipe/native/*.h)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard rlpipe/native/*.pyx rlpipe/native/*.pxd rlpipe/native/*.h)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)

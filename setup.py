@@ -6,7 +6,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 # The C headers an extension includes: a change to one rebuilds it, and an sdist carries them.
-HEADERS = {"board": ("board_rows.h", "board_seqlock.h", "board_lock.h")}
+HEADERS = {"board": ("board_rows.h", "board_seqlock.h", "board_lock.h"), "steploop": ("gymstep.pxd",)}
 
 extensions = [
     Extension(
@@ -17,7 +17,7 @@ extensions = [
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
-    for name in ("board", "steploop", "slicestats", "bell", "spans")
+    for name in ("board", "gymstep", "steploop", "slicestats", "bell", "spans")
 ]
 
 setup(ext_modules=cythonize(extensions, language_level=3))

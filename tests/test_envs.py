@@ -28,6 +28,7 @@ from rlpipe.envs import (
     plan_mix,
 )
 from rlpipe.envs.image import Resizer
+from rlpipe.native.gymstep import DiscreteBoxStep
 from rlpipe.worker.envtable import EnvTable
 
 TYPES = SEED12_TYPES
@@ -239,9 +240,12 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
         _node("physics_sim"),
         _node("web_sim", hang_rate=0.0),
         _node("faulty", **{**chaos, "violations": ["nan"], "rgb_shape": None}),
+        # CartPole steps through its bare C step (rlpipe/native/gymstep.pyx); a short time
+        # limit puts its truncations and final obs on that path too
+        _node("cartpole", make_kwargs={"max_episode_steps": 9}),
     ]
     specs = tuple(describe(n) for n in nodes)
-    type_index = np.array([0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1], dtype=np.int16)
+    type_index = np.array([0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1], dtype=np.int16)
     n = len(type_index)
 
     def twin():
@@ -298,6 +302,7 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
         assert any("NaN" in f.record["message"] for f in ref.faults)  # finiteness is exercised
         assert (ref_out["ep_len"] > 0).any() or ref.ep_len.max() > 0
         assert finals_seen > 0  # time limits are exercised
+        assert isinstance(fast.envs[6].step, DiscreteBoxStep)  # and the C loop's direct path
         np.testing.assert_array_equal(fast.rebuilds, ref.rebuilds)
     finally:
         ref.close_all()

@@ -30,6 +30,7 @@ import numpy as np
 
 from rlpipe.envs.contract import CONTINUOUS, DISCRETE, EnvInterface, EnvSpec
 from rlpipe.envs.image import Resizer, as_rgb_shape
+from rlpipe.native.gymstep import DiscreteBoxStep
 
 # id prefix -> package that registers it when imported
 PLUGINS = (("ALE/", "ale_py"), ("MiniGrid-", "minigrid"), ("BabyAI-", "minigrid"))
@@ -228,10 +229,7 @@ class GymnasiumEnv(EnvInterface):
             raise
         self._discrete = kind == DISCRETE
         if self._discrete:
-            self._start = int(space.start)
-            # the int64 scalar of each action, made once (Gymnasium's vector envs pass these;
-            # Discrete.contains takes its cheap path for numpy integers)
-            self._acts = tuple(np.int64(self._start + a) for a in range(int(space.n)))
+            self._start, self._n = int(space.start), int(space.n)
         else:
             self._shape = space.shape
             low = space.low.reshape(-1).astype(np.float64)
@@ -277,14 +275,19 @@ class GymnasiumEnv(EnvInterface):
         self._first_reset = False
         obs, _info = self.env.reset(seed=seed)
         self._elapsed = 0
-        if first and self._bare_step is not None and self._discrete and self._map.flat_only_box:
-            self.step = self._discrete_box_step()  # from now on: OrderEnforcing's rule is kept
+        if isinstance(self.step, DiscreteBoxStep):
+            self.step.elapsed = 0
+        elif first and self._bare_step is not None and self._discrete and self._map.flat_only_box:
+            # from the first reset on (OrderEnforcing's rule) the commonest types step in C:
+            # rlpipe/native/gymstep.pyx, which the worker's step loop also calls directly
+            self.step = DiscreteBoxStep(self._bare_step, self._start, self._n, self._limit, self._map.flat_key)
         return self._map.convert(obs)
 
     def step(self, env_id: int, action: np.ndarray):
         if self._discrete:
-            a = int(action)
-            act = self._acts[a] if 0 <= a < len(self._acts) else np.int64(self._start + a)
+            # An int64 scalar, as Gymnasium's vector envs pass: Discrete.contains takes its
+            # cheap path for numpy integers (a Python int costs an np.iinfo lookup per step).
+            act = np.int64(self._start + int(action))
         else:
             a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1), -1.0, 1.0)
             a = np.where(self._finite, self._low + (a + 1.0) * self._half, a)
@@ -296,25 +299,6 @@ class GymnasiumEnv(EnvInterface):
             self._elapsed += 1
             truncated = truncated or self._elapsed >= self._limit
         return self._map.convert(obs), float(reward), bool(terminated), bool(truncated), info
-
-    def _discrete_box_step(self) -> Callable:
-        """step() as one closure for the commonest type (CartPole, Acrobot, LunarLander): a
-        discrete head, one flat Box obs, the bare env stepped. It does what step() does for an
-        int action in range (the worker's; anything else goes to step() itself) with the
-        adapter's lookups bound once: 0.25 us of a CartPole step (docs/benchmarks.md)."""
-        bare, acts, limit, key, n = self._bare_step, self._acts, self._limit, self._map.flat_key, len(self._acts)
-        general = GymnasiumEnv.step.__get__(self)
-
-        def step(env_id: int, action) -> tuple:
-            if type(action) is not int or not 0 <= action < n:
-                return general(env_id, action)
-            obs, reward, terminated, truncated, info = bare(acts[action])
-            self._elapsed = elapsed = self._elapsed + 1
-            if type(obs) is not np.ndarray or obs.dtype is not _F32 or obs.ndim != 1:
-                obs = np.asarray(obs, dtype=np.float32).reshape(-1)
-            return {key: obs}, float(reward), bool(terminated), bool(truncated) or elapsed >= limit, info
-
-        return step
 
     def close(self, env_id: int) -> None:
         self.env.close()

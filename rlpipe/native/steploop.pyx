@@ -22,6 +22,10 @@ ended episode's end obs is copied so. A cut episode has no end obs (`final` stay
 The inline step deadline (worker.stepper) watches `armed[0]`: the serial of the step in
 progress, 0 between steps. The loop writes it in C around each env call, so arming is free.
 
+An env whose `step` is a DiscreteBoxStep (rlpipe/native/gymstep.pyx: the Gymnasium adapter's
+bare step for a discrete type with one flat obs) is stepped through it in C: its obs row comes
+without a dict around it, and the dict is made only at an episode's end.
+
 A step that stalls is detached from the slice (rlpipe/worker/relief.py): `detach(serial)`
 raises the loop's `halt` word if that step is still in progress, and from then on the loop
 writes nothing: when the env call comes back (or raises, or its deadline cuts it) the loop
@@ -37,6 +41,8 @@ from libc.math cimport isfinite
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+
+from rlpipe.native.gymstep cimport DiscreteBoxStep
 
 cnp.import_array()
 
@@ -201,6 +207,19 @@ cdef class StepLoop:
             else:
                 w.row[:] = value.reshape(-1)
 
+    cdef void _write_row(self, Py_ssize_t i, object row, object key) except *:
+        """_write_obs for an env of one obs key whose step gave its row without a dict (a
+        DiscreteBoxStep's): validated and copied the same way, a dict made only to explain a
+        misfit."""
+        cdef tuple ws = <tuple>self.writes[i]
+        cdef ObsWrite w
+        if len(ws) == 1:
+            w = <ObsWrite>ws[0]
+            if w.key == key and w.direct and type(row) is np.ndarray and _fits(<cnp.ndarray>row, w):
+                memcpy(w.dst, cnp.PyArray_DATA(<cnp.ndarray>row), w.nbytes)
+                return
+        self._write_obs(i, {key: row})
+
     cdef void _write_final(self, Py_ssize_t i, object obs) except *:
         """Copy a time-limit truncation's end obs (already validated) into env i's final-obs
         rows: the learner bootstraps the truncated return from its value."""
@@ -238,7 +257,8 @@ cdef class StepLoop:
         """Step envs [lo, hi) with `actions` (one per env); returns the last step serial used.
         Counts of hung steps are the table's business (table.abandon)."""
         cdef Py_ssize_t i, j
-        cdef object env, result, obs
+        cdef object env, step, result, obs
+        cdef bint bare
         cdef double r
         cdef bint term, trunc, final
         cdef timespec t0, t1
@@ -256,7 +276,12 @@ cdef class StepLoop:
                 self.armed[0] = serial
                 env = self.envs[i]
                 clock_gettime(CLOCK_MONOTONIC, &t0)
-                result = env.step(env_id, actions[j])
+                step = env.step
+                bare = type(step) is DiscreteBoxStep
+                if bare:
+                    result = (<DiscreteBoxStep>step).step(actions[j])
+                else:
+                    result = step(env_id, actions[j])
                 if self.halt_word[0]:
                     self.armed[0] = 0
                     self.halted = True
@@ -271,26 +296,29 @@ cdef class StepLoop:
                 term = self._flag((<tuple>result)[2])
                 trunc = self._flag((<tuple>result)[3])
                 final = False
-                if term or trunc:
-                    self._write_obs(i, obs, False)      # the end obs keeps the contract too
-                    if self.has_final and (self.final_all or (trunc and not term)):
-                        self._write_final(i, obs)
-                        final = True
-                    self.r_ep_return[i] = <float>(self.ep_return[i] + r)
-                    self.r_ep_len[i] = <int32_t>(self.ep_len[i] + 1)
-                    self.ep_return[i] = 0.0
-                    self.ep_len[i] = 0
-                    obs = env.reset(env_id)
-                    if self.halt_word[0]:
-                        self.armed[0] = 0
-                        self.halted = True
-                        return serial
+                if bare and not (term or trunc):  # a DiscreteBoxStep's row, no dict around it
+                    self._write_row(i, obs, (<DiscreteBoxStep>step).key)
+                    self._episode_goes_on(i, r)
                 else:
-                    self.r_ep_return[i] = 0.0
-                    self.r_ep_len[i] = 0
-                    self.ep_return[i] += r
-                    self.ep_len[i] += 1
-                self._write_obs(i, obs)
+                    if bare:
+                        obs = {(<DiscreteBoxStep>step).key: obs}  # an end obs: the dict path's
+                    if term or trunc:
+                        self._write_obs(i, obs, False)      # the end obs keeps the contract too
+                        if self.has_final and (self.final_all or (trunc and not term)):
+                            self._write_final(i, obs)
+                            final = True
+                        self.r_ep_return[i] = <float>(self.ep_return[i] + r)
+                        self.r_ep_len[i] = <int32_t>(self.ep_len[i] + 1)
+                        self.ep_return[i] = 0.0
+                        self.ep_len[i] = 0
+                        obs = env.reset(env_id)
+                        if self.halt_word[0]:
+                            self.armed[0] = 0
+                            self.halted = True
+                            return serial
+                    else:
+                        self._episode_goes_on(i, r)
+                    self._write_obs(i, obs)
                 if self.halt_word[0]:  # (check_obs's Python ran inside: the GIL may have moved)
                     self.armed[0] = 0
                     self.halted = True
@@ -318,6 +346,12 @@ cdef class StepLoop:
             if self.has_final:
                 self.r_final[i] = final
         return serial
+
+    cdef inline void _episode_goes_on(self, Py_ssize_t i, double r) noexcept:
+        self.r_ep_return[i] = 0.0
+        self.r_ep_len[i] = 0
+        self.ep_return[i] += r
+        self.ep_len[i] += 1
 
     def cut(self, Py_ssize_t i) -> None:
         """Env i's row as a cut step (a detached env's, written by the thread that took over)."""
