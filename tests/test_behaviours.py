@@ -53,9 +53,11 @@ def tb_scalars(run_dir: Path) -> dict[str, list[float]]:
 # rollouts rather than hold the workers, an export at the end. Counted from the moment the hot
 # workers have stepped (a few seconds into the run here, 18 s beside two CPU-bound runs),
 # chaos kills Redis at 1 s, SIGKILLs a worker every 5 s and SIGSTOPs one every 7 s; none once
-# less than the heartbeat timeout, the term grace, two scans and the slowest worker start seen
-# are left (from about 35 s of the 44: rlpipe/supervisor/fleet.py), so each is given time to
-# heal. That leaves at least two kills, one stop and the Redis kill, the least the tests below
+# less than the watchdog's worst heal (the heartbeat timeout, the term grace and the
+# supervision ticks between: 8 s here) and the slowest worker start seen are left (from about
+# 36 s of the 44: rlpipe/supervisor/watchdog.py worst_heal_s), so each is given time to heal
+# (with two scans in place of the ticks, a stop at 37.5 s was killed at 43.5 s and the run
+# ended before its replacement, 2026-12-05). That leaves at least two kills, one stop and the Redis kill, the least the tests below
 # read, and a kill well after the Redis recovery, also with the fleet up at 18 s (at 32 s
 # the run left one kill on a slow day's clean-clone CI, 2026-12-03).
 CHAOS_LITE = [
@@ -138,15 +140,17 @@ def test_scaling_end_to_end(chaos_run):
     assert all(v and all(0.3 - 1e-6 <= w <= 1.0 + 1e-6 for w in v) for v in weights.values()), weights
     assert any(w < 1.0 - 1e-6 for v in weights.values() for w in v), "scores never moved a weight"
     # every generation that lived to the end received rates and explored with them, once it
-    # lived a few publish intervals (chaos strikes until the watchdog's heal time before the
-    # end, so a replacement may start a second before it)
-    spawned = {(w, g): ts for ts, w, g, *_x in rows(run_dir, "worker_spawn")}
+    # had stepped for a few publish intervals (chaos strikes until the watchdog's heal time
+    # before the end, so a replacement may start a second before it; counted from its first
+    # stepped slice, as a loaded CI machine took most of one replacement's 3 s to start it)
+    ready = {(w, g): ts for ts, w, g, *_x in rows(run_dir, "worker_ready")}
     exits = [(w, g, ts, d) for ts, w, g, _e, _t, d in rows(run_dir, "worker_exit") if "eps_messages" in d]
     final = {}
     for w, g, ts, d in exits:
-        final[w] = max(final.get(w, (0, 0.0, {})), (g, ts - spawned[(w, g)], d), key=lambda x: x[0])
+        stepped_s = ts - ready[(w, g)] if (w, g) in ready else 0.0
+        final[w] = max(final.get(w, (0, 0.0, {})), (g, stepped_s, d), key=lambda x: x[0])
     assert set(final) == {0, 1, 2}
-    lived = {w: d for w, (_g, life_s, d) in final.items() if life_s >= 3.0}
+    lived = {w: d for w, (_g, stepped_s, d) in final.items() if stepped_s >= 3.0}
     assert lived, final
     for w, d in lived.items():
         assert d["eps_messages"] >= 2 and d["explored_steps"] > 0, (w, d)

@@ -11,7 +11,8 @@ builds) can take most of a short run, and counted from the process every fault d
 fired at once, before a worker had stepped. `t` in the rows stays seconds into the run.
 
 Injections stop when less of the run is left than the watchdog needs to notice and heal a
-fault (timeout + grace + two scans) plus the longest a replacement worker of this run has
+fault (`watchdog.worst_heal_s`: the timeout, the grace, and the supervision ticks each step
+waits for) plus the longest a replacement worker of this run has
 taken from its spawn to its first stepped slice (`heal_s`), so every injection of a finished
 run has its recovery. Until the first replacement is ready, the fleet's own start stands in
 for it: that start spawns every worker at once beside the learner's start-up, so it is the

@@ -40,6 +40,7 @@ from rlpipe.supervisor.metrics import RunMetrics
 from rlpipe.supervisor.runmode import RunMode
 from rlpipe.supervisor.stall import LIFECYCLE_FLUSH_S, LoopMarks, StallWatch, emergency_cleanup
 from rlpipe.supervisor.stopping import StopRecord, StopRequested
+from rlpipe.supervisor.watchdog import SUPERVISE_S
 from rlpipe.supervisor.workers import group_ranges
 from rlpipe.telemetry.progress import Progress
 
@@ -50,7 +51,6 @@ log = logging.getLogger("rlpipe")
 TB_INTERVAL_S = 2.0
 TB_DETAIL_S = 600.0
 TB_LONG_INTERVAL_S = 10.0
-SUPERVISE_S = 1.0  # worker replacement, chaos, Redis, scaling, reward stats, checkpoints
 _first_job_in_process = True
 
 
@@ -90,7 +90,7 @@ class Driver:
         self.metrics = RunMetrics(spec, run_dir, self.run_id, self.t0, self.services, self.fleet, mode)
         # evaluation during training (eval.interval_s), by the process charting the job (rank 0)
         self.evaluation = Evaluation(spec, run_dir, self.t0, self.services, on=mode.writes_job_outputs)
-        self.supervise_timer = Every(SUPERVISE_S)
+        self.supervise_timer = Every(SUPERVISE_S)  # workers, chaos, Redis, scaling, reward stats, checkpoints
         self.charts_timer = Every(TB_INTERVAL_S)
         self.scaling_timer = Every(spec.scaling.publish_interval_s)
         self.marks = LoopMarks()  # the loop's progress, read by the stall watch

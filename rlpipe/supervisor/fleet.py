@@ -33,7 +33,7 @@ from rlpipe.supervisor.orphans import kill_orphans
 from rlpipe.supervisor.rounds import FleetRounds
 from rlpipe.supervisor.services import LIFECYCLE_ENDPOINT, Services, multiprocessing_temp_dir
 from rlpipe.supervisor.slot_table import SlotTable
-from rlpipe.supervisor.watchdog import Watchdog
+from rlpipe.supervisor.watchdog import Watchdog, worst_heal_s
 from rlpipe.supervisor.workers import (
     BackgroundStarts,
     WorkerHandle,
@@ -137,12 +137,7 @@ class Fleet(FleetRounds):
         self.schedule = WakeSchedule(len(ranges), g)
         self.watchdog = Watchdog(spec.heartbeat, self.run_id, services.rcli, services.lifecycle)
         self.errors = errors or ErrorAggregator(services.run_dir, spec.logging.aggregate_interval_s)
-        hb = spec.heartbeat
-        quiet = (
-            self.t0 + spec.run.duration_s - hb.timeout_s - hb.term_grace_s - 2 * hb.scan_interval_s
-            if spec.run.duration_s
-            else None
-        )
+        quiet = self.t0 + spec.run.duration_s - worst_heal_s(spec.heartbeat) if spec.run.duration_s else None
         self.chaos = (
             Chaos(spec.chaos, spec.run.seed, self.t0, services, self.watchdog.pending, quiet)
             if spec.chaos.enabled

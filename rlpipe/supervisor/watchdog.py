@@ -15,6 +15,7 @@ or an RSS recycle) is replaced at the next check, without a scan.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -28,6 +29,21 @@ from rlpipe.protocol import worker_key
 from rlpipe.shm.layout import H_BUILT, H_OS_BEAT_NS, H_READY
 
 log = logging.getLogger("rlpipe.watchdog")
+
+# The training driver's cadence: its loop scans and reaps (Fleet.check_workers) once a second.
+SUPERVISE_S = 1.0
+
+
+def worst_heal_s(spec: HeartbeatSpec, tick_s: float = SUPERVISE_S) -> float:
+    """The longest from a worker falling silent to its replacement's spawn, for a caller that
+    scans and reaps every `tick_s` (scans no closer than `scan_interval_s`): the silence is
+    seen on the first tick past the timeout, the SIGKILL goes out on the first tick at least
+    the grace after the SIGTERM (which a tick later than the SIGTERM's, as the two instants are
+    taken a hair apart: a chaos_lite run showed term -> kill 2 s with a 1 s grace), and the
+    killed process is reaped a tick after that. The chaos runner stops injecting this long
+    before the end, so each fault it injects is healed within the run."""
+    tick = max(spec.scan_interval_s, tick_s)
+    return spec.timeout_s + tick + (math.ceil(spec.term_grace_s / tick) + 1) * tick + tick
 
 
 @dataclass
