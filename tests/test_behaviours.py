@@ -57,9 +57,10 @@ def tb_scalars(run_dir: Path) -> dict[str, list[float]]:
 # supervision ticks between: 8 s here) and the slowest worker start seen are left (from about
 # 36 s of the 44: rlpipe/supervisor/watchdog.py worst_heal_s), so each is given time to heal
 # (with two scans in place of the ticks, a stop at 37.5 s was killed at 43.5 s and the run
-# ended before its replacement, 2026-12-05). That leaves at least two kills, one stop and the Redis kill, the least the tests below
-# read, and a kill well after the Redis recovery, also with the fleet up at 18 s (at 32 s
-# the run left one kill on a slow day's clean-clone CI, 2026-12-03).
+# ended before its replacement, 2026-12-05). That leaves at least two kills, one stop and the
+# Redis kill, the least the tests below read, and a kill well after the Redis recovery, also
+# with the fleet up at 18 s (at 32 s the run left one kill on a slow day's clean-clone CI,
+# 2026-12-03).
 CHAOS_LITE = [
     "env_mix=cartpole",
     "buffer=lowdim",

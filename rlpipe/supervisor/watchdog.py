@@ -36,12 +36,12 @@ SUPERVISE_S = 1.0
 
 def worst_heal_s(spec: HeartbeatSpec, tick_s: float = SUPERVISE_S) -> float:
     """The longest from a worker falling silent to its replacement's spawn, for a caller that
-    scans and reaps every `tick_s` (scans no closer than `scan_interval_s`): the silence is
-    seen on the first tick past the timeout, the SIGKILL goes out on the first tick at least
-    the grace after the SIGTERM (which a tick later than the SIGTERM's, as the two instants are
-    taken a hair apart: a chaos_lite run showed term -> kill 2 s with a 1 s grace), and the
-    killed process is reaped a tick after that. The chaos runner stops injecting this long
-    before the end, so each fault it injects is healed within the run."""
+    scans and reaps every `tick_s` (and scans no closer than `scan_interval_s`): the silence is
+    seen on the first tick past the timeout; the SIGKILL goes out on the first tick at least
+    the grace after the SIGTERM, one tick more than the grace in ticks, as the SIGTERM's
+    instant is taken a hair after its tick's (a chaos_lite run: term -> kill 2 s with a 1 s
+    grace); the killed process is reaped a tick after that. The chaos runner stops injecting
+    this long before the end, so each fault it injects is healed within the run."""
     tick = max(spec.scan_interval_s, tick_s)
     return spec.timeout_s + tick + (math.ceil(spec.term_grace_s / tick) + 1) * tick + tick
 
