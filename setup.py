@@ -5,7 +5,8 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-# The C headers an extension includes: a change to one rebuilds it, and an sdist carries them.
+# The C headers and Cython declarations (.pxd) an extension includes: a change to one rebuilds
+# it, and an sdist carries them.
 HEADERS = {"board": ("board_rows.h", "board_seqlock.h", "board_lock.h"), "steploop": ("gymstep.pxd",)}
 
 extensions = [

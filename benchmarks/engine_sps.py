@@ -12,9 +12,16 @@ how to make it): `PYTHONPATH=<checkout> /tmp/rlv-bench-venv/bin/python benchmark
 
 Baselines are built exactly as the engine's adapter builds its envs
 (rlpipe.envs.classic.make_gym: `gym.make("CartPole-v1", disable_env_checker=True)`, no
-wrapper: conf/env/cartpole.yaml sets neither make_kwargs nor wrappers):
+wrapper: conf/env/cartpole.yaml sets neither make_kwargs nor wrappers). The adapter then steps
+the bare env and keeps gym.make's TimeLimit and OrderEnforcing rules itself
+(rlpipe.envs.classic.bare_step); the baselines step through those two wrappers, as a user's
+gym.make env does. So that the engine's side is not the only one spared them:
 
 * `SyncVectorEnv`: all envs stepped in this one process.
+* `SyncVectorEnv, bare envs`: the same over each env's `.unwrapped` (no TimeLimit, no
+  OrderEnforcing: with random actions a CartPole episode ends long before 500 steps, so the
+  envs step the same); the engine rows' notes give their ratio to it too (JSON
+  `env_over_sync_bare`).
 * `AsyncVectorEnv` (shared_memory=True, fork context): one process per env. Tried only at
   counts this machine can hold: per-env private memory is measured on a 16-env probe and the
   count is skipped (the reason printed) when it would need more than half of MemAvailable,
@@ -268,8 +275,13 @@ def vector_windows(envs, batch: int, seconds: float) -> list[float]:
     return windows
 
 
-def sync_windows(n: int, seconds: float) -> list[float]:
-    envs = gym.vector.SyncVectorEnv([make_env for _ in range(n)])
+def make_bare_env():
+    """make_env's CartPole without gym.make's wrappers (the engine keeps their rules itself)."""
+    return make_env().unwrapped
+
+
+def sync_windows(n: int, seconds: float, bare: bool = False) -> list[float]:
+    envs = gym.vector.SyncVectorEnv([make_bare_env if bare else make_env for _ in range(n)])
     try:
         envs.reset(seed=0)
         return vector_windows(envs, n, seconds)
@@ -495,6 +507,7 @@ def main() -> int:
         results["counts"][str(n)] = row
         async_skip = async_reachable(n, probe) if n in async_counts else "not asked (--async-counts)"
         sync_b = sync_windows(n, args.sync_seconds / 2)
+        bare_b = sync_windows(n, args.sync_seconds / 2, bare=True)
         async_b = async_windows(n, args.async_seconds / 2) if async_skip is None else None
         puffer_plans = {} if puffer_skip else {row: puffer_plan(n, row) for row in PUFFER_ROWS}
         puffer_b: dict = {}
@@ -530,9 +543,12 @@ def main() -> int:
                 puffer_plans[key] = f"FAILED after the engine: {exc}"
                 errors.append(f"{PUFFER_ROWS[key]} at {n} envs: {exc}")
         async_a = async_windows(n, args.async_seconds / 2) if async_skip is None else None
+        bare = halves(bare_b, sync_windows(n, args.sync_seconds / 2, bare=True))
         sync = halves(sync_b, sync_windows(n, args.sync_seconds / 2))
         asy = halves(async_b, async_a) if async_skip is None else None
         row["sync_vector_env"] = sync
+        row["sync_vector_env_bare"] = bare
+        b_sps = bare["env_sps_median"]
         row["async_vector_env"] = asy if asy else {"skipped": async_skip}
         s_sps = sync["env_sps_median"]
         a_sps = asy["env_sps_median"] if asy else None
@@ -540,6 +556,12 @@ def main() -> int:
             f"{n:>6}  {'SyncVectorEnv':<64} {fmt(s_sps, width=11)} {fmt(None)} {'1.00x':>8} "
             f"{fmt(ratio(s_sps, a_sps), '.2f', 7)}{'x' if a_sps else ' '}  before "
             f"{sync['median_before']:,.0f}, after {sync['median_after']:,.0f}",
+            flush=True,
+        )
+        print(
+            f"{n:>6}  {'SyncVectorEnv, bare envs (no TimeLimit, OrderEnforcing)':<64} {fmt(b_sps, width=11)} "
+            f"{fmt(None)} {fmt(ratio(b_sps, s_sps), '.2f', 7)}x {'':>8}  before "
+            f"{bare['median_before']:,.0f}, after {bare['median_after']:,.0f}",
             flush=True,
         )
         if asy:
@@ -576,6 +598,7 @@ def main() -> int:
                 continue
             env = r["env_sps_median"] if mode == "random" else r["env_sps_mean"]
             r["env_over_sync"] = ratio(env, s_sps)
+            r["env_over_sync_bare"] = ratio(env, b_sps)
             r["env_over_async"] = ratio(env, a_sps)
             if mode == "random" and puffer_best:
                 r["env_over_puffer_best"] = ratio(env, puffer_best)
@@ -585,7 +608,7 @@ def main() -> int:
             row[key] = r
             trained = None if mode == "random" else r["trained_per_s"]
             note = (
-                f"median of {r['windows']} windows"
+                f"median of {r['windows']} windows, {r['env_over_sync_bare']:.2f}x bare Sync"
                 + (f", {r['env_over_puffer_best']:.2f}x PufferLib's best" if r.get("env_over_puffer_best") else "")
                 if mode == "random"
                 else f"mean over {r['windows']} windows ({r['window_s']} s), trained/Sync "

@@ -196,7 +196,9 @@ def bare_step(env) -> tuple[Callable | None, float]:
     limit, inner = None, env
     while isinstance(inner, gym.Wrapper):
         if type(inner) is gym.wrappers.TimeLimit:
-            limit = inner._max_episode_steps
+            limit = getattr(inner, "_max_episode_steps", None)
+            if limit is None:  # another Gymnasium keeps it elsewhere: the chain is stepped as it is
+                return None, math.inf
         elif type(inner) is not gym.wrappers.OrderEnforcing:
             return None, math.inf
         inner = inner.env
