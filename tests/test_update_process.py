@@ -14,6 +14,7 @@ import torch
 from conftest import compose_cfg, ppo_batch
 from rlpipe.config import run_spec
 from rlpipe.envs.registry import plan_mix
+from rlpipe.learner.batch_staging import BatchSender
 from rlpipe.learner.central import CentralLearner
 from rlpipe.learner.update_process import UpdateProcessDied
 from rlpipe.procs import pid_alive
@@ -26,9 +27,9 @@ def _learner(update_in: str, *overrides: str) -> CentralLearner:
     return CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
 
 
-def _train(learner: CentralLearner, seed: int):
+def _train(learner: CentralLearner, seed: int, n: int = 256):
     """One update through the learner's own path: the batch as `_take_batch` hands it over."""
-    learner._take_batch = lambda: ppo_batch(learner, seed=seed)
+    learner._take_batch = lambda: ppo_batch(learner, n=n, seed=seed)
     learner.start_update()
     return learner.poll_update(wait=True)
 
@@ -75,6 +76,24 @@ def test_the_process_trains_what_the_thread_trains_bit_for_bit(in_process):
         for key, value in s.items():
             assert torch.equal(value, pb["optimizer"]["state"][i][key]), (i, key)
     assert torch.equal(pa["rng"]["torch_generators"]["ppo"], pb["rng"]["torch_generators"]["ppo"])
+
+
+def test_batches_that_grow_and_shrink_train_as_the_thread_trains_them(in_process, monkeypatch):
+    """The batch buffers stay in shared memory from update to update: a larger batch gets new
+    ones (sent with it), a smaller one the first rows of the old; every update still trains
+    what the thread trains on the same batch, bit for bit."""
+    thread, proc = _learner("thread"), in_process()
+    sent = []
+    stage = BatchSender.stage
+    monkeypatch.setattr(BatchSender, "stage", lambda self, batch: sent.append(stage(self, batch)) or sent[-1])
+    for seed, n in ((1, 256), (2, 256), (3, 512), (4, 128), (5, 384)):
+        assert _train(thread, seed, n) == _train(proc, seed, n)
+        _same_weights(thread, proc)
+    fresh = [sorted(f) for _, f in sent]
+    every_field = sorted(["obs/state", "types", "a_disc", "a_cont", "logp", "value", "adv", "ret"])
+    # the first batch makes every buffer (room for 320 rows); only 512 outgrows them
+    assert fresh == [every_field, [], every_field, [], []]
+    assert [shape["adv"] for shape, _ in sent] == [256, 256, 512, 128, 384]
 
 
 def test_a_checkpoint_of_the_process_resumes_bit_for_bit(in_process):

@@ -12,9 +12,11 @@ What crosses, and how:
 - the policy's parameters and buffers (PopArt's statistics included) live in shared memory
   (`Module.share_memory`): the process trains them in place, and the driver's serving copy
   (the actor) takes them after each update, as it did from the thread;
-- a batch goes down a pipe as tensors in shared memory (torch's file-descriptor passing:
-  nothing is left in /dev/shm, whichever side dies); what comes back holds no tensor (stats as
-  floats, a checkpoint's state as bytes), so the process never serves file descriptors;
+- a batch is copied into shared-memory buffers that stay from update to update
+  (`rlpipe.learner.batch_staging`): the pipe carries its row counts, and a buffer only when it
+  is new (torch's file-descriptor passing: nothing is left in /dev/shm, whichever side dies);
+  what comes back holds no tensor (stats as floats, a checkpoint's state as bytes), so the
+  process never serves file descriptors;
 - the optimizer and the PPO sampling stream (`generator`) live in the process; a checkpoint
   asks for their state, a resumed run hands it over before the first update.
 
@@ -41,6 +43,7 @@ import torch.multiprocessing  # noqa: F401  registers the tensor reductions the 
 
 from rlpipe import heap
 from rlpipe.config import LearnerSpec
+from rlpipe.learner.batch_staging import BatchReceiver, BatchSender
 from rlpipe.learner.ppo import UpdateStats, ppo_update
 from rlpipe.learner.type_settings import TypeSettings
 
@@ -96,6 +99,8 @@ class UpdateProcess:
         self._proc = None
         self._conn = None
         self._finalizer = None
+        self._batches = BatchSender()
+        self._in_flight: RemoteUpdate | None = None
 
     @property
     def started(self) -> bool:
@@ -136,9 +141,14 @@ class UpdateProcess:
 
     def begin(self, batch: dict, lr: float, deliver) -> RemoteUpdate:
         """Send one update; `deliver` gets its UpdateStats (or exception) when it is read."""
+        if self._in_flight is not None and not self._in_flight.join(0):
+            # the batch buffers are the running update's until its reply is read
+            raise RuntimeError("an update was begun while the last one was still in flight")
         self.lr = lr
-        self._send(("update", batch, lr))
-        return RemoteUpdate(self, deliver)
+        shape, fresh = self._batches.stage(batch)
+        self._send(("update", shape, fresh, lr))
+        self._in_flight = RemoteUpdate(self, deliver)
+        return self._in_flight
 
     def state(self) -> tuple[dict, torch.Tensor]:
         """(the optimizer's state dict, the PPO stream's state), copied out of the process.
@@ -228,6 +238,7 @@ def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, 
     torch.set_num_threads(cfg.torch_threads)
     if learner_cpu is not None:  # worker.cpu_affinity=learner_core: the learner's own CPU
         os.sched_setaffinity(0, {learner_cpu})
+    batches = BatchReceiver()
     generator_state, optimizer_state = start_state
     generator = torch.Generator()
     generator.set_state(generator_state)
@@ -250,17 +261,21 @@ def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, 
         if kind == "stop":
             return
         try:
-            value = _handle(kind, args, policy, built, generator, cfg, per_type, trim)
+            value = _handle(kind, args, policy, built, generator, cfg, per_type, trim, batches)
         except BaseException:
             conn.send((False, traceback.format_exc()))
         else:
             conn.send((True, value))
 
 
-def _handle(kind, args, policy, optimizer, generator, cfg: LearnerSpec, per_type: TypeSettings, trim: bool):
+def _handle(
+    kind, args, policy, optimizer, generator, cfg: LearnerSpec, per_type: TypeSettings, trim: bool, batches
+):
     if kind == "update":
-        batch, lr = args
-        args.clear()  # `batch` its last reference here: its shared pages go with it, before the reply
+        shape, fresh, lr = args
+        args.clear()  # the buffers' references are `batches`' alone from here
+        batch = batches.batch(shape, fresh)
+        del fresh
         opt = optimizer()
         for group in opt.param_groups:
             group["lr"] = lr
