@@ -268,9 +268,7 @@ def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, 
             conn.send((True, value))
 
 
-def _handle(
-    kind, args, policy, optimizer, generator, cfg: LearnerSpec, per_type: TypeSettings, trim: bool, batches
-):
+def _handle(kind, args, policy, optimizer, generator, cfg: LearnerSpec, per_type: TypeSettings, trim: bool, batches):
     if kind == "update":
         shape, fresh, lr = args
         args.clear()  # the buffers' references are `batches`' alone from here
