@@ -21,7 +21,7 @@ from rlpipe.learner.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from rlpipe.learner.policy import Policy
+from rlpipe.learner.policy import Policy, feature_widths
 from rlpipe.learner.scaling import score_to_epsilon, score_to_weight, weighted_ppo_terms
 from rlpipe.worker.exploration import EpsilonGreedy, pack_epsilons, unpack_epsilons
 from rlpipe.worker.rewardnorm import RewardNormalizer
@@ -440,6 +440,64 @@ def test_behaviour_logp_under_epsilon_mixing_matches_direct_computation():
     lu = uniform_logp_torch(torch.from_numpy(is_cont), torch.from_numpy(n_valid), torch.from_numpy(ex_cont))
     tb = mixture_logp_torch(torch.from_numpy(lp_exec), torch.from_numpy(eps), lu)
     np.testing.assert_allclose(tb.numpy(), blp, rtol=1e-5, atol=1e-5)
+
+
+def test_each_type_multiplies_its_own_feature_columns_alone():
+    """A type's board padding (4 state numbers in 6) and the keys it does not produce add
+    nothing: the towers' input layer leaves those columns out. The policy's outputs are those of
+    multiplying them, its gradients too, none reaches their weights, and a nonzero padding
+    would change nothing."""
+    keys = (ObsKey("state", (6,), "float32"), ObsKey("vector", (5,), "float32"))
+    specs = (
+        EnvSpec({"state": ((4,), "float32")}, "discrete", 2),
+        EnvSpec({"state": ((6,), "float32"), "vector": ((3,), "float32")}, "discrete", 2),
+        EnvSpec({"vector": ((2,), "float32")}, "continuous", 2),
+    )
+    env_type = np.tile(np.arange(3, dtype=np.int16), 40)
+    plan = MixPlan(("s4", "s6v3", "v2"), specs, env_type, ActionSpace(2, 2), keys)
+    assert feature_widths(plan, keys, 0) == (4, 9, 8)  # v2: the state columns before its vector
+    torch.manual_seed(0)
+    narrow = Policy(plan, keys, (16, 16)).double()
+    full = Policy(plan, keys, (16, 16)).double()
+    full.load_state_dict(narrow.state_dict())
+    for tower in (full.critic, full.actor_disc, full.actor_cont):
+        assert tower.inp.in_widths == (4, 9, 8)
+        tower.inp.in_widths = (11, 11, 11)  # every column, as before
+    types = torch.from_numpy(env_type.astype(np.int64))
+    obs = {
+        "state": torch.randn(len(types), 6, dtype=torch.float64),
+        "vector": torch.randn(len(types), 5, dtype=torch.float64),
+    }
+    for t, spec in enumerate(specs):  # as the board holds them: zeros past each type's own values
+        rows = types == t
+        for k in keys:
+            written = math.prod(spec.obs[k.name][0]) if k.name in spec.obs else 0
+            obs[k.name][rows, written:] = 0
+    a_disc, a_cont = torch.randint(0, 2, (len(types),)), torch.rand(len(types), 2, dtype=torch.float64) * 2 - 1
+
+    def evaluated(policy, obs):
+        policy.zero_grad()
+        logp, entropy, value = policy.evaluate(obs, types, a_disc, a_cont)
+        (logp.sum() + entropy.sum() + value.square().sum()).backward()
+        return (logp, entropy, value), {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+
+    out_n, grad_n = evaluated(narrow, obs)
+    out_f, grad_f = evaluated(full, obs)
+    for a, b in zip(out_n, out_f):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert grad_n.keys() == grad_f.keys()
+    for name in grad_n:
+        torch.testing.assert_close(grad_n[name], grad_f[name], rtol=1e-10, atol=1e-12)
+    for tower in ("critic", "actor_disc", "actor_cont"):
+        grad = grad_n[f"{tower}.inp.weight"]
+        assert not grad[0, :, 4:].any() and not grad[1, :, 9:].any() and not grad[2, :, 8:].any()
+    assert grad_n["critic.inp.weight"][2, :, 6:8].all()  # v2's own vector values do train
+
+    padded = {k: v.clone() for k, v in obs.items()}
+    padded["state"][types == 0, 4:] = 7.0  # what the layer must not read
+    padded["vector"][types == 1, 3:] = -3.0
+    for a, b in zip(evaluated(narrow, padded)[0], out_n):
+        assert torch.equal(a, b)
 
 
 def test_epsilon_zero_is_exactly_on_policy_and_rate_is_respected():

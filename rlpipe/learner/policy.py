@@ -129,14 +129,22 @@ class Tanh(nn.Module):
 
 
 class TypedLinear(nn.Module):
-    """One Linear layer per env type, applied to type-sorted rows segment by segment."""
+    """One Linear layer per env type, applied to type-sorted rows segment by segment.
 
-    def __init__(self, n_types: int, n_in: int, n_out: int, std: float):
+    `in_widths`: each type's leading input columns that can be nonzero (None: all). The rest
+    are the board's zero padding (a CartPole's 4 state numbers in day4's 32) or keys the type
+    does not produce, so they add nothing to the output and get no gradient; the layer
+    multiplies the type's own columns alone: the same sums without their zero terms (a float
+    sum may round otherwise where a kernel orders it otherwise), at a fraction of the work
+    (docs/benchmarks.md, "The type's own input columns")."""
+
+    def __init__(self, n_types: int, n_in: int, n_out: int, std: float, in_widths: tuple[int, ...] | None = None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(n_types, n_out, n_in))
         self.bias = nn.Parameter(torch.zeros(n_types, n_out))
         for t in range(n_types):
             nn.init.orthogonal_(self.weight.data[t], std)
+        self.in_widths = tuple(min(int(w), n_in) for w in in_widths) if in_widths is not None else (n_in,) * n_types
 
     def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
         if not order.segments:
@@ -144,17 +152,30 @@ class TypedLinear(nn.Module):
         # split and unbind: in training, one backward op each (a cat, a stack) where a slice per
         # segment and type made a zero-filled gradient of the whole x and weight per segment
         rows = x.split([b - a for _, a, b in order.segments])
-        weight, bias = self.weight.unbind(), self.bias.unbind()
-        parts = [F.linear(r, weight[t], bias[t]) for r, (t, _, _) in zip(rows, order.segments)]
+        weight, bias, widths, n_in = self.weight.unbind(), self.bias.unbind(), self.in_widths, self.weight.shape[2]
+        parts = [
+            F.linear(r, weight[t], bias[t])
+            if widths[t] == n_in
+            else F.linear(r[:, : widths[t]], weight[t][:, : widths[t]], bias[t])
+            for r, (t, _, _) in zip(rows, order.segments)
+        ]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class Tower(nn.Module):
     """Per-type input layer -> shared hidden layers -> per-type output layer."""
 
-    def __init__(self, n_types: int, n_in: int, hidden: tuple[int, ...], n_out: int, out_std: float):
+    def __init__(
+        self,
+        n_types: int,
+        n_in: int,
+        hidden: tuple[int, ...],
+        n_out: int,
+        out_std: float,
+        in_widths: tuple[int, ...] | None = None,
+    ):
         super().__init__()
-        self.inp = TypedLinear(n_types, n_in, hidden[0], np.sqrt(2))
+        self.inp = TypedLinear(n_types, n_in, hidden[0], np.sqrt(2), in_widths)
         self.act = Tanh()
         trunk, width = [], hidden[0]
         for h in hidden[1:]:
@@ -165,6 +186,23 @@ class Tower(nn.Module):
 
     def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
         return self.out(self.trunk(self.act(self.inp(x, order))), order)
+
+
+def feature_widths(plan: MixPlan, obs_keys, rgb_out: int) -> tuple[int, ...]:
+    """Each type's leading feature columns that can be nonzero (Policy.features: the keys in
+    board order, each flattened, rgb as the encoder's `rgb_out` features): up to the end of
+    the values it writes into the last key it produces; after them come only the board's zero
+    padding and keys it does not produce (zeros, masked)."""
+    widths = []
+    for spec in plan.specs:
+        end = offset = 0
+        for k in obs_keys:
+            size = rgb_out if k.name == "rgb" else math.prod(k.shape)
+            if k.name in spec.obs:
+                end = offset + (size if k.name == "rgb" else math.prod(spec.obs[k.name][0]))
+            offset += size
+        widths.append(end)
+    return tuple(widths)
 
 
 def _key_rows(has: torch.Tensor, n_rows: int, name: str) -> torch.Tensor:
@@ -222,15 +260,20 @@ class Policy(nn.Module):
         # mix whose types all produce every key, and all use every discrete action.
         self.every_type_every_key = bool(key_mask.all())
         self.every_type_every_action = bool(disc_mask.all())
-        self.critic = Tower(n_types, n_feat, hidden, 1, out_std=1.0)
+        widths = feature_widths(plan, obs_keys, self.rgb.out if self.rgb else 0)
+        self.critic = Tower(n_types, n_feat, hidden, 1, out_std=1.0, in_widths=widths)
         if value_init_std is not None:
             # an orthogonal matrix at gain g is the one at gain 1 times g: scaling draws no
             # random numbers, so a run that sets no type's gain builds the same weights
             gain = torch.as_tensor(value_init_std, dtype=self.critic.out.weight.dtype)
             self.critic.out.weight.data.mul_(gain.reshape(n_types, 1, 1))
         self.popart = PopArt(n_types)
-        self.actor_disc = Tower(n_types, n_feat, hidden, self.disc_n, out_std=0.01) if self.disc_n else None
-        self.actor_cont = Tower(n_types, n_feat, hidden, self.cont_dim, out_std=0.01) if self.cont_dim else None
+        self.actor_disc = (
+            Tower(n_types, n_feat, hidden, self.disc_n, out_std=0.01, in_widths=widths) if self.disc_n else None
+        )
+        self.actor_cont = (
+            Tower(n_types, n_feat, hidden, self.cont_dim, out_std=0.01, in_widths=widths) if self.cont_dim else None
+        )
         log_std = torch.zeros(n_types, max(self.cont_dim, 1))
         if log_std_init is not None:
             log_std += torch.as_tensor(log_std_init, dtype=log_std.dtype).reshape(n_types, 1)
@@ -294,19 +337,20 @@ class Policy(nn.Module):
             cont = Normal(mean, self.log_std[types].exp(), validate_args=False)
         return disc, cont
 
-    def _logp_entropy(self, disc, cont, types, a_disc, a_cont):
+    def _logp_entropy(self, disc, cont, types, a_disc, a_cont, entropy: bool = True):
+        """(log-prob of the actions, entropy); the entropy is None where not asked for (acting)."""
         zeros = torch.zeros(len(types), device=types.device)
         d_lp = disc.log_prob(a_disc) if disc is not None else zeros
-        d_ent = disc.entropy() if disc is not None else zeros
+        d_ent = (disc.entropy() if disc is not None else zeros) if entropy else None
         if cont is None:
             return d_lp, d_ent
         valid = self.cont_mask[types]
         c_lp = (cont.log_prob(a_cont) * valid).sum(-1)
-        c_ent = (cont.entropy() * valid).sum(-1)
+        c_ent = (cont.entropy() * valid).sum(-1) if entropy else None
         if disc is None:
             return c_lp, c_ent
         sel = self.is_cont[types]
-        return torch.where(sel, c_lp, d_lp), torch.where(sel, c_ent, d_ent)
+        return torch.where(sel, c_lp, d_lp), torch.where(sel, c_ent, d_ent) if entropy else None
 
     def _sorted(self, obs, types) -> tuple[torch.Tensor, TypeOrder]:
         order = TypeOrder.of(types)
@@ -340,7 +384,7 @@ class Policy(nn.Module):
             a_cont = cont.mean if cont is not None else torch.zeros(len(types), 1, device=feat.device)
         else:
             a_disc, a_cont = self._sample(disc, cont, len(types), feat.device)
-        logp, _ = self._logp_entropy(disc, cont, order.types, a_disc, a_cont)
+        logp, _ = self._logp_entropy(disc, cont, order.types, a_disc, a_cont, entropy=False)
         value = self.popart.denormalize(self._value_normalized(feat, order), order.types)
         return tuple(order.unsort(x) for x in (a_disc, a_cont, logp, value))
 
@@ -354,7 +398,7 @@ class Policy(nn.Module):
         disc, cont = self._dists(feat, order)
         st, b, dev = order.types, len(types), feat.device
         a_disc, a_cont = self._sample(disc, cont, b, dev)
-        logp, _ = self._logp_entropy(disc, cont, st, a_disc, a_cont)
+        logp, _ = self._logp_entropy(disc, cont, st, a_disc, a_cont, entropy=False)
         # The alternatives are drawn in row order, so a row's draw does not depend on the
         # batch's type layout.
         n_valid = self.disc_mask[types].sum(-1).clamp_min(1)
@@ -362,7 +406,7 @@ class Policy(nn.Module):
         alt_cont = (torch.rand(a_cont.shape, generator=generator, device=dev) * 2.0 - 1.0) * self.cont_mask[types][
             :, : a_cont.shape[1]
         ]
-        alt_logp, _ = self._logp_entropy(disc, cont, st, order.sort(alt_disc), order.sort(alt_cont))
+        alt_logp, _ = self._logp_entropy(disc, cont, st, order.sort(alt_disc), order.sort(alt_cont), entropy=False)
         value = self.popart.denormalize(self._value_normalized(feat, order), st)
         a_disc, a_cont, logp, value, alt_logp = (order.unsort(x) for x in (a_disc, a_cont, logp, value, alt_logp))
         return ActOut(a_disc, a_cont, logp, value, alt_disc, alt_cont, alt_logp)
