@@ -243,9 +243,12 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
         # CartPole steps through its bare C step (rlpipe/native/gymstep.pyx); a short time
         # limit puts its truncations and final obs on that path too
         _node("cartpole", make_kwargs={"max_episode_steps": 9}),
+        # LunarLander's reward at a crash or a landing is an int (-100, +100): the adapter's
+        # float, on the C path too
+        _node("lunar_lander"),
     ]
     specs = tuple(describe(n) for n in nodes)
-    type_index = np.array([0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0, 1], dtype=np.int16)
+    type_index = np.array([0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 7, 7], dtype=np.int16)
     n = len(type_index)
 
     def twin():
@@ -276,7 +279,7 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
     cont = np.zeros((n, 2), dtype=np.float32)
     rng = np.random.default_rng(2)
     n_actions = np.array([specs[t].action_n for t in type_index])
-    finals_seen = 0
+    finals_seen = landings = 0
     try:
         for step in range(300):
             clock[0] = step * 0.1
@@ -290,6 +293,8 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
             for a, b in zip(fast_staging, ref_staging):
                 np.testing.assert_array_equal(a, b, err_msg=f"staging or final rows at step {step}")
             finals_seen += int(ref_out["final"].sum())
+            ended = (type_index == 7) & ref_out["terminated"].astype(bool)
+            landings += int((np.abs(ref_out["reward"][ended]) == 100).sum())
             assert not (ref_out["final"].astype(bool) & ~ref_out["truncated"].astype(bool)).any()
             np.testing.assert_array_equal(fast.ep_return, ref.ep_return)
             np.testing.assert_array_equal(fast.ep_len, ref.ep_len)
@@ -303,6 +308,9 @@ def test_c_step_loop_matches_the_python_reference_under_faults():
         assert (ref_out["ep_len"] > 0).any() or ref.ep_len.max() > 0
         assert finals_seen > 0  # time limits are exercised
         assert isinstance(fast.envs[6].step, DiscreteBoxStep)  # and the C loop's direct path
+        assert isinstance(fast.envs[7].step, DiscreteBoxStep)
+        assert not [f for f in ref.faults if type_index[f.env_id - 100] == 7]  # no landing refused
+        assert landings  # the int rewards were met
         np.testing.assert_array_equal(fast.rebuilds, ref.rebuilds)
     finally:
         ref.close_all()

@@ -30,8 +30,10 @@ cdef class DiscreteBoxStep:
         self.elapsed = 0
 
     cdef tuple step(self, object action):
-        """(obs row, reward, terminated, truncated, info) as the env gave them but the obs, a
-        float32 row, and truncated, set at the time limit as TimeLimit sets it."""
+        """(obs row, reward, terminated, truncated, info) as the adapter's Python step gives
+        them (classic.py: the reward as float, both flags as bool; LunarLander's -100 and +100
+        at a landing or a crash are ints) but the obs, a float32 row; truncated set at the
+        time limit as TimeLimit sets it."""
         cdef object act, obs, reward, terminated, truncated, info
         if type(action) is int and 0 <= action < self.n:
             act = self.acts[<Py_ssize_t>action]
@@ -39,8 +41,14 @@ cdef class DiscreteBoxStep:
             act = np.int64(self.start + int(action))
         obs, reward, terminated, truncated, info = self.bare(act)
         self.elapsed += 1
+        if type(reward) is not float:
+            reward = float(reward)
+        if terminated is not True and terminated is not False:
+            terminated = bool(terminated)
         if self.elapsed >= self.limit:
             truncated = True
+        elif truncated is not True and truncated is not False:
+            truncated = bool(truncated)
         if type(obs) is not np.ndarray or (<cnp.ndarray>obs).descr is not F32 or (<cnp.ndarray>obs).ndim != 1:
             obs = np.asarray(obs, dtype=np.float32).reshape(-1)
         return (obs, reward, terminated, truncated, info)
