@@ -54,6 +54,6 @@ cdef class DiscreteBoxStep:
         return (obs, reward, terminated, truncated, info)
 
     def __call__(self, env_id, action):
-        """EnvInterface.step."""
+        """EnvInterface.step (`step` has made the reward a float and the flags bools)."""
         obs, reward, terminated, truncated, info = self.step(action)
-        return {self.key: obs}, float(reward), bool(terminated), bool(truncated), info
+        return {self.key: obs}, reward, terminated, truncated, info
