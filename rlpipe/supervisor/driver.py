@@ -229,8 +229,9 @@ class Driver:
                     poll_ms = 0
                 marks.phase = "taking doorbells, starting workers"
                 engine.poll(now, poll_ms)
-                # while the learner is backlogged the ready slices wait (held) in the engine
-                rnd = None if learner.backlogged else engine.recv()
+                # while the learner is backlogged the ready slices wait (held) in the engine, and
+                # while most workers still step a slice they wait for more (gathering.py)
+                rnd = engine.recv() if not learner.backlogged and engine.serve_due(now) else None
                 if rnd is not None:
                     marks.phase = "serving inference"
                     engine.send(rnd.slots, learner.act(rnd))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,6 +36,7 @@ from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.protocol import Round, batch_rows
 from rlpipe.shm.segment import run_segments, sweep_dead_segments
 from rlpipe.supervisor.fleet import Fleet
+from rlpipe.supervisor.gathering import busy_workers, serve_now
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
 
 
@@ -88,6 +90,7 @@ class SliceEngine:
         self.gen = np.zeros(0, dtype=np.int64)  # the newest ring's worker generation
         self.handed_gen = np.zeros(0, dtype=np.int64)  # the generation last received (0: none)
         self.rang_at = np.zeros(0, dtype=np.int64)  # when it became ready, in rings counted
+        self.ready_since = np.zeros(0)  # when it became ready, monotonic seconds
         self.rings = 0
 
     # -- set-up ----------------------------------------------------------------------------
@@ -118,6 +121,7 @@ class SliceEngine:
         self.gen = np.zeros(n, dtype=np.int64)
         self.handed_gen = np.zeros(n, dtype=np.int64)
         self.rang_at = np.zeros(n, dtype=np.int64)
+        self.ready_since = np.zeros(n)
 
     # -- the serving verbs ------------------------------------------------------------------
     def poll(self, now: float, poll_ms: int) -> np.ndarray:
@@ -130,9 +134,9 @@ class SliceEngine:
         woken, woken_seqs = fleet.wake_due(now)
         if len(woken):
             slots, seqs = np.concatenate([slots, woken]), np.concatenate([seqs, woken_seqs])
-        return self._mark_ready(slots, seqs)
+        return self._mark_ready(slots, seqs, now)
 
-    def _mark_ready(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    def _mark_ready(self, slots: np.ndarray, seqs: np.ndarray, now: float) -> np.ndarray:
         """Rings of the slots' current generations (the fleet reads no other) in."""
         if not len(slots):
             return slots
@@ -145,6 +149,7 @@ class SliceEngine:
         fresh = slots[~self.ready[slots]]
         self.ready[fresh] = True
         self.rang_at[fresh] = self.rings + np.arange(1, len(fresh) + 1)
+        self.ready_since[fresh] = now
         self.rings += len(fresh)
         return fresh
 
@@ -166,6 +171,18 @@ class SliceEngine:
         self._drop_replaced()
         slots = np.flatnonzero(self.ready)
         return slots[np.argsort(self.rang_at[slots], kind="stable")]
+
+    def serve_due(self, now: float) -> bool:
+        """Whether the ready slots are worth a round now, or wait for more to ring while most
+        workers still step a slice (rlpipe/supervisor/gathering.py); False when none is ready."""
+        ready = self.ready_mask()
+        if not ready.any():
+            return False
+        fleet = self.fleet
+        busy, awake = busy_workers(fleet.slots.worker, fleet.slot_awake, ready)
+        cpus = fleet.worker_cpus()
+        n_cpus = len(cpus) if cpus is not None else math.ceil(self.spec.layout.cpus)
+        return serve_now(busy, awake, n_cpus, now - self.ready_since[ready].min())
 
     def recv(self, slots: np.ndarray | None = None) -> Round | None:
         """The obs, step results and final obs of `slots` (default: every ready slot), as one

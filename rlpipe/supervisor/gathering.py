@@ -1,0 +1,45 @@
+"""When the training driver serves the ready slices: at once, or after gathering more of them.
+
+An inference round costs a fixed part and a part per row. The fixed part is every present
+type's tower called once, and torch's dispatch around it. On day4's twelve types the policy
+alone took 2.6 ms for 70 rows (37 us a row) and 7.5 ms for 700 (10.7 us a row). Served the
+moment one slice rang, day4's rounds held 70 rows at the median (one slice), and serving took
+about 0.38 of a core. That was mostly the PPO update's core, since the driver is not pinned.
+The update got 0.43 of its core, and trained samples/s followed (docs/benchmarks.md, "Rounds
+gathered").
+
+So the driver gathers. The ready slices wait while at least half the awake workers still have
+a slice in hand: those keep their CPUs busy. A worker has `worker.slices` slices, so one whose
+ring waits steps its others meanwhile. The ready slices are served as one round when fewer
+workers than that are busy, or when the oldest of them has waited `MAX_WAIT_S`. The bound is
+for a worker that falls silent holding its slices: it counts as busy until the watchdog
+replaces it.
+
+Busy workers are never fewer than the workers' CPUs times `BUSY_PER_CPU`. Where the workers
+are that few (a small run, or one slice a worker and as many workers as CPUs), the rule serves
+every ring at once, as before.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+BUSY_SHARE = 0.5  # gather while at least this share of the awake workers has a slice in hand
+BUSY_PER_CPU = 2  # ... and at least this many busy workers per worker CPU
+MAX_WAIT_S = 0.5  # the longest a ready slice waits for others
+
+
+def busy_workers(slot_worker: np.ndarray, awake: np.ndarray, ready: np.ndarray) -> tuple[int, int]:
+    """(workers with a slice in hand, workers with an awake slice), from per-slot arrays: each
+    slot's worker id, whether its group is awake, whether its ring waits to be answered."""
+    in_hand = np.unique(slot_worker[awake & ~ready])
+    return len(in_hand), len(np.unique(slot_worker[awake]))
+
+
+def serve_now(busy: int, awake: int, worker_cpus: int, oldest_wait_s: float) -> bool:
+    """Whether the ready slices are served now (there are some: the caller checks). `busy` and
+    `awake`: `busy_workers`; `worker_cpus`: the CPUs the workers run on."""
+    keep_busy = max(math.ceil(BUSY_SHARE * awake), BUSY_PER_CPU * worker_cpus)
+    return busy < keep_busy or oldest_wait_s >= MAX_WAIT_S
