@@ -38,7 +38,8 @@ def padded_rows(n: int) -> int:
 
 
 class PaddedInput:
-    """One buffer for the conv stack's padded input, reused by every minibatch of an update.
+    """One buffer for the conv stack's padded input ([rows, H, W, C]), reused by every
+    minibatch of an update.
 
     Why: the driver maps every block of 4 MB or more on its own and unmaps it when freed
     (`run.mmap_threshold_mb`, rlpipe/heap.py), so a fresh 20 MB input per minibatch was 5,000
@@ -49,7 +50,7 @@ class PaddedInput:
     def __init__(self):
         self.buffer: torch.Tensor | None = None
 
-    def rows(self, n: int, shape: tuple[int, int, int], like: torch.Tensor) -> torch.Tensor:
+    def rows(self, n: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """The first `n` rows of the buffer (grown to hold them)."""
         if self.buffer is None or len(self.buffer) < n:
             self.buffer = torch.empty((n,) + shape, dtype=like.dtype, device=like.device)
@@ -65,7 +66,7 @@ class ImageRows:
     update instead of once an epoch, and copied once a minibatch instead of gathered,
     converted and divided."""
 
-    images: torch.Tensor  # [N, C, H, W] float32
+    images: torch.Tensor  # [N, H, W, C] float32
     rows: torch.Tensor  # int64 indices into images
     padded: PaddedInput = field(default_factory=PaddedInput)
 
@@ -78,7 +79,14 @@ class ImageRows:
 
 class RgbEncoder(nn.Module):
     """Nature-CNN-sized conv stack for HxWxC uint8 or float images (or `ImageRows`); the conv
-    layers see only the batch sizes of `padded_rows`."""
+    layers see only the batch sizes of `padded_rows`.
+
+    The stack runs channels-last: its weights and inputs keep the channels innermost, as the
+    board keeps the pixels, and each input is the [N, H, W, C] buffer seen as [N, C, H, W].
+    oneDNN's convolution takes that layout directly. In the NCHW layout it took 1.5x the time
+    over a day4 minibatch's 216 rgb rows, forward and backward, on one thread
+    (docs/benchmarks.md, "The rgb encoder channels-last"). The flattened features are the
+    same (C, H, W) order either way, so the fc layer and a checkpoint read them alike."""
 
     def __init__(self, shape: tuple[int, int, int], channels: tuple[int, int, int] = (32, 64, 64), out: int = 256):
         super().__init__()
@@ -98,12 +106,12 @@ class RgbEncoder(nn.Module):
         with torch.no_grad():
             n = self.conv(torch.zeros(1, c, h, w)).shape[1]
         self.fc = nn.Sequential(layer_init(nn.Linear(n, out)), nn.ReLU(inplace=True))
+        self.conv.to(memory_format=torch.channels_last)
         self.out = out
-        self.in_shape = (c, h, w)
+        self.in_shape = (h, w, c)
 
     def inputs(self, rgb: torch.Tensor) -> torch.Tensor:
-        """[N, H, W, C] images as the conv stack takes them: [N, C, H, W] float32, uint8
-        scaled to [0, 1]."""
+        """[N, H, W, C] images as the conv stack takes them: float32, uint8 scaled to [0, 1]."""
         return _conv_input(torch.empty((len(rgb),) + self.in_shape, device=rgb.device), rgb)
 
     def forward(self, rgb: torch.Tensor | ImageRows) -> torch.Tensor:
@@ -115,13 +123,13 @@ class RgbEncoder(nn.Module):
             x = torch.empty((padded_rows(n),) + self.in_shape, device=rgb.device)
             _conv_input(x[:n], rgb)
         x[n:] = 0.0
-        return self.fc(self.conv(x)[:n])
+        return self.fc(self.conv(x.permute(0, 3, 1, 2))[:n])
 
 
 def _conv_input(x: torch.Tensor, rgb: torch.Tensor) -> torch.Tensor:
-    """`rgb` ([N, H, W, C]) into `x` ([N, C, H, W] float32): one copy for the layout change and
-    the cast, then uint8 divided by 255 in place."""
-    x.copy_(rgb.permute(0, 3, 1, 2))
+    """`rgb` ([N, H, W, C]) into `x` (the same shape, float32): one copy for the cast, then
+    uint8 divided by 255 in place."""
+    x.copy_(rgb)
     if rgb.dtype == torch.uint8:
         x /= 255.0
     return x
