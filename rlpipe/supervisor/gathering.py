@@ -15,9 +15,11 @@ workers than that are busy, or when the oldest of them has waited `MAX_WAIT_S`. 
 for a worker that falls silent holding its slices: it counts as busy until the watchdog
 replaces it.
 
-Busy workers are never fewer than the workers' CPUs times `BUSY_PER_CPU`. Where the workers
-are that few (a small run, or one slice a worker and as many workers as CPUs), the rule serves
-every ring at once, as before.
+Gathering also needs at least `BUSY_PER_CPU` busy workers for each CPU the workers run on,
+so that a CPU does not idle while the ready slices wait. Where there are not that many workers
+(the quick start's one worker, or as many workers as CPUs), every ring is served at once, as
+before. On the single-type CartPole and null rows of `benchmarks/driver_cost.py` gathering
+changed nothing beyond the spread: one type's tower is a small fixed cost a round.
 """
 
 from __future__ import annotations
