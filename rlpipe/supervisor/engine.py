@@ -4,6 +4,7 @@ verbs. Its two clients hold none of it: the training driver (rlpipe/supervisor/d
 and `rlpipe.vector` (rlpipe/vector/engine.py).
 
     engine.poll(now, poll_ms)    take the doorbells rung since the last call: the slices ready
+    engine.serve_due(now)        whether they are worth a round now (the driver's gathering)
     rnd = engine.recv()          the ready slices as one batch (rlpipe.protocol.Round)
     engine.send(rnd.slots, acts) their actions scattered, their workers rung
 
