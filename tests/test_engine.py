@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import sqlite3
+import statistics
 import subprocess
 import time
 
@@ -244,6 +245,38 @@ def test_mixed_discrete_and_continuous_run(short_tmp):
     # random CartPole lasts 22 steps on average (the mean of 100 episodes: 22 +- 1.2)
     assert summary["mean_return_last100"]["cartpole"] > 60
     assert "mountaincar_cont" in summary["mean_return_last100"]
+
+
+def test_the_driver_gathers_ready_slices_into_rounds(short_tmp):
+    """16 workers of one 16-env slice on 2 CPUs: a round is served once fewer than half of them
+    (8) still step their slice, so it holds at least 9 slices (144 rows) unless a slice waited
+    0.5 s (rlpipe/supervisor/gathering.py); charted as charts/rows_per_round. Served at each
+    ring instead, these rounds held 21-25 rows (2026-12-05)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = short_tmp / "run"
+    out = run_cli(
+        run_dir,
+        "env_mix=cartpole",
+        "buffer=lowdim",
+        "+env@env_mix.types.physics_sim=physics_sim",  # ~0.6 ms a step: the workers, not the
+        "+env_mix.weights.physics_sim=3.0",  # driver, are the limit, so rings come in one by one
+        "env_count=256",
+        "groups.size=16",
+        "worker.slices=1",
+        "worker.cpu_affinity=null",
+        "groups.hot=100000",
+        "learner.mode=random",
+        "logging.random_return_episodes=0",
+        "run.total_env_steps=40000",
+        "run.duration_s=120",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    rows = [e.value for e in acc.Scalars("charts/rows_per_round")]
+    assert rows and all(0 < r <= 256 for r in rows)
+    assert statistics.median(rows) >= 9 * 16, rows
 
 
 def test_tensorboard_tags(cartpole_multirun):

@@ -141,6 +141,8 @@ class CentralLearner(BackgroundTraining):
         episode windows and the rollouts: vector ops over its rows, whatever their slices."""
         acted, self._acted = self._acted, None
         self.counters.torn_retries += rnd.torn_retries
+        self.counters.rounds += 1
+        self.counters.rows_served += len(rnd.rows)
         stepped = rnd.stepped
         if stepped.any():
             res = rnd.results

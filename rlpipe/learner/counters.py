@@ -19,6 +19,8 @@ class Counters:
     updates: int = 0
     episodes: int = 0
     torn_retries: int = 0
+    rounds: int = 0  # inference rounds served
+    rows_served: int = 0  # the rows (envs) of those rounds
     dropped_rollouts: int = 0  # env-rollouts discarded under learner.backlog=drop
     trained_samples: int = 0  # transitions that went into PPO updates (each once)
     first_step_at: float | None = None

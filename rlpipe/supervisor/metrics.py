@@ -58,6 +58,7 @@ class RunMetrics:
         self.resources_charted_at: float | None = None
         self.learner = None  # learner.central.CentralLearner, once built
         self.chart_mark = (0, t0)  # (env steps, time) of the last charts/sps sample
+        self.round_mark = (0, 0)  # (rounds, rows served) at the last charts/rows_per_round
         self.loss_std_marks: dict[str, float] = {}
         self.health_timer = Every(spec.logging.health_interval_s)
         self.reward_stats_timer = Every(REWARD_STATS_S)
@@ -122,6 +123,9 @@ class RunMetrics:
         sps = (c.env_steps - last_steps) / max(now - last_t, 1e-9) if c.first_step_at is not None else 0.0
         self.chart_mark = (c.env_steps, now)
         values = {"charts/sps": sps} if c.first_step_at is not None else {}
+        if c.rounds > self.round_mark[0]:  # the rows an inference round served (gathering.py)
+            values["charts/rows_per_round"] = (c.rows_served - self.round_mark[1]) / (c.rounds - self.round_mark[0])
+            self.round_mark = (c.rounds, c.rows_served)
         values |= {
             "envs/active": self.fleet.active_envs(now),
             "board/torn_retries": c.torn_retries,
