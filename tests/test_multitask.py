@@ -409,6 +409,38 @@ def test_hold_backlog_never_lets_a_full_batch_wait_while_workers_step():
     assert not drop.backlogged  # no update running: the loop starts one
 
 
+def test_drop_backlog_keeps_a_full_batch_waiting_while_an_update_trains():
+    """backlog=drop drops the oldest waiting blocks while an update trains, but never below a
+    full batch: with blocks that do not divide the batch (day4: 1,120-sample slices against
+    8,192) dropping down to the batch size left 7,840 samples, and the next update waited for
+    one more block instead of starting the moment the running one ended."""
+    drop = _learner("learner.backlog=drop", "learner.update_envs=4")
+    per_block = drop.update_samples * 3 // 8  # 3 blocks hold more than a batch, 2 less
+
+    def wait(blocks: int) -> None:
+        drop.ready_blocks = [{"adv": np.zeros(per_block), "n_envs": 3} for _ in range(blocks)]
+        drop.ready_types = [np.zeros(per_block, dtype=np.int64) for _ in range(blocks)]
+        drop.ready_samples = blocks * per_block
+        drop.counters.dropped_rollouts = 0
+
+    release = threading.Event()
+    drop._update_job = threading.Thread(target=release.wait)
+    drop._update_job.start()
+    try:
+        wait(3)
+        assert not drop.backlogged and len(drop.ready_blocks) == 3  # 3 blocks: one batch, kept whole
+        assert drop.counters.dropped_rollouts == 0
+        wait(7)
+        assert not drop.backlogged
+        assert len(drop.ready_blocks) == 3 and drop.counters.dropped_rollouts == 4 * 3  # the oldest four
+        assert drop.ready_samples == 3 * per_block >= drop.update_samples
+    finally:
+        release.set()
+        drop._update_job.join()
+    drop._update_job = None
+    assert drop.update_due  # the batch is there when the update ends
+
+
 def test_sync_backlog_holds_the_workers_through_every_update():
     """backlog=sync: while an update trains the workers wait even with no batch waiting (every
     step then uses the newest weights); with none training, a full batch holds them as hold does

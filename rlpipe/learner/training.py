@@ -44,7 +44,11 @@ class BackgroundTraining:
         training; with thousands of envs one inference round alone completes more rollouts
         than an update takes, so holding only while an update runs would let them pile up).
         learner.backlog=drop: keep stepping; while an update trains, drop the oldest waiting
-        rollouts beyond one batch (throughput: the policy lag stays bounded).
+        rollouts beyond one batch (throughput: the policy lag stays bounded). A block is dropped
+        only while the rest still make a full batch, so the next update starts the moment this
+        one ends: dropping down to the batch size let blocks of 1,120 samples (day4's slices)
+        against a batch of 8,192 leave 7,840, and every update then waited about 0.2 s for
+        one more block (docs/benchmarks.md, "A full batch kept").
         learner.backlog=sync: as hold, and the workers also wait while any update trains, so
         every step is taken with the newest weights (on-policy, as a synchronous PPO: under
         hold the next batch is collected while the last one trains, one update behind). For
@@ -57,7 +61,9 @@ class BackgroundTraining:
             return True
         if self._update_job is None:
             return False
-        while self.ready_samples > self.update_samples and len(self.ready_blocks) > 1:
+        while (
+            len(self.ready_blocks) > 1 and self.ready_samples - len(self.ready_blocks[0]["adv"]) >= self.update_samples
+        ):
             block = self.ready_blocks.pop(0)
             self.ready_types.pop(0)
             self.ready_samples -= len(block["adv"])
