@@ -77,6 +77,12 @@ def test_v1_places_moves_and_cleans_up():
         assert f"cpu:/rlpipe_{run_id}/active" in groups
         driver.hibernate(4, proc.pid)
         assert f"cpu:/rlpipe_{run_id}/g4" in Path(f"/proc/{proc.pid}/cgroup").read_text()
+        # the random-return probe's placement: the workers' memory limit, not their CPU weight
+        for path in driver.memory_paths():
+            Path(path).write_text(str(proc.pid))
+        groups = Path(f"/proc/{proc.pid}/cgroup").read_text()
+        assert f"memory:/rlpipe_{run_id}/active" in groups and f"cpu:/rlpipe_{run_id}/g4" in groups
+        assert driver.memory_paths() == [f"/sys/fs/cgroup/memory/rlpipe_{run_id}/active/cgroup.procs"]
         driver.cleanup()  # the live process is moved out, then every dir removed
         assert not Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}").exists()
         assert not Path(f"/sys/fs/cgroup/memory/rlpipe_{run_id}").exists()
@@ -172,6 +178,7 @@ def test_v2_driver_against_a_temporary_root(tmp_path):
         assert (top / "g1" / "cpu.max").read_text() == "2500 100000"
         assert (top / "g1" / "memory.max").read_text() == str(256 * 2**20)
         assert driver.active_paths() == [str(top / "active" / "cgroup.procs")]
+        assert driver.memory_paths() == driver.active_paths()  # one hierarchy: memory comes with cpu
         driver.wake(1, 4242)
         assert (top / "active" / "cgroup.procs").read_text() == "4242"
         driver.hibernate(1, 4243)

@@ -54,8 +54,10 @@ RESULT_FILE = "random_returns.json"
 INITIAL_FILE = "initial_policy_returns.json"
 OUTPUT_FILE = "random_return_probe.log"  # what its envs print, capped
 # Nice 10, not 19: beside a day4 run at nice 19 the probe got under 1 % of a core and took 21
-# minutes of a 30-minute run for 20 untrained episodes a type; at nice 10 it gets ~5 % (CFS
-# weights 110 against 1,024 a busy thread) for the few minutes the measurement takes.
+# minutes of a 30-minute run for 20 untrained episodes a type. At nice 10 beside day4 on 2 CPUs
+# it took 0.19 of the PPO update's CPU, whose two nice-0 tasks (the update, the driver) each
+# sleep often: more than CFS's weights (110 against 1,024) suggest. It is in the workers'
+# memory cgroup only (CgroupDriver.memory_paths): in their cpu cgroup it took 0.27-0.29.
 PROBE_NICE = 10
 
 
@@ -126,7 +128,7 @@ def measure_all(
     os.setpgrp()
     signal.signal(signal.SIGTERM, _end_with_descendants)
     # Its envs' memory is limited as the workers' (rlpipe.supervisor.memory): the awake
-    # workers' cgroup, and the OOM killer's first picks.
+    # workers' memory cgroup (not their CPU weight: PROBE_NICE), and the OOM killer's first picks.
     for procs in cgroup_paths:
         with open(procs, "w") as f:
             f.write(str(os.getpid()))

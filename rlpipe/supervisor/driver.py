@@ -151,7 +151,7 @@ class Driver:
                 spec.logging.random_return_budget_s,
                 spec.run.seed + 99,
                 InitialPolicy.of(self.learner, spec) if fresh and spec.logging.initial_policy_episodes else None,
-                self.fleet.cgroups.active_paths(),  # the workers' memory limit (rlpipe.supervisor.memory)
+                self.fleet.cgroups.memory_paths(),  # the workers' memory limit (rlpipe.supervisor.memory)
                 keep_measured=not fresh,  # a resumed run keeps its first start's random figures too
             )
         self.metrics.resources.start()
