@@ -55,9 +55,9 @@ INITIAL_FILE = "initial_policy_returns.json"
 OUTPUT_FILE = "random_return_probe.log"  # what its envs print, capped
 # Nice 10, not 19: beside a day4 run at nice 19 the probe got under 1 % of a core and took 21
 # minutes of a 30-minute run for 20 untrained episodes a type. At nice 10 beside day4 on 2 CPUs
-# it took 0.19 of the PPO update's CPU, whose two nice-0 tasks (the update, the driver) each
-# sleep often: more than CFS's weights (110 against 1,024) suggest. It is in the workers'
-# memory cgroup only (CgroupDriver.memory_paths): in their cpu cgroup it took 0.27-0.29.
+# it took 0.18-0.19 of the PPO update's CPU, more than CFS's weights (110 against 1,024 a busy
+# thread) would give it. It is in the workers' memory cgroup only (CgroupDriver.memory_paths):
+# in their cpu cgroup it took 0.25-0.29.
 PROBE_NICE = 10
 
 

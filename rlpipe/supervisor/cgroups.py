@@ -111,7 +111,7 @@ class CgroupDriver:
         """Files a process writes its pid into to share the awake workers' memory limit
         (rlpipe.supervisor.memory) without joining their CPU weight: the random-return probe.
         In the `active` cpu cgroup, whose weight is that of all the workers, a nice-10 probe
-        alone on the PPO update's CPU took 0.25-0.27 of it, against 0.18 outside any cgroup
+        alone on the PPO update's CPU took 0.25-0.29 of it, against 0.18-0.19 outside it
         (docs/benchmarks.md, "The probe's CPU cgroup")."""
         return []
 
