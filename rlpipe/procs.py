@@ -1,6 +1,6 @@
 """Is a process alive? One answer for every caller (sweeps, workers watching their driver,
-checkpoint temp files): a zombie is not alive. How much CPU has a process used? And how a
-child of the run goes when its driver does."""
+checkpoint temp files): a zombie is not alive. How much CPU has a process used? How a child of
+the run goes when its driver does, and how it gives way to the run's own work."""
 
 from __future__ import annotations
 
@@ -83,6 +83,21 @@ def lower_priority(nice: int) -> None:
             f.write(str(nice))
     except OSError:
         pass  # no autogroups here (kernel without them, no procfs): the nice above is all there is
+
+
+def idle_priority() -> bool:
+    """This process, and every process and thread it starts after, under SCHED_IDLE: Linux
+    runs it on CPU time that no task of normal priority wants. A nice value only weighs it:
+    beside day4's PPO update on the learner's CPU (2 CPUs), the random-return probe at nice 10
+    (weight 110 against the update's 1,024) still took 0.18 of that CPU, and the update waited
+    0.23 of its wall time runnable; at SCHED_IDLE it took 0.13, mostly while the update waited
+    for its batch (docs/benchmarks.md, "The probe at SCHED_IDLE"). False where there is no
+    SCHED_IDLE (not Linux) or it was refused: the caller's nice is then all there is."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 def exit_when_gone(pid: int, interval_s: float = 1.0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from omegaconf import OmegaConf
 
 from conftest import (
     EVAL_CHILD,
+    REPO,
     compose_cfg,
     eval_children,
     eval_history,
@@ -323,3 +325,23 @@ def test_a_child_in_a_session_of_its_own_lowers_its_autogroup_too():
     assert nice == 19 and own_group.endswith(" nice 19"), own_group
     run_group = Path("/proc/self/autogroup").read_text().strip()  # "" in the default autogroup
     assert probe() == (19, run_group)  # the run's group as it was
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="no SCHED_IDLE on this platform")
+def test_idle_priority_holds_for_the_process_its_threads_and_its_children():
+    """The random-return probe's class (rlpipe.procs.idle_priority): SCHED_IDLE for the process,
+    a thread it starts after and a child process (its envs' helpers), and not for its parent."""
+    code = (
+        "import os, subprocess, sys, threading; from rlpipe.procs import idle_priority; "
+        "print(idle_priority()); print(os.sched_getscheduler(0)); "
+        "t = []; th = threading.Thread(target=lambda: t.append(os.sched_getscheduler(0))); th.start(); th.join(); "
+        "print(t[0]); "
+        "print(subprocess.run([sys.executable, '-c', 'import os; print(os.sched_getscheduler(0))'], "
+        "capture_output=True, text=True).stdout.strip())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    applied, own, thread, child = out.stdout.split()
+    assert applied == "True"
+    assert int(own) == int(thread) == int(child) == os.SCHED_IDLE
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the test's own process untouched

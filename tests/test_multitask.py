@@ -498,7 +498,7 @@ def test_the_measured_untrained_policy_is_the_start_where_there_is_one():
 
 
 def test_the_probe_plays_the_untrained_policy_as_the_learner_built_it(tmp_path):
-    """The probe's work (`measure`, in this process: its child runs it at nice 10): random
+    """The probe's work (`measure`, in this process: its child runs it under SCHED_IDLE): random
     returns for every type first, then the learner's own initial weights, pickled as the child
     gets them, rebuilt and played to whole episodes; a resumed run (no `initial`) writes no
     untrained figures."""
@@ -531,11 +531,14 @@ def test_the_probe_plays_the_untrained_policy_as_the_learner_built_it(tmp_path):
 
 def test_a_fresh_run_hands_its_probe_the_untrained_policy(short_tmp):
     """Through the driver: a fresh run's probe child gets the learner's initial weights
-    (pickled across the forkserver) and plays them after the random figures; the run is
-    stopped once the file is there (no race with the run's end), and summary.json and the
-    health report carry the sample."""
+    (pickled across the forkserver) and plays them after the random figures, under SCHED_IDLE
+    (the workers at normal priority); the run is stopped once the file is there (no race with
+    the run's end), and summary.json and the health report carry the sample."""
+    import os
     import signal
     import subprocess
+
+    import psutil
 
     from conftest import REPO, driver_dies_with_pytest, read_summary, rlpipe_cmd, wait_for
     from rlpipe.envs import random_return
@@ -555,8 +558,27 @@ def test_a_fresh_run_hands_its_probe_the_untrained_policy(short_tmp):
         proc = subprocess.Popen(
             cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=driver_dies_with_pytest
         )
+    policies: dict[str, set[int]] = {"idle": set(), "workers": set()}
+
+    def sample_policies() -> None:
+        """Each descendant's scheduling class, while the probe plays (it ends once done)."""
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                idle = os.sched_getscheduler(child.pid) == os.SCHED_IDLE
+                worker = "rlpipe: worker" in " ".join(child.cmdline())
+            except (OSError, psutil.Error):
+                continue  # gone between the listing and the look
+            if idle:
+                policies["idle"].add(child.pid)
+            if worker:
+                policies["workers"].add(os.sched_getscheduler(child.pid))
+
+    def probe_done() -> dict:
+        sample_policies()
+        return random_return.read_results(run_dir, random_return.INITIAL_FILE)
+
     try:
-        starts = wait_for(lambda: random_return.read_results(run_dir, random_return.INITIAL_FILE), 120)
+        starts = wait_for(probe_done, 120, every_s=0.05)
         proc.send_signal(signal.SIGTERM)
         proc.wait(90)
     finally:
@@ -565,6 +587,8 @@ def test_a_fresh_run_hands_its_probe_the_untrained_policy(short_tmp):
             proc.wait()
     assert "cartpole" in starts, f"no untrained sample within 120 s:\n{err_file.read_text()[-3000:]}"
     assert proc.returncode == 128 + signal.SIGTERM, err_file.read_text()[-3000:]
+    assert policies["idle"], "no descendant of the run ran under SCHED_IDLE: the probe did not"
+    assert policies["workers"] == {os.SCHED_OTHER}, policies  # the forkserver's children come first
     cart = starts["cartpole"]
     assert cart["episodes"] == 3 and cart["cut"] == 0 and 5 < cart["mean"] < 100, cart
     assert read_summary(run_dir)["initial_policy_return"]["cartpole"] == pytest.approx(cart["mean"], abs=1e-3)

@@ -21,9 +21,10 @@ policy has no whole sample: a type whose envs fault (faulty) or run past `max_st
 that ends before the probe reaches the type, a resumed run whose first start wrote none (a
 resume keeps the file of its first start).
 
-Runs in a child process of the driver at nice `PROBE_NICE` (`start`), so it takes little of a
-busy CPU; it writes `random_returns.json` and `initial_policy_returns.json` in the run directory
-after each type, and the driver reads whatever is there when the run ends.
+Runs in a child process of the driver under SCHED_IDLE (`rlpipe.procs.idle_priority`; at nice
+`PROBE_NICE` where there is none), so it plays on the CPU time the run leaves; it writes
+`random_returns.json` and `initial_policy_returns.json` in the run directory after each type,
+and the driver reads whatever is there when the run ends.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from rlpipe.envs import harness
 from rlpipe.envs.registry import describe, make_factory
 from rlpipe.files import atomic_write
 from rlpipe.outputlog import OutputLog
-from rlpipe.procs import exit_when_gone
+from rlpipe.procs import exit_when_gone, idle_priority
 from rlpipe.proctree import ENV_OOM_SCORE_ADJ, become_subreaper, kill_descendants, set_oom_score_adj
 
 if TYPE_CHECKING:  # the learner layer's: this module only calls its build() and play()
@@ -53,11 +54,14 @@ if TYPE_CHECKING:  # the learner layer's: this module only calls its build() and
 RESULT_FILE = "random_returns.json"
 INITIAL_FILE = "initial_policy_returns.json"
 OUTPUT_FILE = "random_return_probe.log"  # what its envs print, capped
-# Nice 10, not 19: beside a day4 run at nice 19 the probe got under 1 % of a core and took 21
-# minutes of a 30-minute run for 20 untrained episodes a type. At nice 10 beside day4 on 2 CPUs
-# it took 0.18-0.19 of the PPO update's CPU, more than CFS's weights (110 against 1,024 a busy
-# thread) would give it. It is in the workers' memory cgroup only (CgroupDriver.memory_paths):
-# in their cpu cgroup it took 0.25-0.29.
+# The nice where SCHED_IDLE is missing (not Linux). Nice 10, not 19: beside a day4 run at nice 19
+# (2026-12-02, before the PPO update had a process of its own) the probe got under
+# 1 % of a core and took 21 minutes of a 30-minute run for 20 untrained episodes a type. On
+# Linux it runs under SCHED_IDLE: at nice 10 beside day4 on 2 CPUs it took 0.18 of the PPO
+# update's CPU (more than CFS's weights, 110 against 1,024, would give a busy thread), under
+# SCHED_IDLE 0.13, most of it while the update waited for a batch, and in 180 s it measured as
+# many types as before (docs/benchmarks.md, "The probe at SCHED_IDLE"). It is in the workers'
+# memory cgroup only (CgroupDriver.memory_paths): in their cpu cgroup it took 0.25-0.29.
 PROBE_NICE = 10
 
 
@@ -111,13 +115,13 @@ def measure_all(
     cgroup_paths: tuple[str, ...] = (),
     keep_measured: bool = False,
 ) -> None:
-    """Child-process entry: `measure` at nice `PROBE_NICE`. A driver killed with -9 cannot stop it, so
+    """Child-process entry: `measure` under SCHED_IDLE (else at nice `PROBE_NICE`). A driver killed with -9 cannot stop it, so
     it exits once its driver is gone: else it would play on for minutes, write into the run
     dir beside the run a supervisor restarted there, and keep the dead run's forkserver and
     resource tracker alive (rlpipe.procs.exit_when_gone).
 
     The untrained policy comes pickled, and `measure` unpickles it only after the random
-    figures: that imports torch (seconds at nice 10 on a busy machine), and a short run ended
+    figures: that imports torch (seconds on idle CPU time of a busy machine), and a short run ended
     before its random floor was written while the child's arguments waited on the import."""
     exit_when_gone(driver_pid)
     # What its envs start dies with it, as with a worker (rlpipe.proctree): on its own end and
@@ -128,7 +132,7 @@ def measure_all(
     os.setpgrp()
     signal.signal(signal.SIGTERM, _end_with_descendants)
     # Its envs' memory is limited as the workers' (rlpipe.supervisor.memory): the awake
-    # workers' memory cgroup (not their CPU weight: PROBE_NICE), and the OOM killer's first picks.
+    # workers' memory cgroup (not their CPU weight: SCHED_IDLE), and the OOM killer's first picks.
     for procs in cgroup_paths:
         with open(procs, "w") as f:
             f.write(str(os.getpid()))
@@ -137,9 +141,10 @@ def measure_all(
     output = OutputLog(str(Path(out_dir) / OUTPUT_FILE), f"random-return probe pid {os.getpid()}")
     threading.Thread(target=_check_every, args=(output, 0.5), name="output-cap", daemon=True).start()
     try:
-        os.nice(PROBE_NICE)
+        os.nice(PROBE_NICE)  # where SCHED_IDLE is refused or missing
     except OSError:
         pass
+    idle_priority()
     try:
         measure(nodes, out_dir, episodes, budget_s, seed, initial_pickle, keep_measured)
     finally:
