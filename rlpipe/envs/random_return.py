@@ -54,14 +54,14 @@ if TYPE_CHECKING:  # the learner layer's: this module only calls its build() and
 RESULT_FILE = "random_returns.json"
 INITIAL_FILE = "initial_policy_returns.json"
 OUTPUT_FILE = "random_return_probe.log"  # what its envs print, capped
-# The nice where SCHED_IDLE is missing (not Linux). Nice 10, not 19: beside a day4 run at nice 19
-# (2026-12-02, before the PPO update had a process of its own) the probe got under
-# 1 % of a core and took 21 minutes of a 30-minute run for 20 untrained episodes a type. On
-# Linux it runs under SCHED_IDLE: at nice 10 beside day4 on 2 CPUs it took 0.18 of the PPO
-# update's CPU (more than CFS's weights, 110 against 1,024, would give a busy thread), under
-# SCHED_IDLE 0.13, most of it while the update waited for a batch, and in 180 s it measured as
-# many types as before (docs/benchmarks.md, "The probe at SCHED_IDLE"). It is in the workers'
-# memory cgroup only (CgroupDriver.memory_paths): in their cpu cgroup it took 0.25-0.29.
+# The nice where SCHED_IDLE is missing (not Linux). Nice 10, not 19: beside a day4 run at nice
+# 19 (2026-12-02, before the PPO update had a process of its own) the probe got under 1 % of a
+# core and took 21 minutes of a 30-minute run for 20 untrained episodes a type. On Linux it
+# runs under SCHED_IDLE: at nice 10 beside day4 on 2 CPUs it took 0.18 of the PPO update's CPU
+# (more than CFS's weights, 110 against 1,024, would give a busy thread), under SCHED_IDLE
+# 0.13-0.16, in the moments the update waited for a batch, and in 180 s it measured as many
+# types as before (docs/benchmarks.md, "The probe at SCHED_IDLE"). It is in the workers' memory
+# cgroup only (CgroupDriver.memory_paths): in their cpu cgroup it took 0.25-0.29.
 PROBE_NICE = 10
 
 
@@ -115,14 +115,14 @@ def measure_all(
     cgroup_paths: tuple[str, ...] = (),
     keep_measured: bool = False,
 ) -> None:
-    """Child-process entry: `measure` under SCHED_IDLE (else at nice `PROBE_NICE`). A driver killed with -9 cannot stop it, so
-    it exits once its driver is gone: else it would play on for minutes, write into the run
-    dir beside the run a supervisor restarted there, and keep the dead run's forkserver and
-    resource tracker alive (rlpipe.procs.exit_when_gone).
+    """Child-process entry: `measure` under SCHED_IDLE (else at nice `PROBE_NICE`). A driver
+    killed with -9 cannot stop it, so it exits once its driver is gone: else it would play on
+    for minutes, write into the run dir beside the run a supervisor restarted there, and keep
+    the dead run's forkserver and resource tracker alive (rlpipe.procs.exit_when_gone).
 
     The untrained policy comes pickled, and `measure` unpickles it only after the random
-    figures: that imports torch (seconds on idle CPU time of a busy machine), and a short run ended
-    before its random floor was written while the child's arguments waited on the import."""
+    figures: that imports torch (seconds of a busy machine's idle CPU time), and a short run
+    ended before its random floor was written while the child's arguments waited on the import."""
     exit_when_gone(driver_pid)
     # What its envs start dies with it, as with a worker (rlpipe.proctree): on its own end and
     # on the driver's SIGTERM (`stop`).
