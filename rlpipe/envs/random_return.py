@@ -59,7 +59,7 @@ OUTPUT_FILE = "random_return_probe.log"  # what its envs print, capped
 # core and took 21 minutes of a 30-minute run for 20 untrained episodes a type. On Linux it
 # runs under SCHED_IDLE: at nice 10 beside day4 on 2 CPUs it took 0.18 of the PPO update's CPU
 # (more than CFS's weights, 110 against 1,024, would give a busy thread), under SCHED_IDLE
-# 0.13-0.16, in the moments the update waited for a batch, and in 180 s it measured as many
+# 0.12-0.16, in the moments the update waited for a batch, and in 180 s it measured as many
 # types as before (docs/benchmarks.md, "The probe at SCHED_IDLE"). It is in the workers' memory
 # cgroup only (CgroupDriver.memory_paths): in their cpu cgroup it took 0.25-0.29.
 PROBE_NICE = 10
