@@ -87,12 +87,10 @@ def lower_priority(nice: int) -> None:
 
 def idle_priority() -> bool:
     """This process, and every process and thread it starts after, under SCHED_IDLE: Linux
-    runs it on CPU time that no task of normal priority wants. A nice value only weighs it:
-    beside day4's PPO update on the learner's CPU (2 CPUs), the random-return probe at nice 10
-    (weight 110 against the update's 1,024) still took 0.18 of that CPU, and the update waited
-    0.23 of its wall time runnable; at SCHED_IDLE it took 0.12-0.16, in the moments the update
-    waited for its batch (docs/benchmarks.md, "The probe at SCHED_IDLE"). False where there is no
-    SCHED_IDLE (not Linux) or it was refused: the caller's nice is then all there is."""
+    runs it on CPU time that no task of normal priority wants, where a nice value only weighs
+    it against them (the random-return probe's figures: rlpipe.envs.random_return, PROBE_NICE).
+    False where there is no SCHED_IDLE (not Linux) or it was refused: the caller's nice is
+    then all there is."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):

@@ -564,14 +564,14 @@ def test_a_fresh_run_hands_its_probe_the_untrained_policy(short_tmp):
         """Each descendant's scheduling class, while the probe plays (it ends once done)."""
         for child in psutil.Process(proc.pid).children(recursive=True):
             try:
-                idle = os.sched_getscheduler(child.pid) == os.SCHED_IDLE
+                policy = os.sched_getscheduler(child.pid)
                 worker = "rlpipe: worker" in " ".join(child.cmdline())
             except (OSError, psutil.Error):
                 continue  # gone between the listing and the look
-            if idle:
+            if policy == os.SCHED_IDLE:
                 policies["idle"].add(child.pid)
             if worker:
-                policies["workers"].add(os.sched_getscheduler(child.pid))
+                policies["workers"].add(policy)
 
     def probe_done() -> dict:
         sample_policies()

@@ -110,9 +110,9 @@ class CgroupDriver:
     def memory_paths(self) -> list[str]:
         """Files a process writes its pid into to share the awake workers' memory limit
         (rlpipe.supervisor.memory) without joining their CPU weight: the random-return probe.
-        In the `active` cpu cgroup, whose weight is that of all the workers, a nice-10 probe
-        alone on the PPO update's CPU took 0.25-0.29 of it, against 0.18-0.19 outside it
-        (docs/benchmarks.md, "The probe's CPU cgroup")."""
+        In the `active` cpu cgroup, whose weight is that of all the workers, the probe (then at
+        nice 10) alone on the PPO update's CPU took 0.25-0.29 of it, against 0.18-0.19 outside
+        it (docs/benchmarks.md, "The probe's CPU cgroup"); it now runs under SCHED_IDLE."""
         return []
 
     def wake(self, group: int, pid: int) -> None: ...
