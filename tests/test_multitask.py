@@ -21,6 +21,7 @@ from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import _split_sizes, normalize_per_type
 from rlpipe.learner.rollout import SliceRollout
 from rlpipe.learner.rollout_store import RolloutStore
+from rlpipe.learner.training import DROP_KEEPS_BATCHES
 from rlpipe.protocol import Round
 from rlpipe.worker.rewardnorm import RewardNormalizer
 
@@ -409,13 +410,15 @@ def test_hold_backlog_never_lets_a_full_batch_wait_while_workers_step():
     assert not drop.backlogged  # no update running: the loop starts one
 
 
-def test_drop_backlog_keeps_a_full_batch_waiting_while_an_update_trains():
-    """backlog=drop drops the oldest waiting blocks while an update trains, but never below a
-    full batch: with blocks that do not divide the batch (day4: 1,120-sample slices against
-    8,192) dropping down to the batch size left 7,840 samples, and the next update waited for
-    one more block instead of starting the moment the running one ended."""
+def test_drop_backlog_keeps_two_full_batches_waiting_while_an_update_trains():
+    """backlog=drop drops the oldest waiting blocks while an update trains, but never below
+    DROP_KEEPS_BATCHES full batches: with blocks that do not divide the batch (day4: 1,120-sample
+    slices against 8,192) dropping down to the batch size left 7,840 samples, and the next
+    update waited for one more block instead of starting the moment the running one ended;
+    one batch kept dropped 7.7 % of day4's env steps, rollouts arriving in bursts."""
+    assert DROP_KEEPS_BATCHES == 2
     drop = _learner("learner.backlog=drop", "learner.update_envs=4")
-    per_block = drop.update_samples * 3 // 8  # 3 blocks hold more than a batch, 2 less
+    per_block = drop.update_samples * 3 // 8  # 6 blocks hold more than two batches, 5 less
 
     def wait(blocks: int) -> None:
         drop.ready_blocks = [{"adv": np.zeros(per_block), "n_envs": 3} for _ in range(blocks)]
@@ -427,13 +430,13 @@ def test_drop_backlog_keeps_a_full_batch_waiting_while_an_update_trains():
     drop._update_job = threading.Thread(target=release.wait)
     drop._update_job.start()
     try:
-        wait(3)
-        assert not drop.backlogged and len(drop.ready_blocks) == 3  # 3 blocks: one batch, kept whole
+        wait(6)
+        assert not drop.backlogged and len(drop.ready_blocks) == 6  # two batches, kept whole
         assert drop.counters.dropped_rollouts == 0
-        wait(7)
+        wait(10)
         assert not drop.backlogged
-        assert len(drop.ready_blocks) == 3 and drop.counters.dropped_rollouts == 4 * 3  # the oldest four
-        assert drop.ready_samples == 3 * per_block >= drop.update_samples
+        assert len(drop.ready_blocks) == 6 and drop.counters.dropped_rollouts == 4 * 3  # the oldest four
+        assert drop.ready_samples == 6 * per_block >= 2 * drop.update_samples
     finally:
         release.set()
         drop._update_job.join()

@@ -17,6 +17,13 @@ from rlpipe import heap
 from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
 
+# Batches that learner.backlog=drop keeps waiting while an update trains. One (a batch and
+# less than a block) dropped 7.7 % of day4's env steps, rollouts that arrived in bursts while
+# an update ran; two kept trained 1.03-1.07x the samples a second, at one more update of
+# policy lag on the older batch (docs/benchmarks.md, "Two batches kept under drop", and its
+# learning run per type in docs/multitask.md).
+DROP_KEEPS_BATCHES = 2
+
 
 class BackgroundTraining:
     """Mixed into CentralLearner: everything here reads the learner's own fields."""
@@ -44,11 +51,12 @@ class BackgroundTraining:
         training; with thousands of envs one inference round alone completes more rollouts
         than an update takes, so holding only while an update runs would let them pile up).
         learner.backlog=drop: keep stepping; while an update trains, drop the oldest waiting
-        rollouts beyond one batch (throughput: the policy lag stays bounded). A block is dropped
-        only while the rest still make a full batch, so the next update starts the moment this
-        one ends: dropping down to the batch size let blocks of 1,120 samples (day4's slices)
-        against a batch of 8,192 leave 7,840, and every update then waited about 0.2 s for
-        one more block (docs/benchmarks.md, "A full batch kept").
+        rollouts beyond DROP_KEEPS_BATCHES batches (throughput: the policy lag stays bounded,
+        at most two updates behind). A block is dropped only while the rest still make those
+        full batches, so the next update starts the moment this one ends: dropping down to the
+        batch size let blocks of 1,120 samples (day4's slices) against a batch of 8,192 leave
+        7,840, and every update then waited about 0.2 s for one more block (docs/benchmarks.md,
+        "A full batch kept").
         learner.backlog=sync: as hold, and the workers also wait while any update trains, so
         every step is taken with the newest weights (on-policy, as a synchronous PPO: under
         hold the next batch is collected while the last one trains, one update behind). For
@@ -62,7 +70,8 @@ class BackgroundTraining:
         if self._update_job is None:
             return False
         while (
-            len(self.ready_blocks) > 1 and self.ready_samples - len(self.ready_blocks[0]["adv"]) >= self.update_samples
+            len(self.ready_blocks) > 1
+            and self.ready_samples - len(self.ready_blocks[0]["adv"]) >= DROP_KEEPS_BATCHES * self.update_samples
         ):
             block = self.ready_blocks.pop(0)
             self.ready_types.pop(0)
