@@ -21,6 +21,7 @@ from rlpipe.config_checks import id_type_name
 from rlpipe.envs.registry import plan_mix
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.rollout_store import RolloutStore
+from rlpipe.learner.training import DROP_KEEPS_BATCHES
 from rlpipe.supervisor.workers import group_ranges
 
 WIDE_ID = "wide_obs_gym:WideObs-v0"
@@ -66,6 +67,17 @@ def test_memory_check_counts_the_sized_board():
     msg = str(err.value)
     assert f"{wide_obs_gym.OBS_DIM * 4:,} B of obs per step (state [{wide_obs_gym.OBS_DIM}] float32" in msg
     assert "buffer=auto" in msg
+
+
+def test_memory_check_counts_the_batches_drop_keeps_waiting():
+    """Under learner.backlog=drop up to DROP_KEEPS_BATCHES batches wait while an update trains,
+    and less than a block beyond them; under hold the next batch and one round's completions."""
+    budgets = {}
+    for backlog in ("hold", "drop"):
+        spec, plan = _plan(WIDE + ["env_count=64", f"learner.backlog={backlog}"])
+        budgets[backlog] = check_memory_budget(spec, plan, group_ranges(spec.env_count, spec.groups.size))
+    assert budgets["drop"]["ready_blocks"] * 2 == budgets["hold"]["ready_blocks"] * (DROP_KEEPS_BATCHES + 1)
+    assert budgets["drop"]["rollouts"] == budgets["hold"]["rollouts"]
 
 
 def test_memory_check_counts_the_rollouts_the_store_keeps():
