@@ -19,9 +19,9 @@ from conftest import REPO, compose_cfg, driver_dies_with_pytest, read_summary, r
 from rlpipe.config import ConfigError, conf_dir, run_spec
 from rlpipe.config_checks import id_type_name
 from rlpipe.envs.registry import plan_mix
+from rlpipe.learner.backlog import DROP_KEEPS_BATCHES
 from rlpipe.learner.budget import check_memory_budget
 from rlpipe.learner.rollout_store import RolloutStore
-from rlpipe.learner.training import DROP_KEEPS_BATCHES
 from rlpipe.supervisor.workers import group_ranges
 
 WIDE_ID = "wide_obs_gym:WideObs-v0"

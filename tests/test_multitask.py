@@ -15,13 +15,13 @@ from conftest import compose_cfg, ppo_batch
 from rlpipe.config import ObsKey, run_spec
 from rlpipe.envs.contract import EnvSpec
 from rlpipe.envs.registry import ActionSpace, MixPlan, plan_mix
+from rlpipe.learner.backlog import DROP_KEEPS_BATCHES
 from rlpipe.learner.central import CentralLearner
 from rlpipe.learner.policy import Policy, TypeOrder
 from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import _split_sizes, normalize_per_type
 from rlpipe.learner.rollout import SliceRollout
 from rlpipe.learner.rollout_store import RolloutStore
-from rlpipe.learner.training import DROP_KEEPS_BATCHES
 from rlpipe.protocol import Round
 from rlpipe.worker.rewardnorm import RewardNormalizer
 

@@ -15,7 +15,7 @@ import psutil
 
 from rlpipe.config import ConfigError, RunSpec
 from rlpipe.envs.registry import MixPlan
-from rlpipe.learner.training import DROP_KEEPS_BATCHES
+from rlpipe.learner.backlog import waiting_batches
 from rlpipe.shm.layout import WorkerLayout
 
 USABLE_FRACTION = 0.8  # of physical memory: the OS, page cache and env engines need the rest
@@ -42,19 +42,14 @@ def memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, int]]) -
     return {
         "board": sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size for lo, hi in groups),
         "rollouts": int(T * step.sum()),  # the [T, env] arrays, every env
-        "ready_blocks": int(_ready_batches(spec) * update_envs * T * mean_step),  # finished blocks waiting
+        "ready_blocks": int(
+            waiting_batches(spec.learner.backlog) * update_envs * T * mean_step
+        ),  # finished blocks waiting
         "update_batch": int(update_envs * T * (mean_step + 8)),  # + advantages and returns
         "inference_batch": n * obs,  # the round's gather holds every key for every row
         "obs_bytes_per_step": obs,
         "stored_obs_bytes_per_step": int(stored_obs.mean()),  # per env, in the mix's proportions
     }
-
-
-def _ready_batches(spec: RunSpec) -> int:
-    """Batches of finished blocks that can wait for an update, rounded up: under
-    learner.backlog=drop the DROP_KEEPS_BATCHES it keeps and less than a block beyond them;
-    under hold or sync the next update's batch and the completions of the round that filled it."""
-    return DROP_KEEPS_BATCHES + 1 if spec.learner.backlog == "drop" else 2
 
 
 def stored_obs_bytes(plan: MixPlan) -> np.ndarray:

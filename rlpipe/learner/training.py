@@ -15,15 +15,8 @@ import torch
 
 from rlpipe import heap
 from rlpipe.learner.adam import FusedAdam
+from rlpipe.learner.backlog import DROP_KEEPS_BATCHES
 from rlpipe.learner.ppo import UpdateStats, concat_blocks, ppo_update
-
-# Batches that learner.backlog=drop keeps waiting while an update trains. One (a batch and
-# less than a block) dropped 8-10 % of day4's env steps, rollouts that arrived in bursts while
-# an update ran; two drop 1-2 % and trained 1.03-1.15x the samples a second, at one more
-# update of policy lag on the older batch. A 30-minute day4 run learned the same eight types
-# with it (docs/benchmarks.md, "Two batches kept under drop"; docs/multitask.md, "With two
-# batches kept under drop").
-DROP_KEEPS_BATCHES = 2
 
 
 class BackgroundTraining:
