@@ -39,12 +39,11 @@ def memory_budget(spec: RunSpec, plan: MixPlan, groups: list[tuple[int, int]]) -
     n = spec.env_count
     update_envs = min(spec.learner.update_envs, n)
     mean_step = float(step.mean())  # an update's env-rollouts come in the mix's proportions
+    waiting = waiting_batches(spec.learner.backlog)  # batches of ready blocks (rlpipe/learner/backlog.py)
     return {
         "board": sum(WorkerLayout.build(hi - lo, plan.obs_keys, plan.actions.cont_dim).size for lo, hi in groups),
         "rollouts": int(T * step.sum()),  # the [T, env] arrays, every env
-        "ready_blocks": int(
-            waiting_batches(spec.learner.backlog) * update_envs * T * mean_step
-        ),  # finished blocks waiting
+        "ready_blocks": int(waiting * update_envs * T * mean_step),  # finished blocks waiting for an update
         "update_batch": int(update_envs * T * (mean_step + 8)),  # + advantages and returns
         "inference_batch": n * obs,  # the round's gather holds every key for every row
         "obs_bytes_per_step": obs,
