@@ -6,12 +6,16 @@ becomes a RunSpec (rlpipe/config.py); everything after reads plain values.
 The rule (docs/benchmarks.md has the measurements behind it):
 
 - workers: one per `ENVS_PER_SLICE` envs (the origin system's 70-env groups), but at most
-  `WORKERS_PER_CPU` per usable CPU. On 2 CPUs 7,000 CartPoles stepped 1.21-1.24x faster in
-  20 processes of 350 than in 100 of 70 (benchmarks/engine_sps.py, the same run): each
-  process switch refills the caches with another interpreter and its envs, and the
-  scheduler juggles fewer tasks. On 128 CPUs the cap is 1,280, so 7,000 envs keep the
-  origin's 100 x 70; below the cap (64 and 1,000 envs on 2 CPUs) the layout is the 70-env
-  groups rlpipe has always run.
+  `WORKERS_PER_CPU` per CPU they step on (under `learner_core` below, one CPU fewer than the
+  usable ones). On 2 CPUs 7,000 CartPoles stepped 1.21-1.24x faster in 20 processes of 350
+  than in 100 of 70 (benchmarks/engine_sps.py, the same run): each process switch refills
+  the caches with another interpreter and its envs, and the scheduler juggles fewer tasks.
+  The cap counts the workers' own CPUs because under `learner_core` all of them share one
+  CPU on a 2-CPU machine: 20 processes there trained 0.68x, 0.68x and 0.57x of
+  SyncVectorEnv under `backlog=hold`, where 10 trained 0.78x, 0.71x and 0.67x (the same runs,
+  docs/benchmarks.md). On 128 CPUs the cap is 1,270, so 7,000 envs keep the origin's
+  100 x 70; below the cap (64 envs on 2 CPUs) the layout is the 70-env groups rlpipe has
+  always run.
 - group size: the envs shared evenly among those workers (ceil).
 - slices: as many as keep each slice at most `ENVS_PER_SLICE` envs (the rollout blocks, the
   doorbells and the PPO batches stay the origin's 70-env slices), and 2 (double-buffered:
@@ -113,8 +117,8 @@ def usable_cpus() -> float:
 
 
 def auto_workers(env_count: int, cpus: float) -> int:
-    """Worker processes for `env_count` envs: one per ENVS_PER_SLICE envs, at most
-    WORKERS_PER_CPU per usable CPU, at least one."""
+    """Worker processes for `env_count` envs stepped on `cpus` CPUs: one per ENVS_PER_SLICE
+    envs, at most WORKERS_PER_CPU per CPU, at least one."""
     most = max(1, round(WORKERS_PER_CPU * cpus))
     return max(1, min(most, math.ceil(env_count / ENVS_PER_SLICE)))
 
@@ -126,7 +130,7 @@ def auto_group_size(env_count: int, cpus: float) -> int:
 
 def auto_slices(env_count: int, group_size: int, cpus: float) -> int:
     """worker.slices=auto: at most ENVS_PER_SLICE envs a slice; 2 (double-buffered) while
-    there are fewer workers than twice the CPUs; never more slices than envs."""
+    there are fewer workers than twice the CPUs they step on; never more slices than envs."""
     workers = math.ceil(env_count / group_size)
     envs = min(group_size, env_count)  # the largest group's envs
     double = 2 if workers < 2 * cpus else 1
@@ -222,8 +226,6 @@ def resolve(
         for key, value in (("groups.size", size), ("worker.slices", slices), ("worker.cpu_affinity", affinity))
         if value == AUTO
     )
-    group_size = auto_group_size(env_count, cpus) if size == AUTO else size
-    n_slices = auto_slices(env_count, group_size, cpus) if slices == AUTO else slices
     mask = sorted(os.sched_getaffinity(0))
     worker_cpus, learner_cpu, how = None, None, "null"
     if affinity in (AUTO, LEARNER_CORE):
@@ -234,6 +236,10 @@ def resolve(
             worker_cpus, learner_cpu, how = tuple(mask[1:]), mask[0], LEARNER_CORE
     elif affinity is not None:
         worker_cpus, how = tuple(affinity), "cpus"
+    # the CPUs the workers step on once start-up is over: under learner_core one fewer
+    stepping = max(1.0, cpus - 1) if how == LEARNER_CORE else cpus
+    group_size = auto_group_size(env_count, stepping) if size == AUTO else size
+    n_slices = auto_slices(env_count, group_size, stepping) if slices == AUTO else slices
     return Layout(
         env_count=env_count,
         cpus=cpus,

@@ -32,15 +32,17 @@ def machine(monkeypatch):
     return cpus
 
 
-# (CPUs, envs) -> (workers, group size, slices): 70-env groups while they make at most 10
-# workers a CPU, larger groups of 70-env slices beyond; 2 slices while workers < 2x CPUs.
+# (CPUs, envs) -> (workers, group size, slices), PPO on the CPU (conf/'s default): 70-env groups
+# while they make at most 10 workers a CPU they step on (from 2 CPUs up one fewer than the
+# machine's: learner_core keeps one for the update), larger groups of 70-env slices beyond; 2
+# slices while workers < 2x those CPUs.
 RULE = {
     (1, 64): (1, 64, 2),
     (1, 1000): (10, 100, 2),
     (1, 7000): (10, 700, 10),
     (2, 64): (1, 64, 2),
-    (2, 1000): (15, 67, 1),
-    (2, 7000): (20, 350, 5),
+    (2, 1000): (10, 100, 2),
+    (2, 7000): (10, 700, 10),
     (16, 64): (1, 64, 2),
     (16, 1000): (15, 67, 2),
     (16, 7000): (100, 70, 1),
@@ -66,6 +68,18 @@ def test_the_rule_at_each_count_and_machine(machine, cpus, envs):
         assert (spec.learner_cpu, spec.worker.cpu_affinity) == (None, None)
 
 
+def test_the_cap_counts_the_cpus_the_workers_step_on(machine):
+    """Under learner_core the workers share the CPUs the update leaves them: on 2 CPUs one,
+    so 10 processes; random actions keep no CPU for an update, and step in 20 on both."""
+    machine(2)
+    ppo = run_spec(compose_cfg(["env_count=7000"])).layout
+    random = run_spec(compose_cfg(["env_count=7000", "learner.mode=random"])).layout
+    assert (ppo.workers, ppo.group_size, ppo.affinity) == (10, 700, "learner_core")
+    assert (random.workers, random.group_size, random.affinity) == (20, 350, "null")
+    machine(4)  # three CPUs for the workers: 30 processes at most
+    assert run_spec(compose_cfg(["env_count=7000"])).layout.workers == 30
+
+
 def test_explicit_values_are_kept(machine):
     machine(2)
     spec = run_spec(compose_cfg(["env_count=7000", "groups.size=70", "worker.slices=2", "worker.cpu_affinity=null"]))
@@ -81,7 +95,7 @@ def test_a_torchrun_rank_resolves_again_for_its_share(machine, monkeypatch):
     machine(2)
     spec = run_spec(compose_cfg(["env_count=7000"]))
     half = dataclasses.replace(spec, env_count=3500)
-    assert (half.layout.workers, half.groups.size, half.worker.slices) == (20, 175, 3)
+    assert (half.layout.workers, half.groups.size, half.worker.slices) == (10, 350, 5)
     assert half.learner_cpu == 0 and half.worker.cpu_affinity == (1,)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -94,14 +108,14 @@ def test_the_layout_is_described_and_reported(machine):
     machine(2)
     layout = run_spec(compose_cfg(["env_count=7000"])).layout
     assert layout.describe() == (
-        "20 workers of 350 envs, 5 slices of <= 70 envs each, workers on CPUs 1 once every env "
+        "10 workers of 700 envs, 10 slices of <= 70 envs each, workers on CPUs 1 once every env "
         "stepped, CPU 0 kept for the PPO update; auto: groups.size, worker.slices, "
         "worker.cpu_affinity from 2 usable CPUs"
     )
     assert layout.as_dict() == {
-        "workers": 20,
-        "group_size": 350,
-        "slices": 5,
+        "workers": 10,
+        "group_size": 700,
+        "slices": 10,
         "envs_per_slice": 70,
         "cpu_affinity": "learner_core",
         "worker_cpus": [1],
@@ -115,7 +129,7 @@ def test_a_cgroup_quota_caps_the_cpus(machine, monkeypatch):
     machine(16)
     monkeypatch.setattr("rlpipe.process_layout.cgroup_cpu_limit", lambda: 2.0)
     layout = run_spec(compose_cfg(["env_count=7000"])).layout
-    assert (layout.cpus, layout.workers, layout.group_size) == (2.0, 20, 350)
+    assert (layout.cpus, layout.workers, layout.group_size) == (2.0, 10, 700)
     assert layout.affinity == "learner_core"
     assert resolve(7000, "auto", "auto", "auto", "ppo", "cpu", cpus=1.5).affinity == "null"
 
