@@ -20,7 +20,7 @@ The rule (docs/benchmarks.md has the measurements behind it):
 - slices: as many as keep each slice at most `ENVS_PER_SLICE` envs (the rollout blocks, the
   doorbells and the PPO batches stay the origin's 70-env slices), and 2 (double-buffered:
   one slice steps while the other waits for its actions) while there are fewer workers than
-  twice the CPUs; with more, other workers fill a core while one waits.
+  twice the CPUs they step on; with more, other workers fill a core while one waits.
 - CPUs: `learner_core` when PPO trains on this machine's CPU with 2 or more usable CPUs (the
   update thread gets a core of its own; the workers the rest), `null` otherwise. Measured on
   2 CPUs at 7,000 envs, `learner.backlog=hold`: trained samples/s 0.55-0.67x of
@@ -45,7 +45,7 @@ from typing import Optional
 AUTO = "auto"
 LEARNER_CORE = "learner_core"
 ENVS_PER_SLICE = 70  # the origin system's group (docs/origin.md): at most this many a slice
-WORKERS_PER_CPU = 10  # at most this many worker processes per usable CPU
+WORKERS_PER_CPU = 10  # at most this many worker processes per CPU they step on
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 

@@ -197,8 +197,9 @@ def test_worker_slices_auto_double_buffers_only_few_workers(monkeypatch):
     monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1})
     monkeypatch.setattr("rlpipe.process_layout.cgroup_cpu_limit", lambda: None)
     slices = {n: run_spec(compose_cfg([f"env_count={n}"])).worker.slices for n in (1, 64, 210, 280, 7000)}
-    # 1 env: at most the group; 4 workers: 1; 7,000: groups of 350 in slices of 70
-    assert slices == {1: 1, 64: 2, 210: 2, 280: 1, 7000: 5}
+    # PPO trains on CPU 0, so the workers step on one: 1 env: at most the group; one worker: 2;
+    # 3 and 4 workers: 1; 7,000: groups of 700 in slices of 70
+    assert slices == {1: 1, 64: 2, 210: 1, 280: 1, 7000: 10}
     assert run_spec(compose_cfg(["env_count=7000", "worker.slices=3"])).worker.slices == 3
     explicit = run_spec(compose_cfg(["env_count=7000", "groups.size=70"]))
     assert (explicit.groups.size, explicit.worker.slices, explicit.layout.workers) == (70, 1, 100)

@@ -21,7 +21,7 @@ def test_busy_workers_counts_workers_with_an_awake_slice_not_yet_rung():
 
 
 def test_gathers_while_half_the_workers_and_two_per_cpu_step_a_slice():
-    # 20 workers on 1 CPU (day4 on 2 CPUs with the learner core): gather down to 10 busy
+    # 20 workers on 1 CPU: gather down to 10 busy
     assert not serve_now(busy=20, awake=20, worker_cpus=1, oldest_wait_s=0.0)
     assert not serve_now(busy=10, awake=20, worker_cpus=1, oldest_wait_s=0.0)
     assert serve_now(busy=9, awake=20, worker_cpus=1, oldest_wait_s=0.0)
