@@ -42,7 +42,7 @@ def test_layouts_compose_into_the_same_slices_in_fewer_processes(two_cpus):
     auto = run_spec(compose_cfg(base + bench.layout_overrides("auto")))
     assert (old.groups.size, old.worker.slices, old.layout.workers) == (70, 1, 100)
     assert (wide.groups.size, wide.worker.slices) == (350, 5)
-    assert (auto.groups.size, auto.worker.slices) == (350, 5)  # on 2 CPUs auto is 350x5
+    assert (auto.groups.size, auto.worker.slices) == (700, 10)  # on 2 CPUs, PPO keeping one: 700x10
     assert slice_bounds(wide.groups.size, wide.worker.slices) == [(i, i + 70) for i in range(0, 350, 70)]
     assert wide.learner == old.learner == auto.learner  # the same PPO settings in every layout
 
