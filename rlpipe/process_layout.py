@@ -7,7 +7,7 @@ The rule (docs/benchmarks.md has the measurements behind it):
 
 - workers: one per `ENVS_PER_SLICE` envs (the origin system's 70-env groups), but at most
   `WORKERS_PER_CPU` per CPU they step on (under `learner_core` below, one CPU fewer than the
-  usable ones). On 2 CPUs 7,000 CartPoles stepped 1.21-1.24x faster in 20 processes of 350
+  usable ones; under a list of CPUs, as many as it names). On 2 CPUs 7,000 CartPoles stepped 1.21-1.24x faster in 20 processes of 350
   than in 100 of 70 (benchmarks/engine_sps.py, the same run): each process switch refills
   the caches with another interpreter and its envs, and the scheduler juggles fewer tasks.
   The cap counts the workers' own CPUs because under `learner_core` all of them share one
@@ -236,8 +236,13 @@ def resolve(
             worker_cpus, learner_cpu, how = tuple(mask[1:]), mask[0], LEARNER_CORE
     elif affinity is not None:
         worker_cpus, how = tuple(affinity), "cpus"
-    # the CPUs the workers step on once start-up is over: under learner_core one fewer
-    stepping = max(1.0, cpus - 1) if how == LEARNER_CORE else cpus
+    # the CPUs the workers step on once start-up is over: under learner_core one fewer; a list
+    # of CPUs, as many as it names (within the usable ones)
+    stepping = cpus
+    if how == LEARNER_CORE:
+        stepping = max(1.0, cpus - 1)
+    elif how == "cpus":
+        stepping = min(cpus, float(len(set(worker_cpus))))
     group_size = auto_group_size(env_count, stepping) if size == AUTO else size
     n_slices = auto_slices(env_count, group_size, stepping) if slices == AUTO else slices
     return Layout(

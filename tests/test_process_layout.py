@@ -78,6 +78,9 @@ def test_the_cap_counts_the_cpus_the_workers_step_on(machine):
     assert (random.workers, random.group_size, random.affinity) == (20, 350, "null")
     machine(4)  # three CPUs for the workers: 30 processes at most
     assert run_spec(compose_cfg(["env_count=7000"])).layout.workers == 30
+    # workers pinned to a list of CPUs step on as many as it names
+    listed = run_spec(compose_cfg(["env_count=7000", "worker.cpu_affinity=[2,3]"])).layout
+    assert (listed.workers, listed.group_size, listed.affinity) == (20, 350, "cpus")
 
 
 def test_explicit_values_are_kept(machine):
