@@ -110,7 +110,8 @@ def realtime_on_cpu(pid: int, cpu: int) -> bool:
     moves to another (the PPO update's kept CPU: docs/benchmarks.md, "The update at real-time
     priority"). Linux keeps 5 % of each second for normal tasks (sched_rt_runtime_us), so a
     real-time loop cannot lock the CPU. False where it was refused (no CAP_SYS_NICE and
-    RLIMIT_RTPRIO 0: an unprivileged user) or there is no SCHED_FIFO (not Linux): the
+    RLIMIT_RTPRIO 0: an unprivileged user; or a cgroup with no real-time runtime, where the
+    kernel schedules real-time tasks by group) or there is no SCHED_FIFO (not Linux): the
     process is then on `cpu` at its normal priority, where that was allowed."""
     try:
         os.sched_setaffinity(pid, {cpu})

@@ -224,7 +224,7 @@ def test_a_refused_real_time_priority_is_said_and_the_update_runs_normally():
     outcome, line = out.stdout.splitlines()[-2:]
     assert outcome == "False True"
     assert line.startswith("PPO update process at normal priority on CPU ")
-    assert "real-time priority (SCHED_FIFO) was refused (it needs CAP_SYS_NICE, or an RLIMIT_RTPRIO of 1" in line
+    assert "real-time priority (SCHED_FIFO) was refused (it needs CAP_SYS_NICE or an RLIMIT_RTPRIO of 1" in line
 
 
 def test_an_unknown_place_for_the_update_is_refused_by_name():

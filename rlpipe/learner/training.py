@@ -114,7 +114,8 @@ class BackgroundTraining:
             return f"PPO update process at real-time priority (SCHED_FIFO) on CPU {cpu}"
         return (
             f"PPO update process at normal priority on CPU {cpu}: real-time priority (SCHED_FIFO) was "
-            "refused (it needs CAP_SYS_NICE, or an RLIMIT_RTPRIO of 1 or more); threads the kernel "
+            "refused (it needs CAP_SYS_NICE or an RLIMIT_RTPRIO of 1 or more, and real-time runtime "
+            "in this cgroup where the kernel schedules real-time tasks by group); threads the kernel "
             "places on that CPU share it with the update"
         )
 
