@@ -111,13 +111,13 @@ def realtime_on_cpu(pid: int, cpu: int) -> bool:
     priority"). Linux keeps 5 % of each second for normal tasks (sched_rt_runtime_us), so a
     real-time loop cannot lock the CPU. False where it was refused (no CAP_SYS_NICE and
     RLIMIT_RTPRIO 0: an unprivileged user; or a cgroup with no real-time runtime, where the
-    kernel schedules real-time tasks by group) or there is no SCHED_FIFO (not Linux): the
-    process is then on `cpu` at its normal priority, where that was allowed."""
+    kernel schedules real-time tasks by group), where `pid` could not be pinned to `cpu`, or
+    where there is no SCHED_FIFO (not Linux): the process then keeps its normal priority."""
     try:
+        # pinned here as well as by itself (update_process._serve): one that is still importing
+        # torch would otherwise run at real-time priority on whichever CPU it is on; never
+        # real-time off that CPU, where it would preempt the workers
         os.sched_setaffinity(pid, {cpu})
-    except (AttributeError, OSError):
-        pass  # the process pins itself too (update_process._serve)
-    try:
         os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(UPDATE_RT_PRIORITY))
     except (AttributeError, OSError):
         return False
