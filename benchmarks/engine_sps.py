@@ -137,10 +137,6 @@ def layout_name(layout: str) -> str:
     return f"groups of {size}" + (f" x {slices} slices" if slices else "")
 
 
-# summary.json layout.update_realtime (absent before it existed, None where not asked)
-REALTIME = {True: " (update at real-time priority)", False: " (real-time priority refused)"}
-
-
 def resolved_layout(summary: dict) -> str:
     """What the run ran, from summary.json `layout` (absent before auto existed)."""
     lay = summary.get("layout")
@@ -149,7 +145,7 @@ def resolved_layout(summary: dict) -> str:
     cpus = (
         "workers on every CPU"
         if lay["cpu_affinity"] == "null"
-        else f"learner core {lay['learner_cpu']}{REALTIME.get(lay.get('update_realtime'), '')} from {lay['workers_pinned_s']} s"
+        else f"learner core {lay['learner_cpu']} from {lay['workers_pinned_s']} s"
         if lay["cpu_affinity"] == "learner_core"
         else f"workers on CPUs {lay['worker_cpus']}"
     )

@@ -22,8 +22,8 @@ The rule (docs/benchmarks.md has the measurements behind it):
   one slice steps while the other waits for its actions) while there are fewer workers than
   twice the CPUs they step on; with more, other workers fill a core while one waits.
 - CPUs: `learner_core` when PPO trains on this machine's CPU with 2 or more usable CPUs (the
-  update gets a core of its own, an update process at real-time priority there; the workers
-  the rest), `null` otherwise. Measured on 2 CPUs at 7,000 envs, `learner.backlog=hold`: trained samples/s 0.55-0.67x of
+  update thread gets a core of its own; the workers the rest), `null` otherwise. Measured on
+  2 CPUs at 7,000 envs, `learner.backlog=hold`: trained samples/s 0.55-0.67x of
   SyncVectorEnv with it against 0.41-0.53x without, higher in each of three runs and both
   layouts; under `backlog=drop` (day4's) 2.5-3x the trained samples for 0.7-0.8x the env
   steps; at 1,000 envs as good or better (hold 0.47x against 0.41x, 0.43x both). The workers

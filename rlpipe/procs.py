@@ -1,7 +1,6 @@
 """Is a process alive? One answer for every caller (sweeps, workers watching their driver,
 checkpoint temp files): a zombie is not alive. How much CPU has a process used? How a child of
-the run goes when its driver does, how it gives way to the run's own work, and how the PPO
-update takes precedence on the CPU kept for it."""
+the run goes when its driver does, and how it gives way to the run's own work."""
 
 from __future__ import annotations
 
@@ -94,31 +93,6 @@ def idle_priority() -> bool:
     then all there is."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        return False
-    return True
-
-
-# The lowest real-time priority: above every normal task, below any real-time one the machine
-# already runs (audio, watchdogs), which keep precedence.
-UPDATE_RT_PRIORITY = 1
-
-
-def realtime_on_cpu(pid: int, cpu: int) -> bool:
-    """Process `pid`'s main thread on `cpu` alone, under SCHED_FIFO at UPDATE_RT_PRIORITY: it
-    runs the moment it is runnable there, and a normal task that landed on that CPU waits or
-    moves to another (the PPO update's kept CPU: docs/benchmarks.md, "The update at real-time
-    priority"). Linux keeps 5 % of each second for normal tasks (sched_rt_runtime_us), so a
-    real-time loop cannot lock the CPU. False where it was refused (no CAP_SYS_NICE and
-    RLIMIT_RTPRIO 0: an unprivileged user; or a cgroup with no real-time runtime, where the
-    kernel schedules real-time tasks by group), where `pid` could not be pinned to `cpu`, or
-    where there is no SCHED_FIFO (not Linux): the process then keeps its normal priority."""
-    try:
-        # pinned here as well as by itself (update_process._serve): one that is still importing
-        # torch would otherwise run at real-time priority on whichever CPU it is on; never
-        # real-time off that CPU, where it would preempt the workers
-        os.sched_setaffinity(pid, {cpu})
-        os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(UPDATE_RT_PRIORITY))
     except (AttributeError, OSError):
         return False
     return True

@@ -83,11 +83,6 @@ def test_the_resolved_layout_is_printed_from_the_summary():
         "workers_pinned_s": 3.2,
     }
     assert bench.resolved_layout({"layout": layout}) == "ran 20 x 350 in 5 slices, learner core 0 from 3.2 s"
-    realtime = {**layout, "update_realtime": True}
-    assert (
-        bench.resolved_layout({"layout": realtime})
-        == "ran 20 x 350 in 5 slices, learner core 0 (update at real-time priority) from 3.2 s"
-    )
     assert bench.resolved_layout({}) == "layout not reported"
 
 

@@ -1,22 +1,17 @@
 """The PPO update in a process of its own (rlpipe/learner/update_process.py): it trains what
 the thread trains, bit for bit, through the learner's own start_update / poll_update; its
 optimizer and PPO stream reach a checkpoint and come back from one; a killed process stops
-the run with a clear error; closing it leaves no process; under learner_core it takes its kept
-CPU at real-time priority, and where that is refused it says so and trains at normal priority."""
+the run with a clear error; closing it leaves no process."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import resource
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO, compose_cfg, ppo_batch
+from conftest import compose_cfg, ppo_batch
 from rlpipe.config import run_spec
 from rlpipe.envs.registry import plan_mix
 from rlpipe.learner.batch_staging import BatchSender
@@ -155,76 +150,6 @@ def test_closing_leaves_no_process_and_ignores_the_drivers_signals(in_process):
     assert _train(learner, 2).samples == 256
     learner.close_updates()
     assert not pid_alive(pid)
-
-
-needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="learner_core keeps one of 2+ CPUs")
-
-
-@needs_two_cpus
-def test_the_update_takes_its_kept_cpu_at_real_time_priority(in_process):
-    """The driver's `claim_update_cpu` once the workers have left the kept CPU: the process is
-    pinned there under SCHED_FIFO, the log line says so, and it trains as before."""
-    if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_RTPRIO)[0] < 1:
-        pytest.skip("real-time priority needs root or an RLIMIT_RTPRIO of 1+ (the refusal: the next test)")
-    learner = in_process("worker.cpu_affinity=learner_core")
-    learner.prepare_updates()
-    cpu, pid = learner.spec.learner_cpu, learner.update_process.pid
-    assert os.sched_getscheduler(pid) == os.SCHED_OTHER  # not before the workers have left
-    assert learner.claim_update_cpu() == f"PPO update process at real-time priority (SCHED_FIFO) on CPU {cpu}"
-    assert learner.update_realtime is True
-    assert os.sched_getscheduler(pid) == os.SCHED_FIFO and os.sched_getaffinity(pid) == {cpu}
-    assert _train(learner, 1).samples == 256
-
-
-def test_no_kept_cpu_no_claim(in_process):
-    """Workers on every CPU (or an update thread): nothing to claim, the process stays normal."""
-    learner = in_process("worker.cpu_affinity=null")
-    learner.prepare_updates()
-    assert learner.claim_update_cpu() is None and learner.update_realtime is None
-    assert os.sched_getscheduler(learner.update_process.pid) == os.SCHED_OTHER
-    assert _learner("thread", "worker.cpu_affinity=learner_core").claim_update_cpu() is None
-
-
-# The claim in a driver without the privilege (no CAP_SYS_NICE, RLIMIT_RTPRIO 0): the kernel refuses.
-UNPRIVILEGED_CLAIM = """
-import os, sys
-sys.path.insert(0, "tests")
-from test_update_process import _learner
-learner = _learner("process", "worker.cpu_affinity=learner_core")
-learner.prepare_updates()
-line = learner.claim_update_cpu()
-print(learner.update_realtime, os.sched_getscheduler(learner.update_process.pid) == os.SCHED_OTHER)
-print(line)
-learner.close_updates()
-"""
-
-
-PR_CAPBSET_DROP, CAP_SYS_NICE = 24, 23  # linux/prctl.h, linux/capability.h
-
-
-def _unprivileged() -> None:
-    """Before exec: no real-time priority allowed by rlimit, and CAP_SYS_NICE out of the
-    bounding set, so the exec'd interpreter does not get it even as root (a user without
-    root has neither already; the prctl then fails harmlessly)."""
-    resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
-    ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_SYS_NICE, 0, 0, 0)
-
-
-@needs_two_cpus
-def test_a_refused_real_time_priority_is_said_and_the_update_runs_normally():
-    out = subprocess.run(
-        [sys.executable, "-c", UNPRIVILEGED_CLAIM],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=_unprivileged,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    outcome, line = out.stdout.splitlines()[-2:]
-    assert outcome == "False True"
-    assert line.startswith("PPO update process at normal priority on CPU ")
-    assert "real-time priority (SCHED_FIFO) was refused (it needs CAP_SYS_NICE or an RLIMIT_RTPRIO of 1" in line
 
 
 def test_an_unknown_place_for_the_update_is_refused_by_name():

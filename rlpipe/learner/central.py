@@ -77,7 +77,6 @@ class CentralLearner(BackgroundTraining):
             if updates_in_process(self.cfg, self.device)
             else None
         )
-        self.update_realtime: bool | None = None  # claim_update_cpu's outcome (None: not asked)
         self.random = self.cfg.mode == "random"
         self.scaling = spec.scaling
         # every env's rollout in (time x env) arrays, per slot its block's progress (none under

@@ -96,29 +96,6 @@ class BackgroundTraining:
             loaded = self._optimizer.state_dict() if self._optimizer is not None else None  # a resumed run's
             self.update_process.start(self.generator, loaded)
 
-    def claim_update_cpu(self) -> str | None:
-        """Under learner_core, once the workers have left the kept CPU (the fleet's
-        `startup_over`): the update process at real-time priority on it, so that serving and
-        the driver's other threads, which the kernel may place there too, never delay an
-        update (docs/benchmarks.md, "The update at real-time priority"). Returns the run log's
-        line saying which priority it got; None where there is no kept CPU or no update
-        process (an update thread: `learner.update_in`). `update_realtime` keeps the outcome
-        for summary.json."""
-        if self.update_process is None or self.random:
-            return None
-        self.update_realtime = self.update_process.take_cpu()
-        if self.update_realtime is None:
-            return None
-        cpu = self.spec.learner_cpu
-        if self.update_realtime:
-            return f"PPO update process at real-time priority (SCHED_FIFO) on CPU {cpu}"
-        return (
-            f"PPO update process at normal priority on CPU {cpu}: real-time priority (SCHED_FIFO) was "
-            "refused (it needs CAP_SYS_NICE or an RLIMIT_RTPRIO of 1 or more, and real-time runtime "
-            "in this cgroup where the kernel schedules real-time tasks by group); threads the kernel "
-            "places on that CPU share it with the update"
-        )
-
     def start_update(self) -> None:
         """Start a PPO update on the ready rollouts in the background; rollouts arriving
         meanwhile make up the next update's batch."""

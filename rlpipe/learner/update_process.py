@@ -46,7 +46,6 @@ from rlpipe.config import LearnerSpec
 from rlpipe.learner.batch_staging import BatchReceiver, BatchSender
 from rlpipe.learner.ppo import UpdateStats, ppo_update
 from rlpipe.learner.type_settings import TypeSettings
-from rlpipe.procs import realtime_on_cpu
 
 CLOSE_TIMEOUT_S = 10.0
 
@@ -135,14 +134,6 @@ class UpdateProcess:
         self._proc.start()
         child_end.close()
         self._finalizer = weakref.finalize(self, _stop, self._proc, self._conn)
-
-    def take_cpu(self) -> bool | None:
-        """Under learner_core, once the workers have left the kept CPU: the process at real-time
-        priority there (procs.realtime_on_cpu). True if it now is, False if that was refused,
-        None without a kept CPU or before `start`."""
-        if self.learner_cpu is None or self._proc is None:
-            return None
-        return realtime_on_cpu(self._proc.pid, self.learner_cpu)
 
     @property
     def pid(self) -> int | None:

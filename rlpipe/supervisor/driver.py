@@ -242,9 +242,6 @@ class Driver:
                         metrics.all_ready_at = time.monotonic()
                         metrics.startup_cpu = fleet.cpu_seconds()
                         fleet.startup_over(metrics.all_ready_at)  # learner_core: workers off its CPU
-                        priority = learner.claim_update_cpu()  # ... and the update first on it
-                        if priority is not None:
-                            self._phase(priority)
                 if learner.update_due:
                     learner.start_update()
                 if self.supervise_timer.due(now):

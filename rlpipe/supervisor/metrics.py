@@ -310,8 +310,6 @@ class RunMetrics:
             "layout": {
                 **self.spec.layout.as_dict(),
                 "workers_pinned_s": (round(fleet.pinned_at - self.t0, 3) if fleet.pinned_at is not None else None),
-                # the update process at real-time priority on that CPU (None: not asked)
-                "update_realtime": self.learner.update_realtime,
             },
             # the update's shape as resolved (auto: from the mix, rlpipe/mix_learner.py) and how
             "learner": {
