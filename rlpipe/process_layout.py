@@ -7,9 +7,10 @@ The rule (docs/benchmarks.md has the measurements behind it):
 
 - workers: one per `ENVS_PER_SLICE` envs (the origin system's 70-env groups), but at most
   `WORKERS_PER_CPU` per CPU they step on (under `learner_core` below, one CPU fewer than the
-  usable ones; under a list of CPUs, as many as it names). On 2 CPUs 7,000 CartPoles stepped 1.21-1.24x faster in 20 processes of 350
-  than in 100 of 70 (benchmarks/engine_sps.py, the same run): each process switch refills
-  the caches with another interpreter and its envs, and the scheduler juggles fewer tasks.
+  usable ones; under a list of CPUs, as many as it names). On 2 CPUs 7,000 CartPoles stepped
+  1.21-1.24x faster in 20 processes of 350 than in 100 of 70 (benchmarks/engine_sps.py, the
+  same run): each process switch refills the caches with another interpreter and its envs,
+  and the scheduler juggles fewer tasks.
   The cap counts the workers' own CPUs because under `learner_core` all of them share one
   CPU on a 2-CPU machine: 20 processes there trained 0.68x, 0.68x and 0.57x of
   SyncVectorEnv under `backlog=hold`, where 10 trained 0.78x, 0.71x and 0.67x (the same runs,
