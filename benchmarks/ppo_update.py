@@ -147,7 +147,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     spec, plan = stage_plan(args.overrides)
-    heap.configure(spec.run.mmap_threshold_mb, spec.run.malloc_arena_max)  # the driver's C heap
+    run = spec.run  # the driver's C heap
+    heap.configure(run.mmap_threshold_mb, run.malloc_arena_max, run.trim_threshold_mb)
     lc = spec.learner
     torch.set_num_threads(lc.torch_threads)
     revs = [None] + ([args.baseline_rev] if args.baseline_rev else [])

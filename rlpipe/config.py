@@ -305,9 +305,10 @@ class RunControlSpec(_Section):
     resume: Any = setting(checks.resume_mode)
     stall_timeout_s: Optional[float] = setting(positive_or_null)  # the driver's stall detector (null: off)
     # the driver's C heap (rlpipe.heap): blocks this large get their own mapping; malloc arenas
-    # at most; malloc_trim after each PPO update (null: glibc's default)
+    # at most; free memory a heap's top keeps; malloc_trim after each PPO update (null: glibc's default)
     mmap_threshold_mb: Optional[float] = setting(positive_or_null)
     malloc_arena_max: Optional[int] = setting(positive_int_or_null)
+    trim_threshold_mb: Optional[float] = setting(positive_or_null)
     trim_after_update: bool = MISSING
     duration_s: Optional[float] = setting(positive_or_null)
     total_env_steps: Optional[int] = setting(positive_int_or_null)

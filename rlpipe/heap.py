@@ -14,6 +14,17 @@ resident: RSS climbs while the live bytes do not. Two settings answer it:
 - `trim_after_update`: `malloc_trim(0)` after each PPO update (in the update thread, off the
   serving loop), which returns the free pages inside every arena, not only at the top.
 
+A third keeps the first from costing every inference round:
+
+- `trim_threshold_mb`: how much free memory may sit at the top of a heap before `free` hands
+  it back. Fixing the mmap threshold also fixes this one at glibc's 128 KiB, where it no
+  longer follows the mmap threshold up. A round's arrays under 4 MB (the policy's activations
+  on 7,000 rows: 1.8 MB each) are then given back as each round frees them and faulted in
+  anew by the next: about 1,200 page faults per 7,000-row forward, a third of its CPU
+  (docs/benchmarks.md, "The heap's trim threshold"). Above the threshold the top is still
+  given back, and `trim_after_update` still returns everything free: what is kept is bounded
+  by the threshold per arena and does not grow.
+
 `figures()` charts `heap/in_use_mb` (bytes malloc has handed out: live C and Python data),
 `heap/free_kept_mb` (free bytes it keeps resident or not) and `python/blocks` (the
 interpreter's allocated object blocks), so a growing RSS reads as a leak (in use grows) or as
@@ -26,7 +37,8 @@ import ctypes
 import sys
 
 MB = 2**20
-M_MMAP_THRESHOLD = -3  # mallopt parameters, from glibc's malloc.h
+M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
+M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 
 
@@ -65,12 +77,16 @@ def _glibc() -> ctypes.CDLL | None:
 _LIBC = _glibc()
 
 
-def configure(mmap_threshold_mb: float | None, arena_max: int | None) -> str | None:
+def configure(
+    mmap_threshold_mb: float | None, arena_max: int | None, trim_threshold_mb: float | None = None
+) -> str | None:
     """Apply the settings (None: glibc's default); a line to log when they cannot apply."""
     if _LIBC is None:
         return "rlpipe: not glibc 2.33+: run.heap settings ignored (the allocator keeps its defaults)"
     if mmap_threshold_mb is not None:
         _LIBC.mallopt(M_MMAP_THRESHOLD, int(mmap_threshold_mb * MB))
+    if trim_threshold_mb is not None:
+        _LIBC.mallopt(M_TRIM_THRESHOLD, int(trim_threshold_mb * MB))
     if arena_max is not None:
         _LIBC.mallopt(M_ARENA_MAX, int(arena_max))
     return None

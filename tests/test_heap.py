@@ -1,6 +1,9 @@
 """rlpipe.heap: the driver's C heap figures read true, and its settings return freed memory."""
 
 import ctypes
+import resource
+import subprocess
+import sys
 
 import numpy as np
 import psutil
@@ -47,3 +50,38 @@ def test_trim_returns_holes_between_live_small_blocks():
 def test_configure_applies_on_glibc():
     assert heap.configure(None, None) is None
     assert heap.configure(4.0, 4) is None
+
+
+# In a fresh interpreter: its heap has no hole that large, so each block comes from the top.
+FRESH_BLOCK = """
+import ctypes, resource, sys
+from rlpipe import heap
+heap.configure(4.0, None, trim_threshold_mb=float(sys.argv[1]) if sys.argv[1] != "None" else None)
+libc, size = heap._LIBC, 2 * 2**20
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+first = libc.malloc(size)
+ctypes.memset(first, 1, size)
+libc.free(first)
+faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+again = libc.malloc(size)
+ctypes.memset(again, 1, size)
+print(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults)
+"""
+
+
+def _faults_of_a_fresh_block(trim_threshold_mb: float | None) -> int:
+    """Page faults of touching a 2 MiB block malloc'd right after one of that size was freed."""
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH_BLOCK, str(trim_threshold_mb)], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
+
+
+def test_the_trim_threshold_keeps_a_freed_block_for_the_next_round():
+    """A 2 MiB block (an activation of a 7,000-row forward) under the 4 MiB mmap threshold: with
+    glibc's 128 KiB trim threshold, which a fixed mmap threshold also fixes, its pages go back
+    to the kernel when it is freed and the next block of that size faults them in anew; under
+    `trim_threshold_mb` they stay for it."""
+    pages = 2 * MB // resource.getpagesize()
+    assert _faults_of_a_fresh_block(None) > pages // 2
+    assert _faults_of_a_fresh_block(32.0) < pages // 8

@@ -63,7 +63,7 @@ class Driver:
     def __init__(self, spec: RunSpec, run_dir: Path, config_yaml: str, mode: RunMode):
         self.spec = spec
         self.mode = mode  # runmode.Solo, or rlpipe.ranks.run.Ranks under torchrun
-        heap_line = heap.configure(spec.run.mmap_threshold_mb, spec.run.malloc_arena_max)
+        heap_line = heap.configure(spec.run.mmap_threshold_mb, spec.run.malloc_arena_max, spec.run.trim_threshold_mb)
         if heap_line:
             log.warning(heap_line)
         self.run_dir = run_dir
