@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from rlpipe.lifecycle.recovery import recovery_report  # noqa: E402
+from rlpipe.supervisor.driver import TB_DETAIL_S, TB_INTERVAL_S, TB_LONG_INTERVAL_S  # noqa: E402
 from rlpipe.telemetry.health.longrun import plot_resources  # noqa: E402
 from rlpipe.telemetry.tb_events import read_scalars  # noqa: E402
 
@@ -174,12 +175,17 @@ def checks(code: int, summary: dict, recovery: dict) -> list[tuple[str, bool, st
         ok, why = flat(name)
         out.append((f"{name} flat", ok, why))
     disk = lr.get("run_dir/total_mb")
-    out.append(
-        (
-            "run dir projected to six days <= 2 GB",
-            disk is not None and disk["projected"] <= RUN_DIR_BUDGET_MB,
-            f"{disk['projected']:,.0f} MB" if disk else "no verdict",
+    evidence = f"{disk['projected']:,.0f} MB" if disk else "no verdict"
+    if disk and summary.get("wall_s", 0.0) / 2 < TB_DETAIL_S:
+        # the slope is of the run's second half: here all of it charted every TB_INTERVAL_S
+        evidence += (
+            f" (TensorBoard's periodic charts at their first {TB_DETAIL_S / 60:.0f} minutes' "
+            f"{TB_INTERVAL_S:.0f} s cadence throughout the half measured; a six-day run writes "
+            f"them every {TB_LONG_INTERVAL_S:.0f} s after that: a soak of "
+            f"{2 * TB_DETAIL_S / 60:.0f}+ minutes measures that)"
         )
+    out.append(
+        ("run dir projected to six days <= 2 GB", disk is not None and disk["projected"] <= RUN_DIR_BUDGET_MB, evidence)
     )
     return out
 

@@ -20,10 +20,10 @@ A third keeps the first from costing every inference round:
   it back. Fixing the mmap threshold also fixes this one at glibc's 128 KiB, where it no
   longer follows the mmap threshold up. A round's arrays under 4 MB (the policy's activations
   on 7,000 rows: 1.8 MB each) are then given back as each round frees them and faulted in
-  anew by the next: about 1,200 page faults per 7,000-row forward, a third of its CPU
-  (docs/benchmarks.md, "The heap's trim threshold"). Above the threshold the top is still
-  given back, and `trim_after_update` still returns everything free: what is kept is bounded
-  by the threshold per arena and does not grow.
+  anew by the next: about 1,200 page faults per 7,000-row forward, up to a third of its
+  CPU (docs/benchmarks.md, "The heap's trim threshold"). A top larger than the threshold is
+  still given back, and `trim_after_update` still returns every free page where it runs: what
+  is kept is bounded by the threshold per arena and does not grow.
 
 `figures()` charts `heap/in_use_mb` (bytes malloc has handed out: live C and Python data),
 `heap/free_kept_mb` (free bytes it keeps resident or not) and `python/blocks` (the

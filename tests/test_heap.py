@@ -84,4 +84,4 @@ def test_the_trim_threshold_keeps_a_freed_block_for_the_next_round():
     `trim_threshold_mb` they stay for it."""
     pages = 2 * MB // resource.getpagesize()
     assert _faults_of_a_fresh_block(None) > pages // 2
-    assert _faults_of_a_fresh_block(32.0) < pages // 8
+    assert _faults_of_a_fresh_block(8.0) < pages // 8
