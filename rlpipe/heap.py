@@ -23,7 +23,9 @@ A third keeps the first from costing every inference round:
   anew by the next: about 1,200 page faults per 7,000-row forward, up to a third of its
   CPU (docs/benchmarks.md, "The heap's trim threshold"). A top larger than the threshold is
   still given back, and `trim_after_update` still returns every free page where it runs: what
-  is kept is bounded by the threshold per arena and does not grow.
+  is kept is bounded by the threshold per arena and does not grow. Kept small (8 MB, enough
+  for those activations): at 32 the kept bytes swung the driver's RSS floor by tens of MB
+  from sample to sample, and a 10-minute soak read that as growth.
 
 `figures()` charts `heap/in_use_mb` (bytes malloc has handed out: live C and Python data),
 `heap/free_kept_mb` (free bytes it keeps resident or not) and `python/blocks` (the

@@ -4,6 +4,7 @@ import ctypes
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -13,6 +14,7 @@ from rlpipe import heap
 
 pytestmark = pytest.mark.skipif(heap._LIBC is None, reason="glibc 2.33+ only")
 MB = 2**20
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_in_use_counts_a_live_array_and_drops_when_it_is_freed():
@@ -72,7 +74,11 @@ print(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults)
 def _faults_of_a_fresh_block(trim_threshold_mb: float | None) -> int:
     """Page faults of touching a 2 MiB block malloc'd right after one of that size was freed."""
     out = subprocess.run(
-        [sys.executable, "-c", FRESH_BLOCK, str(trim_threshold_mb)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", FRESH_BLOCK, str(trim_threshold_mb)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(out.stdout)
 
