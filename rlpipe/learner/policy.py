@@ -150,8 +150,9 @@ class TypedLinear(nn.Module):
         if not order.segments:
             return x.new_zeros(0, self.weight.shape[1])
         # split and unbind: in training, one backward op each (a cat, a stack) where a slice per
-        # segment and type made a zero-filled gradient of the whole x and weight per segment
-        rows = x.split([b - a for _, a, b in order.segments])
+        # segment and type made a zero-filled gradient of the whole x and weight per segment;
+        # one segment is x itself (a split of one part would cost a copy of x's gradient)
+        rows = (x,) if len(order.segments) == 1 else x.split([b - a for _, a, b in order.segments])
         weight, bias, widths, n_in = self.weight.unbind(), self.bias.unbind(), self.in_widths, self.weight.shape[2]
         parts = [
             F.linear(r, weight[t], bias[t])
