@@ -10,9 +10,10 @@ through `SliceRollout` (the learner's `key_rows`, actions and values from the po
 obs of the board's keys and dtypes, random rewards and episode ends) until `update_envs x
 rollout_len` samples are ready, and `concat_blocks` makes the batch as `CentralLearner` does.
 The policy, the fused Adam and the per-type settings are built from the composed config as the
-learner builds them, with `learner.torch_threads` threads, and with the driver's C heap
-settings (`run.mmap_threshold_mb`: every large tensor a mapping of its own, its pages faulted
-in anew; `run.trim_after_update`, timed with the update).
+learner builds them, with `learner.torch_threads` threads, and with the C heap of where the
+config trains: the update process's (`learner.update_in`; rlpipe.heap.keep_freed_blocks), or
+in a thread the driver's (`run.mmap_threshold_mb`: every large tensor a mapping of its own,
+its pages faulted in anew; `run.trim_after_update`, timed with the update).
 
 With `--baseline-rev`, `rlpipe/learner/ppo.py` and `rlpipe/learner/policy.py` of that revision
 are loaded from git; both start from the same weights and train on the same blocks, one
@@ -43,6 +44,7 @@ from rlpipe import heap  # noqa: E402
 from rlpipe.learner.rollout import SliceRollout  # noqa: E402
 from rlpipe.learner.rollout_store import key_rows  # noqa: E402
 from rlpipe.learner.type_settings import TypeSettings  # noqa: E402
+from rlpipe.learner.update_process import updates_in_process  # noqa: E402
 
 
 def stage_blocks(spec, plan, policy, slice_envs: int, seed: int = 0) -> tuple[list[dict], list[np.ndarray]]:
@@ -110,7 +112,7 @@ class Contender:
         self.per_type = TypeSettings.of(lc, spec.env_types)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
         self.blocks, self.types = blocks, types
-        self.trim = spec.run.trim_after_update
+        self.trim = spec.run.trim_after_update and not updates_in_process(lc, torch.device("cpu"))
         self.times = {"batch_cpu_s": [], "cpu_s": [], "wall_s": [], "faults": []}
 
     def update(self):
@@ -147,9 +149,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     spec, plan = stage_plan(args.overrides)
-    run = spec.run  # the driver's C heap
-    heap.configure(run.mmap_threshold_mb, run.malloc_arena_max, run.trim_threshold_mb)
-    lc = spec.learner
+    run, lc = spec.run, spec.learner
+    if updates_in_process(lc, torch.device("cpu")):  # the update process's C heap, or the driver's
+        heap.keep_freed_blocks()
+    else:
+        heap.configure(run.mmap_threshold_mb, run.malloc_arena_max, run.trim_threshold_mb)
     torch.set_num_threads(lc.torch_threads)
     revs = [None] + ([args.baseline_rev] if args.baseline_rev else [])
     modules = {rev: [module_at_rev(rev, f"rlpipe/learner/{m}.py") for m in ("ppo", "policy")] for rev in revs}
@@ -184,7 +188,7 @@ def main() -> None:
         )
     if args.baseline_rev:
         base = rows[args.baseline_rev]
-        ratios = {k: rows["current"][k] / base[k] for k in base}
+        ratios = {k: rows["current"][k] / base[k] if base[k] else float("nan") for k in base}  # 0 faults
         print(
             f"  current / {args.baseline_rev} (medians): update CPU {ratios['cpu_s']:.3f}, wall {ratios['wall_s']:.3f}, "
             f"batch CPU {ratios['batch_cpu_s']:.3f}; parameters and stats bit-identical: "

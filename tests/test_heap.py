@@ -58,8 +58,11 @@ def test_configure_applies_on_glibc():
 FRESH_BLOCK = """
 import ctypes, resource, sys
 from rlpipe import heap
-heap.configure(4.0, None, trim_threshold_mb=float(sys.argv[1]) if sys.argv[1] != "None" else None)
-libc, size = heap._LIBC, 2 * 2**20
+if sys.argv[1] == "keep":
+    heap.keep_freed_blocks()
+elif sys.argv[1] != "default":
+    heap.configure(4.0, None, trim_threshold_mb=float(sys.argv[1]) if sys.argv[1] != "None" else None)
+libc, size = heap._LIBC, int(sys.argv[2]) * 2**20
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
 first = libc.malloc(size)
 ctypes.memset(first, 1, size)
@@ -71,10 +74,12 @@ print(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults)
 """
 
 
-def _faults_of_a_fresh_block(trim_threshold_mb: float | None) -> int:
-    """Page faults of touching a 2 MiB block malloc'd right after one of that size was freed."""
+def _faults_of_a_fresh_block(trim_threshold_mb: float | str | None, mb: int = 2) -> int:
+    """Page faults of touching an `mb` MiB block malloc'd right after one of that size was
+    freed; `trim_threshold_mb` may also be "keep" (heap.keep_freed_blocks) or "default" (glibc's
+    own settings)."""
     out = subprocess.run(
-        [sys.executable, "-c", FRESH_BLOCK, str(trim_threshold_mb)],
+        [sys.executable, "-c", FRESH_BLOCK, str(trim_threshold_mb), str(mb)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -91,3 +96,12 @@ def test_the_trim_threshold_keeps_a_freed_block_for_the_next_round():
     pages = 2 * MB // resource.getpagesize()
     assert _faults_of_a_fresh_block(None) > pages // 2
     assert _faults_of_a_fresh_block(8.0) < pages // 8
+
+
+def test_the_update_process_heap_keeps_its_blocks_from_update_to_update():
+    """heap.keep_freed_blocks (the PPO update process's heap): a freed 16 MiB block (a large
+    update's batch field) stays in the heap for the next update's, where under glibc's own
+    settings the next one's pages are faulted in anew."""
+    pages = 16 * MB // resource.getpagesize()
+    assert _faults_of_a_fresh_block("default", 16) > pages // 2
+    assert _faults_of_a_fresh_block("keep", 16) < pages // 8

@@ -73,7 +73,7 @@ class CentralLearner(BackgroundTraining):
         self._update_job = None  # the update in flight: a thread, or an update_process.RemoteUpdate
         self._update_result = None
         self.update_process = (
-            UpdateProcess(self.policy, self.cfg, self.type_settings, spec.learner_cpu, spec.run.trim_after_update)
+            UpdateProcess(self.policy, self.cfg, self.type_settings, spec.learner_cpu)
             if updates_in_process(self.cfg, self.device)
             else None
         )

@@ -76,6 +76,12 @@ class ImageRows:
     def __getitem__(self, idx) -> ImageRows:
         return ImageRows(self.images, self.rows[idx], self.padded)
 
+    def index_select(self, dim: int, idx: torch.Tensor) -> ImageRows:
+        """Rows `idx` in that order, as a tensor's index_select along dim 0 (ppo._take)."""
+        if dim != 0:
+            raise ValueError("ImageRows picks rows: dim must be 0")
+        return ImageRows(self.images, self.rows.index_select(0, idx), self.padded)
+
 
 class RgbEncoder(nn.Module):
     """Nature-CNN-sized conv stack for HxWxC uint8 or float images (or `ImageRows`); the conv

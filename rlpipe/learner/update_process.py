@@ -34,6 +34,7 @@ import io
 import multiprocessing
 import os
 import signal
+import sys
 import traceback
 import weakref
 from multiprocessing import resource_sharer
@@ -90,11 +91,9 @@ class UpdateProcess:
     starts on first use (`start`, or the first update): a spawned interpreter that imports
     torch takes a few seconds, so the driver starts it while its workers build their envs."""
 
-    def __init__(
-        self, policy: torch.nn.Module, cfg: LearnerSpec, per_type: TypeSettings, learner_cpu: int | None, trim: bool
-    ):
+    def __init__(self, policy: torch.nn.Module, cfg: LearnerSpec, per_type: TypeSettings, learner_cpu: int | None):
         self.policy, self.cfg, self.per_type = policy, cfg, per_type
-        self.learner_cpu, self.trim = learner_cpu, trim  # worker.cpu_affinity's CPU; run.trim_after_update
+        self.learner_cpu = learner_cpu  # worker.cpu_affinity's CPU
         self.lr = cfg.learning_rate  # the rate of the last update sent (or of a loaded state)
         self._proc = None
         self._conn = None
@@ -126,7 +125,6 @@ class UpdateProcess:
                 self.per_type,
                 (generator.get_state(), optimizer_state),
                 self.learner_cpu,
-                self.trim,
             ),
             name="rlpipe-ppo-update",
             daemon=True,
@@ -221,7 +219,7 @@ def _stop(proc, conn) -> None:
     resource_sharer.stop()  # started again on demand by the next tensor sent, if any
 
 
-def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, learner_cpu, trim) -> None:
+def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, learner_cpu) -> None:
     """The process: updates and state requests off the pipe until "stop" or end of input."""
     from rlpipe.learner.adam import FusedAdam
     from rlpipe.procs import die_with_parent
@@ -236,6 +234,9 @@ def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, 
     except ImportError:
         pass
     torch.set_num_threads(cfg.torch_threads)
+    heap_line = heap.keep_freed_blocks()  # not the driver's heap settings: see heap.keep_freed_blocks
+    if heap_line:
+        print(heap_line, file=sys.stderr)
     if learner_cpu is not None:  # worker.cpu_affinity=learner_core: the learner's own CPU
         os.sched_setaffinity(0, {learner_cpu})
     batches = BatchReceiver()
@@ -261,14 +262,14 @@ def _serve(conn, policy, cfg: LearnerSpec, per_type: TypeSettings, start_state, 
         if kind == "stop":
             return
         try:
-            value = _handle(kind, args, policy, built, generator, cfg, per_type, trim, batches)
+            value = _handle(kind, args, policy, built, generator, cfg, per_type, batches)
         except BaseException:
             conn.send((False, traceback.format_exc()))
         else:
             conn.send((True, value))
 
 
-def _handle(kind, args, policy, optimizer, generator, cfg: LearnerSpec, per_type: TypeSettings, trim: bool, batches):
+def _handle(kind, args, policy, optimizer, generator, cfg: LearnerSpec, per_type: TypeSettings, batches):
     if kind == "update":
         shape, fresh, lr = args
         args.clear()  # the buffers' references are `batches`' alone from here
@@ -278,9 +279,7 @@ def _handle(kind, args, policy, optimizer, generator, cfg: LearnerSpec, per_type
         for group in opt.param_groups:
             group["lr"] = lr
         stats: UpdateStats = ppo_update(policy, opt, batch, cfg, generator, per_type=per_type)
-        del batch
-        if trim:
-            heap.trim()  # the update's activations freed: their pages go back
+        del batch  # its blocks stay in the heap for the next update's (heap.keep_freed_blocks)
         return stats
     if kind == "state":
         # as bytes: tensors sent from here would start multiprocessing's fd-passing listener in
