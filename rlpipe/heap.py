@@ -27,6 +27,10 @@ A third keeps the first from costing every inference round:
   for those activations): at 32 the kept bytes swung the driver's RSS floor by tens of MB
   from sample to sample, and a 10-minute soak read that as growth.
 
+The PPO update process (rlpipe/learner/update_process.py) is not the driver: it allocates the
+same sizes every update and holds nothing else, so `keep_freed_blocks` keeps its freed blocks
+instead (no trim, no mapping of their own under 32 MB).
+
 `figures()` charts `heap/in_use_mb` (bytes malloc has handed out: live C and Python data),
 `heap/free_kept_mb` (free bytes it keeps resident or not) and `python/blocks` (the
 interpreter's allocated object blocks), so a growing RSS reads as a leak (in use grows) or as
@@ -106,7 +110,9 @@ def keep_freed_blocks() -> str | None:
     alike. Under glibc's defaults an update's 1-2 MB blocks were unmapped when freed, and
     malloc_trim after each update gave back the rest: about 2,500 page faults an update of
     the 8,960-sample CartPole batch, 7 % of its CPU (docs/benchmarks.md, "The update
-    process's heap")."""
+    process's heap, and the shuffle's gather"). A line to log where it cannot apply."""
+    if _LIBC is None:
+        return "rlpipe: not glibc 2.33+: the PPO update process's heap keeps the allocator's defaults"
     return configure(KEEP_UNDER_MB, None, KEEP_UNDER_MB)
 
 

@@ -296,7 +296,8 @@ def _split_sizes(n: int, parts: int) -> list[int]:
 def _take(rows: dict, idx: torch.Tensor) -> dict:
     """Every field's rows in `idx`'s order. index_select copies whole rows where `v[idx]`
     (advanced indexing) computes every element's offset: the same values, a fifth of the time
-    for the day4 board's [8960, 32] obs (docs/benchmarks.md, "Figures behind the code's comments")."""
+    for the day4 board's [8960, 32] obs (docs/benchmarks.md, "The update process's heap, and
+    the shuffle's gather")."""
     return {k: _take(v, idx) if isinstance(v, dict) else v.index_select(0, idx) for k, v in rows.items()}
 
 
