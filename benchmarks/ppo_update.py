@@ -103,7 +103,7 @@ def _faults() -> int:
 class Contender:
     """One revision's policy, optimizer and update on the shared blocks."""
 
-    def __init__(self, name, ppo, policy_cls, spec, plan, init_state, blocks, types):
+    def __init__(self, name, ppo, policy_cls, spec, plan, init_state, blocks, types, trim: bool):
         lc = spec.learner
         self.name, self.ppo, self.cfg = name, ppo, lc
         self.policy = policy_cls(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
@@ -112,7 +112,7 @@ class Contender:
         self.per_type = TypeSettings.of(lc, spec.env_types)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
         self.blocks, self.types = blocks, types
-        self.trim = spec.run.trim_after_update and not updates_in_process(lc, torch.device("cpu"))
+        self.trim = trim  # run.trim_after_update where the update runs in the driver's thread
         self.times = {"batch_cpu_s": [], "cpu_s": [], "wall_s": [], "faults": []}
 
     def update(self):
@@ -150,7 +150,8 @@ def main() -> None:
     args = ap.parse_args()
     spec, plan = stage_plan(args.overrides)
     run, lc = spec.run, spec.learner
-    if updates_in_process(lc, torch.device("cpu")):  # the update process's C heap, or the driver's
+    in_process = updates_in_process(lc, torch.device("cpu"))
+    if in_process:  # the update process's C heap, or the driver's
         heap.keep_freed_blocks()
     else:
         heap.configure(run.mmap_threshold_mb, run.malloc_arena_max, run.trim_threshold_mb)
@@ -162,7 +163,9 @@ def main() -> None:
     blocks, types = stage_blocks(spec, plan, actor, args.slice_envs)
     init = actor.state_dict()
     runs = [
-        Contender(rev or "current", ppo, pol.Policy, spec, plan, init, blocks, types)
+        Contender(
+            rev or "current", ppo, pol.Policy, spec, plan, init, blocks, types, run.trim_after_update and not in_process
+        )
         for rev, (ppo, pol) in modules.items()
     ]
     stats = [r.update() for r in runs]  # not timed: first-call paths, the optimizer's state

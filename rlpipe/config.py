@@ -305,7 +305,8 @@ class RunControlSpec(_Section):
     resume: Any = setting(checks.resume_mode)
     stall_timeout_s: Optional[float] = setting(positive_or_null)  # the driver's stall detector (null: off)
     # the driver's C heap (rlpipe.heap): blocks this large get their own mapping; malloc arenas
-    # at most; free memory a heap's top keeps; malloc_trim after each PPO update (null: glibc's default)
+    # at most; free memory a heap's top keeps; malloc_trim after each PPO update in the driver's
+    # thread (the update process keeps its own heap: heap.keep_freed_blocks) (null: glibc's default)
     mmap_threshold_mb: Optional[float] = setting(positive_or_null)
     malloc_arena_max: Optional[int] = setting(positive_int_or_null)
     trim_threshold_mb: Optional[float] = setting(positive_or_null)

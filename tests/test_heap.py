@@ -74,12 +74,12 @@ print(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faults)
 """
 
 
-def _faults_of_a_fresh_block(trim_threshold_mb: float | str | None, mb: int = 2) -> int:
+def _faults_of_a_fresh_block(heap_setting: float | str | None, mb: int = 2) -> int:
     """Page faults of touching an `mb` MiB block malloc'd right after one of that size was
-    freed; `trim_threshold_mb` may also be "keep" (heap.keep_freed_blocks) or "default" (glibc's
-    own settings)."""
+    freed. `heap_setting`: the trim threshold in MB beside the driver's 4 MB mmap threshold
+    (None: that threshold alone), "keep" (heap.keep_freed_blocks) or "default" (glibc's own)."""
     out = subprocess.run(
-        [sys.executable, "-c", FRESH_BLOCK, str(trim_threshold_mb), str(mb)],
+        [sys.executable, "-c", FRESH_BLOCK, str(heap_setting), str(mb)],
         cwd=REPO,
         capture_output=True,
         text=True,
