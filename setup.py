@@ -1,5 +1,6 @@
 """Build hook: compile rlpipe/native/*.pyx (the seqlock board, the worker step loop, the
-worker's per-slice statistics, the doorbells, the driver's span copies) with Cython."""
+worker's per-slice statistics, the doorbells, the driver's span copies, the policy towers'
+kernels) with Cython."""
 
 import numpy
 from Cython.Build import cythonize
@@ -7,7 +8,11 @@ from setuptools import Extension, setup
 
 # The C headers and Cython declarations (.pxd) an extension includes: a change to one rebuilds
 # it, and an sdist carries them.
-HEADERS = {"board": ("board_rows.h", "board_seqlock.h", "board_lock.h"), "steploop": ("gymstep.pxd",)}
+HEADERS = {
+    "board": ("board_rows.h", "board_seqlock.h", "board_lock.h"),
+    "steploop": ("gymstep.pxd",),
+    "ppokernels": ("ppokernels.h",),
+}
 
 extensions = [
     Extension(
@@ -18,7 +23,7 @@ extensions = [
         include_dirs=[numpy.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
-    for name in ("board", "gymstep", "steploop", "slicestats", "bell", "spans")
+    for name in ("board", "gymstep", "steploop", "slicestats", "bell", "spans", "ppokernels")
 ]
 
 setup(ext_modules=cythonize(extensions, language_level=3))

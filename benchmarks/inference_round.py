@@ -7,7 +7,8 @@
 The batch is the stage's plan (types as the run assigns them, one row per env, random obs
 of the board's keys and dtypes); the policy is built from the composed config as the learner
 builds it, and called as the learner calls it (`act_explore` when scaling is on, else `act`),
-with `learner.torch_threads` threads. With `--baseline-rev`, the `rlpipe/learner/policy.py`
+with `learner.torch_threads` threads, on the driver's C heap (`run.mmap_threshold_mb`,
+`run.trim_threshold_mb`: rlpipe/heap.py). With `--baseline-rev`, the `rlpipe/learner/policy.py`
 of that revision is loaded from git and timed on the same batch, the two interleaved round
 by round so machine drift hits both. Prints the median and p90 ms per round of each and the
 ratio of medians.
@@ -32,6 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from rlpipe import heap  # noqa: E402
 from rlpipe.config import conf_dir, register_schema, run_spec  # noqa: E402
 from rlpipe.envs.registry import plan_mix  # noqa: E402
 
@@ -74,6 +76,9 @@ def main() -> None:
     args = ap.parse_args()
     spec, plan = stage_plan(args.overrides)
     lc = spec.learner
+    # the driver's C heap, where the learner serves: without it a 7,000-row round's activations
+    # are fresh mappings, faulted in every round
+    heap.configure(spec.run.mmap_threshold_mb, spec.run.malloc_arena_max, spec.run.trim_threshold_mb)
     torch.set_num_threads(lc.torch_threads)
     rng = np.random.default_rng(0)
     obs = {}

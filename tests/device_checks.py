@@ -4,7 +4,10 @@ between the device and the host, and evaluation of a run trained on the device.
 
 Run by tests/test_device.py in a child interpreter (the emulation registers a backend for the
 whole process). Each check also compares with the same work on the CPU: the device changes
-where the numbers are computed, never what they are.
+where the numbers are computed, never what they are. The CPU's side of the update is computed
+with torch's ops (`ppo_kernels.torch_ops_only`), as on a device: on a CPU learner PPO's
+elementwise steps are native kernels, the same formulas rounded otherwise
+(tests/test_ppo_kernels.py holds them to torch's).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rlpipe.learner.checkpoint import load_latest, save_checkpoint
 from rlpipe.learner.policy import Policy, TypedLinear
 from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import concat_blocks, ppo_update
+from rlpipe.learner.ppo_kernels import torch_ops_only
 from rlpipe.learner.type_settings import TypeSettings
 from rlpipe.protocol import Round
 from test_ppo_batch import day4  # noqa: F401  (the fixture: day4 at a test's size, its rollouts through SliceRollout)
@@ -99,7 +103,8 @@ def _update(spec, plan, init, blocks, types, device) -> tuple[list, dict]:
 
 def test_the_ppo_update_trains_on_the_device_as_on_the_cpu(day4):  # noqa: F811  (the imported fixture)
     spec, plan, init, blocks, types = day4
-    stats_cpu, after_cpu = _update(spec, plan, init, blocks, types, "cpu")
+    with torch_ops_only():
+        stats_cpu, after_cpu = _update(spec, plan, init, blocks, types, "cpu")
     with emulated() as dev:
         stats_dev, after_dev = _update(spec, plan, init, blocks, types, dev)
         assert all(v.device == dev for v in after_dev.values())

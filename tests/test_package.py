@@ -26,7 +26,7 @@ from conftest import REPO, driver_dies_with_pytest
 
 pytest.importorskip("build")
 TORCH = "torch==2.13.0"  # the Makefile's CPU build
-EXTENSIONS = ("bell", "board", "slicestats", "steploop")
+EXTENSIONS = ("bell", "board", "slicestats", "steploop", "ppokernels")
 VECTOR_SMOKE = """
 import rlpipe, rlpipe.vector
 from rlpipe.config import conf_dir
@@ -113,7 +113,13 @@ def test_sdist_and_wheel_build_install_in_a_clean_venv_and_run(pkg_tmp):
 
     with tarfile.open(sdist) as tar:
         in_sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    for name in ("setup.py", "pyproject.toml", "rlpipe/native/board.pyx", "rlpipe/native/board_seqlock.h"):
+    for name in (
+        "setup.py",
+        "pyproject.toml",
+        "rlpipe/native/board.pyx",
+        "rlpipe/native/board_seqlock.h",
+        "rlpipe/native/ppokernels.h",
+    ):
         assert name in in_sdist, name
     with zipfile.ZipFile(wheel) as whl:
         in_wheel = set(whl.namelist())

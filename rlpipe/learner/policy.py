@@ -15,7 +15,9 @@ type's weights unasked, and no type's scale may set another's (docs/architecture
   own normalized scale).
 
 Actor and critic are separate towers, as in CleanRL's ppo.py (orthogonal init, tanh, 0.01
-actor gain). With one type this is exactly CleanRL's network.
+actor gain). With one type this is exactly CleanRL's network. The towers' tanh and the
+categorical head's log-prob, entropy and sampling are rlpipe/learner/ppo_kernels.py's: one
+native call each on a CPU learner, the same functions in acting and in training.
 
 Batching by type uses index ops only: rows are put in type order once per forward (a stable
 argsort), each per-type layer runs one matmul per type *segment*, and outputs are put back
@@ -36,6 +38,7 @@ from torch.nn import functional as F
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.popart import PopArt
+from rlpipe.learner.ppo_kernels import Tanh, categorical_logp_entropy, categorical_sample, log_prob_at
 from rlpipe.learner.rgb_encoder import ImageRows, RgbEncoder, layer_init
 
 MASKED_LOGIT = -1e9
@@ -85,47 +88,6 @@ class TypeOrder(NamedTuple):
 
     def unsort(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.inverse is None else x[self.inverse]
-
-
-class _SigmoidTanh(torch.autograd.Function):
-    """tanh(x) as 2 * sigmoid(2x) - 1, to within 2e-7 absolute (float32 tanh: 3e-8), computed
-    in place on x.
-
-    This torch's CPU tanh kernel is not vectorized, so tanh was the largest single cost of a
-    PPO update of the CartPole-sized towers; sigmoid's kernel is, and in place there are no
-    two fresh [B, hidden] tensors per call (the figures: docs/benchmarks.md, "Figures behind
-    the code's comments"). In place is safe because every caller passes a layer's fresh
-    output that nothing else holds: Linear's backward keeps its input and weight, not its
-    output. The backward is tanh's own, from the output."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        y = _tanh_in_place(x)
-        ctx.mark_dirty(y)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return torch.ops.aten.tanh_backward(grad, y)
-
-
-def _tanh_in_place(x: torch.Tensor) -> torch.Tensor:
-    return x.mul_(2.0).sigmoid_().mul_(2.0).sub_(1.0)
-
-
-class Tanh(nn.Module):
-    """nn.Tanh through _SigmoidTanh, in place on its input (a layer's fresh output): every
-    tower's activation, in acting and in training alike (the behaviour log-probs the workers
-    report and the ones PPO recomputes must agree). Without gradients (acting) the same
-    arithmetic runs without the autograd Function's Python round trip."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and x.requires_grad:
-            # autograd refuses in-place writes to a leaf (a tensor no layer produced)
-            return _SigmoidTanh.apply(x.clone() if x.is_leaf else x)
-        return _tanh_in_place(x)
 
 
 class TypedLinear(nn.Module):
@@ -323,32 +285,40 @@ class Policy(nn.Module):
         return self.critic(feat, order).squeeze(-1)
 
     def _dists(self, feat: torch.Tensor, order: TypeOrder):
-        """The per-row distributions. validate_args=False: their arguments are the towers' own
-        outputs and the actions they sampled; torch's checks of them were a dozen small ops
-        per call (a NaN in the logits still fails loudly, in sampling)."""
+        """(each row's discrete logits, a type's invalid actions masked; its Gaussian), None for a
+        head the mix has not. The categorical's log-prob, entropy and sampling come from the
+        logits, one call each (rlpipe/learner/ppo_kernels.py); a torch Categorical is built only
+        for the mode and `dist_params`. validate_args=False: the Gaussian's arguments are the
+        towers' own outputs and the actions they sampled; torch's checks of them were a dozen
+        small ops per call (a NaN in the logits still fails loudly, in sampling)."""
         types = order.types
-        disc = cont = None
+        logits = cont = None
         if self.actor_disc is not None:
             logits = self.actor_disc(feat, order)
             if not self.every_type_every_action:
                 logits = logits.masked_fill(~self.disc_mask[types], MASKED_LOGIT)
-            disc = Categorical(logits=logits, validate_args=False)
         if self.actor_cont is not None:
             mean = self.actor_cont(feat, order)
             cont = Normal(mean, self.log_std[types].exp(), validate_args=False)
-        return disc, cont
+        return logits, cont
 
-    def _logp_entropy(self, disc, cont, types, a_disc, a_cont, entropy: bool = True):
+    def _logp_entropy(self, logits, cont, types, a_disc, a_cont, entropy: bool = True):
         """(log-prob of the actions, entropy); the entropy is None where not asked for (acting)."""
-        zeros = torch.zeros(len(types), device=types.device)
-        d_lp = disc.log_prob(a_disc) if disc is not None else zeros
-        d_ent = (disc.entropy() if disc is not None else zeros) if entropy else None
+        if logits is not None:
+            d_lp, d_ent = categorical_logp_entropy(logits, a_disc, entropy)
+        else:
+            zeros = torch.zeros(len(types), device=types.device)
+            d_lp, d_ent = zeros, zeros if entropy else None
+        return self._with_cont(cont, types, a_cont, d_lp, d_ent, logits is not None, entropy)
+
+    def _with_cont(self, cont, types, a_cont, d_lp, d_ent, has_disc: bool, entropy: bool):
+        """The discrete head's log-prob and entropy, with the Gaussian's on continuous types."""
         if cont is None:
             return d_lp, d_ent
         valid = self.cont_mask[types]
         c_lp = (cont.log_prob(a_cont) * valid).sum(-1)
         c_ent = (cont.entropy() * valid).sum(-1) if entropy else None
-        if disc is None:
+        if not has_disc:
             return c_lp, c_ent
         sel = self.is_cont[types]
         return torch.where(sel, c_lp, d_lp), torch.where(sel, c_ent, d_ent) if entropy else None
@@ -357,10 +327,15 @@ class Policy(nn.Module):
         order = TypeOrder.of(types)
         return order.sort(self.features(obs, types)), order
 
-    def _sample(self, disc, cont, n: int, dev):
-        a_disc = disc.sample() if disc is not None else torch.zeros(n, dtype=torch.int64, device=dev)
+    def _sample(self, logits, cont, n: int, dev):
+        """(discrete actions, continuous actions, the discrete head's log-prob of its actions and
+        each row's log-normalizer (None without the head))."""
+        if logits is not None:
+            a_disc, d_lp, lse = categorical_sample(logits)
+        else:
+            a_disc, d_lp, lse = torch.zeros(n, dtype=torch.int64, device=dev), torch.zeros(n, device=dev), None
         a_cont = cont.sample() if cont is not None else torch.zeros(n, 1, device=dev)
-        return a_disc, a_cont
+        return a_disc, a_cont, d_lp, lse
 
     # -- public API (row order in, row order out) ----------------------------------------------
     @torch.no_grad()
@@ -375,17 +350,18 @@ class Policy(nn.Module):
         """Actions for a batch: (discrete [B] int64, continuous [B, cont_dim], logp, value in
         return space). `deterministic`: the mode of each distribution instead of a sample."""
         feat, order = self._sorted(obs, types)
-        disc, cont = self._dists(feat, order)
+        logits, cont = self._dists(feat, order)
         if deterministic:
             a_disc = (
-                disc.probs.argmax(-1)
-                if disc is not None
+                Categorical(logits=logits, validate_args=False).probs.argmax(-1)
+                if logits is not None
                 else torch.zeros(len(types), dtype=torch.int64, device=feat.device)
             )
             a_cont = cont.mean if cont is not None else torch.zeros(len(types), 1, device=feat.device)
+            logp, _ = self._logp_entropy(logits, cont, order.types, a_disc, a_cont, entropy=False)
         else:
-            a_disc, a_cont = self._sample(disc, cont, len(types), feat.device)
-        logp, _ = self._logp_entropy(disc, cont, order.types, a_disc, a_cont, entropy=False)
+            a_disc, a_cont, d_lp, _ = self._sample(logits, cont, len(types), feat.device)
+            logp, _ = self._with_cont(cont, order.types, a_cont, d_lp, None, logits is not None, False)
         value = self.popart.denormalize(self._value_normalized(feat, order), order.types)
         return tuple(order.unsort(x) for x in (a_disc, a_cont, logp, value))
 
@@ -396,10 +372,10 @@ class Policy(nn.Module):
         sample is drawn exactly as `act` draws it; the alternative uses `generator` (a
         dedicated one, so exploration does not shift the policy's random stream)."""
         feat, order = self._sorted(obs, types)
-        disc, cont = self._dists(feat, order)
+        logits, cont = self._dists(feat, order)
         st, b, dev = order.types, len(types), feat.device
-        a_disc, a_cont = self._sample(disc, cont, b, dev)
-        logp, _ = self._logp_entropy(disc, cont, st, a_disc, a_cont, entropy=False)
+        a_disc, a_cont, d_lp, lse = self._sample(logits, cont, b, dev)
+        logp, _ = self._with_cont(cont, st, a_cont, d_lp, None, logits is not None, False)
         # The alternatives are drawn in row order, so a row's draw does not depend on the
         # batch's type layout.
         n_valid = self.disc_mask[types].sum(-1).clamp_min(1)
@@ -407,7 +383,8 @@ class Policy(nn.Module):
         alt_cont = (torch.rand(a_cont.shape, generator=generator, device=dev) * 2.0 - 1.0) * self.cont_mask[types][
             :, : a_cont.shape[1]
         ]
-        alt_logp, _ = self._logp_entropy(disc, cont, st, order.sort(alt_disc), order.sort(alt_cont), entropy=False)
+        d_alt = log_prob_at(logits, order.sort(alt_disc), lse) if logits is not None else d_lp
+        alt_logp, _ = self._with_cont(cont, st, order.sort(alt_cont), d_alt, None, logits is not None, False)
         value = self.popart.denormalize(self._value_normalized(feat, order), st)
         a_disc, a_cont, logp, value, alt_logp = (order.unsort(x) for x in (a_disc, a_cont, logp, value, alt_logp))
         return ActOut(a_disc, a_cont, logp, value, alt_disc, alt_cont, alt_logp)
@@ -424,16 +401,16 @@ class Policy(nn.Module):
         """(log-prob, entropy, *normalized* value) of the given actions, with gradients: what
         the PPO loss needs (value targets are normalized with the same statistics)."""
         feat, order = self._sorted(obs, types)
-        disc, cont = self._dists(feat, order)
-        logp, entropy = self._logp_entropy(disc, cont, order.types, order.sort(a_disc), order.sort(a_cont))
+        logits, cont = self._dists(feat, order)
+        logp, entropy = self._logp_entropy(logits, cont, order.types, order.sort(a_disc), order.sort(a_cont))
         value = self._value_normalized(feat, order)
         return order.unsort(logp), order.unsort(entropy), order.unsort(value)
 
     def dist_params(self, obs, types) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Masked discrete logits and continuous means in row order (tests, evaluation)."""
         feat, order = self._sorted(obs, types)
-        disc, cont = self._dists(feat, order)
+        logits, cont = self._dists(feat, order)
         return (
-            order.unsort(disc.logits) if disc is not None else None,
+            order.unsort(Categorical(logits=logits, validate_args=False).logits) if logits is not None else None,
             order.unsort(cont.mean) if cont is not None else None,
         )

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rlpipe.learner.ppo_kernels import ppo_terms
+
 __all__ = ["score_to_weight", "score_to_epsilon", "weighted_ppo_terms", "weighted_mean", "PPOTerms"]
 
 
@@ -78,7 +80,11 @@ def weighted_ppo_terms(
     old_logp is the behaviour log-prob (the mixture when the worker explored). With
     weights=None every term is a plain mean (identical to rlpipe.learner.ppo); with weights
     [B] each term is sum(w * term) / sum(w). Loss = pg_loss - ent_coef * entropy +
-    vf_coef * v_loss."""
+    vf_coef * v_loss. On float32 CPU rows the terms come from one native pass
+    (rlpipe.learner.ppo_kernels.ppo_terms), the same formulas with sums in double."""
+    native = ppo_terms(new_logp, entropy, new_value, old_logp, old_value, adv, ret, clip_coef, clip_vloss, weights)
+    if native is not None:
+        return PPOTerms(*native)
     logratio = new_logp - old_logp
     ratio = logratio.exp()
     with torch.no_grad():

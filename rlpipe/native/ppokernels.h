@@ -1,0 +1,249 @@
+/* Float32 kernels of PPO on a CPU learner (rlpipe/native/ppokernels.pyx, called from
+   rlpipe/learner/ppo_kernels.py): the towers' tanh in place and its backward; a categorical
+   head's log-prob, entropy, sampling and backward; the loss terms of a minibatch and their
+   backward. Each is one pass where torch ran several ops: in a PPO minibatch of the
+   CartPole-sized towers the op count, not the arithmetic, was most of what the forward and
+   the loss paid for. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The loops below are plain C that GCC vectorizes; on x86-64 each exported function is built
+   for AVX-512, AVX2 and the baseline, and the loader picks the widest the CPU has. Every
+   process of a run on one machine then computes the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PPOKERNELS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PPOKERNELS_CLONES
+#endif
+
+#define TANH_BLOCK 16
+
+/* e^v for v <= 0 (below -87: e^-87, and NaN stays NaN): v = n ln2 + r with |r| <= ln2/2, a
+   degree-6 polynomial for e^r (Cephes' expf), 2^n put into the exponent bits. */
+static inline float exp_nonpositive(float v) {
+    float x = v < -87.0f ? -87.0f : v;
+    float fn = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - fn * 0.693359375f;
+    r = r - fn * -2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)fn + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* tanh(x) within 3 float32 ulp: below |x| = 0.4 its Taylor series to x^15 (the next term is
+   under 2e-9 of the value), above it (1 - e^-2|x|) / (1 + e^-2|x|), where 1 - e^-2|x| >= 0.55
+   loses no digits to cancellation. Both are computed and one is kept: no branch to vectorize. */
+static inline float tanh_one(float x) {
+    float a = fabsf(x);
+    float t = exp_nonpositive(-2.0f * a);
+    float z = a * a;
+    float p = -0.00145583438705f;
+    p = p * z + 0.00359212803657f;
+    p = p * z + -0.00886323552990f;
+    p = p * z + 0.0218694885362f;
+    p = p * z + -0.0539682539683f;
+    p = p * z + 0.133333333333f;
+    p = p * z + -0.333333333333f;
+    float small = a + a * z * p;
+    float big = (1.0f - t) / (1.0f + t);
+    return copysignf(a < 0.4f ? small : big, x);
+}
+
+static inline void tanh_block(float *restrict x) {
+    for (int i = 0; i < TANH_BLOCK; i++) x[i] = tanh_one(x[i]);
+}
+
+/* Every value goes through the same block code (a short tail is copied into a block first),
+   so a value's tanh does not depend on where it sits in the array: acting over any number of
+   rows and training over a minibatch compute the same bits for the same pre-activation. */
+PPOKERNELS_CLONES void tanh_inplace(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + TANH_BLOCK <= n; i += TANH_BLOCK) tanh_block(x + i);
+    if (i < n) {
+        float tail[TANH_BLOCK] = {0};
+        memcpy(tail, x + i, (size_t)(n - i) * sizeof(float));
+        tanh_block(tail);
+        memcpy(x + i, tail, (size_t)(n - i) * sizeof(float));
+    }
+}
+
+/* tanh's backward from its output: grad * (1 - y^2) */
+PPOKERNELS_CLONES void tanh_backward(const float *restrict grad, const float *restrict y, float *restrict out,
+                                   int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = grad[i] * (1.0f - y[i] * y[i]);
+}
+
+/* A row's log-normalizer lse = m + log(sum_j exp(l_j - m)), m its largest logit: the one
+   formula behind every log-prob below, so acting and training compute the same bits. */
+static inline float row_lse(const float *l, int64_t k) {
+    float m = l[0];
+    for (int64_t j = 1; j < k; j++) m = l[j] > m ? l[j] : m;
+    float s = 0.0f;
+    for (int64_t j = 0; j < k; j++) s += expf(l[j] - m);
+    return m + logf(s);
+}
+
+/* A categorical head over `rows` rows of `k` logits (a type's masked entries are -1e9): per
+   row the log-prob of its action, l_a - lse, and where `entropy` is given the entropy
+   -sum_j p_j log p_j with p_j = exp(l_j - lse), an entry whose p_j is 0 adding nothing (as
+   torch's Categorical); `lse` (if given) gets each row's log-normalizer. Returns the number of
+   rows whose action is outside [0, k): nothing is read for them and their log-prob is NaN
+   (the caller raises). */
+int64_t categorical_forward(const float *restrict logits, const int64_t *restrict actions, int64_t rows, int64_t k,
+                            float *restrict logp, float *restrict entropy, float *restrict lse) {
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *l = logits + r * k;
+        float z = row_lse(l, k);
+        if (entropy) {
+            float h = 0.0f;
+            for (int64_t j = 0; j < k; j++) {
+                float lp = l[j] - z;
+                float p = expf(lp);
+                if (p > 0.0f) h -= p * lp;
+            }
+            entropy[r] = h;
+        }
+        int64_t a = actions[r];
+        if (a < 0 || a >= k) {
+            bad++;
+            logp[r] = NAN;
+        } else {
+            logp[r] = l[a] - z;
+        }
+        if (lse) lse[r] = z;
+    }
+    return bad;
+}
+
+/* One action per row drawn from its categorical by inverse CDF: the first j whose cumulative
+   p_j exceeds the row's uniform draw u in [0, 1) (where rounding leaves the total below u,
+   the last action of nonzero p); with its log-prob and the row's lse. Returns the number of
+   rows whose logits hold a NaN or an infinity: their action is 0 (the caller raises). */
+int64_t categorical_sample(const float *restrict logits, const float *restrict uniform, int64_t rows, int64_t k,
+                           int64_t *restrict action, float *restrict logp, float *restrict lse) {
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *l = logits + r * k;
+        float z = row_lse(l, k);
+        if (!isfinite(z)) {
+            bad++;
+            action[r] = 0;
+            logp[r] = NAN;
+            lse[r] = z;
+            continue;
+        }
+        float u = uniform[r], c = 0.0f;
+        int64_t a = -1, last = 0;
+        for (int64_t j = 0; j < k; j++) {
+            float p = expf(l[j] - z);
+            if (p > 0.0f) last = j;
+            c += p;
+            if (a < 0 && u < c) a = j;
+        }
+        if (a < 0) a = last;
+        action[r] = a;
+        logp[r] = l[a] - z;
+        lse[r] = z;
+    }
+    return bad;
+}
+
+/* The logits' gradient from the log-prob's and the entropy's (either NULL: none flows):
+   d l_j = g_logp (1[j = a] - p_j) - g_entropy p_j (log p_j + H). The actions were checked in
+   the forward. */
+void categorical_backward(const float *restrict logits, const int64_t *restrict actions, const float *restrict lse,
+                          const float *restrict entropy, const float *restrict d_logp,
+                          const float *restrict d_entropy, int64_t rows, int64_t k, float *restrict d_logits) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *l = logits + r * k;
+        float *d = d_logits + r * k;
+        float g_lp = d_logp ? d_logp[r] : 0.0f, g_h = d_entropy ? d_entropy[r] : 0.0f, h = entropy[r];
+        for (int64_t j = 0; j < k; j++) {
+            float lp = l[j] - lse[r];
+            float p = expf(lp);
+            d[j] = p > 0.0f ? -g_lp * p - g_h * p * (lp + h) : 0.0f;
+        }
+        d[actions[r]] += g_lp;
+    }
+}
+
+/* PPO's loss terms over a minibatch of n rows (rlpipe.learner.scaling.weighted_ppo_terms):
+   out[0] the clipped surrogate, out[1] the value loss (0.5 x the squared error, clipped if
+   clip_vloss), out[2] the entropy, each the mean weighted by w (NULL: plain mean); out[3]
+   approx_kl and out[4] clipfrac, unweighted. Sums in double. Returns the weight sum used. */
+double ppo_terms_forward(const float *restrict nl, const float *restrict ent, const float *restrict nv,
+                         const float *restrict ol, const float *restrict ov, const float *restrict adv,
+                         const float *restrict ret, const float *restrict w, int64_t n, float clip, int clip_vloss,
+                         double *restrict out) {
+    double pg = 0, v = 0, h = 0, kl = 0, cf = 0, ws = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float lr = nl[i] - ol[i];
+        float r = expf(lr);
+        float cr = r < 1.0f - clip ? 1.0f - clip : (r > 1.0f + clip ? 1.0f + clip : r);
+        float u = -adv[i] * r, k = -adv[i] * cr;
+        float pgi = u > k ? u : k;
+        float e1 = (nv[i] - ret[i]) * (nv[i] - ret[i]), vi = e1;
+        if (clip_vloss) {
+            float d = nv[i] - ov[i];
+            float dc = d < -clip ? -clip : (d > clip ? clip : d);
+            float vc = ov[i] + dc;
+            float e2 = (vc - ret[i]) * (vc - ret[i]);
+            vi = e1 > e2 ? e1 : e2;
+        }
+        double wi = w ? (double)w[i] : 1.0;
+        pg += wi * pgi;
+        v += wi * vi;
+        h += wi * ent[i];
+        ws += wi;
+        kl += (double)((r - 1.0f) - lr);
+        cf += fabsf(r - 1.0f) > clip ? 1.0 : 0.0;
+    }
+    if (w) ws = ws > 1e-12 ? ws : 1e-12;
+    out[0] = pg / ws;
+    out[1] = 0.5 * v / ws;
+    out[2] = h / ws;
+    out[3] = n ? kl / n : NAN;
+    out[4] = n ? cf / n : NAN;
+    return ws;
+}
+
+/* Their gradients: d_nl, d_ent, d_nv per row from the gradients g_pg, g_v, g_h of out[0..2]
+   (wsum: the forward's weight sum). A max of two equal terms passes half its gradient to
+   each, and a clamp passes it at its bounds, as torch's maximum and clamp do. */
+void ppo_terms_backward(const float *restrict nl, const float *restrict nv, const float *restrict ol,
+                        const float *restrict ov, const float *restrict adv, const float *restrict ret,
+                        const float *restrict w, int64_t n, float clip, int clip_vloss, double wsum, float g_pg,
+                        float g_v, float g_h, float *restrict d_nl, float *restrict d_ent, float *restrict d_nv) {
+    for (int64_t i = 0; i < n; i++) {
+        float s = (float)((w ? (double)w[i] : 1.0) / wsum);
+        float lr = nl[i] - ol[i];
+        float r = expf(lr);
+        float cr = r < 1.0f - clip ? 1.0f - clip : (r > 1.0f + clip ? 1.0f + clip : r);
+        float u = -adv[i] * r, k = -adv[i] * cr;
+        float through = (r >= 1.0f - clip && r <= 1.0f + clip) ? 1.0f : 0.0f;
+        float gu = -adv[i] * r, gk = gu * through;
+        float dpg = u > k ? gu : (k > u ? gk : 0.5f * (gu + gk));
+        float g1 = 2.0f * (nv[i] - ret[i]), dv = g1;
+        if (clip_vloss) {
+            float d = nv[i] - ov[i];
+            float dc = d < -clip ? -clip : (d > clip ? clip : d);
+            float vc = ov[i] + dc;
+            float e1 = (nv[i] - ret[i]) * (nv[i] - ret[i]), e2 = (vc - ret[i]) * (vc - ret[i]);
+            float g2 = 2.0f * (vc - ret[i]) * ((d >= -clip && d <= clip) ? 1.0f : 0.0f);
+            dv = e1 > e2 ? g1 : (e2 > e1 ? g2 : 0.5f * (g1 + g2));
+        }
+        d_nl[i] = g_pg * s * dpg;
+        d_nv[i] = g_v * 0.5f * s * dv;
+        d_ent[i] = g_h * s;
+    }
+}

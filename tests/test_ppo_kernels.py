@@ -1,0 +1,210 @@
+"""PPO's native kernels (rlpipe/learner/ppo_kernels.py, rlpipe/native/ppokernels.h) against
+torch's own ops: tanh and its backward, a categorical head's log-prob, entropy, their
+gradients and its sampler, the loss terms and theirs; and the property acting and training
+rely on, that the behaviour log-prob acting reports is the bits PPO recomputes for the same
+obs and weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Categorical
+
+from rlpipe.config import ObsKey
+from rlpipe.envs.contract import EnvSpec
+from rlpipe.envs.registry import ActionSpace, MixPlan
+from rlpipe.learner.policy import MASKED_LOGIT, Policy
+from rlpipe.learner.ppo_kernels import Tanh, categorical_logp_entropy, categorical_sample, log_prob_at
+from rlpipe.learner.scaling import weighted_ppo_terms
+
+F32_EPS = torch.finfo(torch.float32).eps
+
+
+def _tanh(x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return Tanh()(x.clone())
+
+
+def test_tanh_is_tanh_to_a_few_ulp_and_keeps_its_edge_values():
+    x = torch.linspace(-20, 20, 400_001)
+    y = _tanh(x).double()
+    exact = torch.tanh(x.double())
+    assert (y - exact).abs().max() < 1.5e-7
+    assert ((y - exact).abs() / exact.abs().clamp_min(1e-30))[x.abs() > 1e-6].max() < 3 * F32_EPS
+    edges = torch.tensor([0.0, -0.0, 1e-30, -1e-8, 30.0, -30.0, float("inf"), -float("inf")])
+    y = _tanh(edges)
+    assert torch.equal(y[:4], edges[:4]) and torch.equal(torch.signbit(y[:4]), torch.signbit(edges[:4]))
+    assert y[4:].tolist() == [1.0, -1.0, 1.0, -1.0]
+    assert torch.isnan(_tanh(torch.tensor([1.0, float("nan")])))[1]
+
+
+def test_a_values_tanh_does_not_depend_on_where_it_sits_or_how_many_are_computed():
+    x = torch.randn(1000)
+    whole = _tanh(x)
+    for n in (1, 7, 16, 33):  # blocks, tails and single values
+        for start in (0, 5, 500):
+            assert torch.equal(_tanh(x[start : start + n]), whole[start : start + n])
+
+
+def test_tanh_backward_is_tanhs_and_the_write_is_seen_by_a_graph_that_saved_its_input():
+    x = torch.randn(300, 64, requires_grad=True)
+    pre = x * 2.0  # a fresh output, as a layer's
+    y = Tanh()(pre)
+    g = torch.randn(300, 64)
+    y.backward(g)
+    expected = g * (1 - _tanh(x.detach() * 2.0) ** 2) * 2.0
+    torch.testing.assert_close(x.grad, expected, rtol=0, atol=1e-6)
+    # and tanh's derivative to float32 precision
+    z = torch.linspace(-12, 12, 200_001, requires_grad=True)
+    Tanh()(z * 1.0).sum().backward()
+    assert (z.grad.double() - (1 - torch.tanh(z.detach().double()) ** 2)).abs().max() < 5e-7
+    # a graph that saved the tensor tanh then wrote refuses its backward, as for any in-place op
+    a = torch.randn(4, requires_grad=True)
+    b = a * 3.0
+    c = b * b  # saves b
+    Tanh()(b)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        c.sum().backward()
+
+
+def _logits(rows: int, k: int, masked: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, k, generator=g) * 3
+    for j in masked:
+        logits[:, j] = MASKED_LOGIT
+    return logits
+
+
+@pytest.mark.parametrize("k, masked", [(2, ()), (3, (2,)), (7, (0, 4)), (18, ())])
+def test_the_categorical_heads_logprob_entropy_and_gradients_are_torchs(k, masked):
+    logits = _logits(500, k, masked)
+    valid = [j for j in range(k) if j not in masked]
+    actions = torch.tensor(valid)[torch.randint(0, len(valid), (500,))]
+    w_lp, w_ent = torch.randn(500), torch.randn(500)
+    ref = logits.clone().requires_grad_(True)
+    dist = Categorical(logits=ref, validate_args=False)
+    (dist.log_prob(actions) * w_lp + dist.entropy() * w_ent).sum().backward()
+    mine = logits.clone().requires_grad_(True)
+    logp, ent = categorical_logp_entropy(mine, actions)
+    (logp * w_lp + ent * w_ent).sum().backward()
+    torch.testing.assert_close(logp, dist.log_prob(actions).detach(), rtol=0, atol=2e-6)
+    torch.testing.assert_close(ent, dist.entropy().detach(), rtol=0, atol=2e-6)
+    torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=2e-6)
+    assert (mine.grad[:, list(masked)] == 0).all()
+    # one output alone passes its gradient (the other's is None, not zeros)
+    for use in ("logp", "entropy"):
+        ref.grad = mine.grad = None
+        dist = Categorical(logits=ref, validate_args=False)
+        (dist.log_prob(actions) if use == "logp" else dist.entropy()).sum().backward()
+        logp, ent = categorical_logp_entropy(mine, actions)
+        (logp if use == "logp" else ent).sum().backward()
+        torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=2e-6)
+    # without gradients, and without the entropy: the same log-prob bits
+    with torch.no_grad():
+        assert torch.equal(categorical_logp_entropy(logits, actions, entropy=False)[0], logp.detach())
+
+
+def test_an_action_outside_the_head_is_refused_by_name():
+    with pytest.raises(IndexError, match="outside the head's 2 actions"):
+        categorical_logp_entropy(_logits(4, 2), torch.tensor([0, 1, 2, 0]))
+
+
+def test_a_strided_head_is_computed_as_a_contiguous_one_and_float64_by_torch():
+    logits = _logits(64, 6)
+    actions = torch.randint(0, 3, (64,))
+    strided = logits[:, ::2]
+    assert torch.equal(
+        categorical_logp_entropy(strided, actions)[0], categorical_logp_entropy(strided.contiguous(), actions)[0]
+    )
+    dist = Categorical(logits=logits.double(), validate_args=False)
+    assert torch.equal(categorical_logp_entropy(logits.double(), actions)[1], dist.entropy())
+
+
+def test_the_sampler_draws_each_action_at_its_probability_never_a_masked_one():
+    rows = 200_000
+    logits = torch.tensor([[0.0, 1.0, MASKED_LOGIT, 2.0]]).expand(rows, 4)
+    torch.manual_seed(3)
+    actions, logp, lse = categorical_sample(logits)
+    p = torch.softmax(logits[0].double(), 0)
+    counts = torch.bincount(actions, minlength=4).double() / rows
+    assert counts[2] == 0
+    assert (counts - p).abs().max() < 4 * float((p * (1 - p) / rows).sqrt().max())  # 4 sigma
+    # its log-prob is the bits the head computes for that action, and log_prob_at's for another
+    assert torch.equal(logp, categorical_logp_entropy(logits, actions, entropy=False)[0])
+    other = (actions + 1) % 2
+    assert torch.equal(log_prob_at(logits, other, lse), categorical_logp_entropy(logits, other, entropy=False)[0])
+
+
+def test_the_sampler_refuses_logits_with_a_nan_as_torchs_sampling_does():
+    logits = _logits(8, 3)
+    logits[5, 1] = float("nan")
+    with pytest.raises(ValueError, match="1 of 8 rows of discrete logits hold a NaN"):
+        categorical_sample(logits)
+
+
+def test_acting_reports_the_log_probs_training_recomputes_bit_for_bit():
+    """float32 rows of two discrete types, one masking an action, and a continuous one: the
+    policy's sample and the epsilon alternative each have the log-prob `evaluate` gives them,
+    however many rows acting computed at once."""
+    state = ObsKey("state", (6,), "float32")
+    specs = (
+        EnvSpec({"state": ((4,), "float32")}, "discrete", 2),
+        EnvSpec({"state": ((6,), "float32")}, "discrete", 3),
+        EnvSpec({"state": ((3,), "float32")}, "continuous", 1),
+    )
+    plan = MixPlan(("a", "b", "c"), specs, np.tile(np.arange(3, dtype=np.int16), 40), ActionSpace(3, 1), (state,))
+    torch.manual_seed(0)
+    policy = Policy(plan, (state,), (64, 64))
+    g = torch.Generator().manual_seed(1)
+    types = torch.randint(0, 3, (120,), generator=g)
+    obs = {"state": torch.randn(120, 6, generator=g)}
+    out = policy.act_explore(obs, types, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logp, _, _ = policy.evaluate(obs, types, out.a_disc, out.a_cont)
+        alt_logp, _, _ = policy.evaluate(obs, types, out.alt_disc, out.alt_cont)
+    assert torch.equal(out.logp, logp) and torch.equal(out.alt_logp, alt_logp)
+    # acting on 7 rows, training on all 120: the 7 rows' log-probs are the same bits
+    few = policy.act_explore({"state": obs["state"][:7]}, types[:7], torch.Generator().manual_seed(2))
+    a_disc, a_cont = out.a_disc.clone(), out.a_cont.clone()
+    a_disc[:7], a_cont[:7] = few.a_disc, few.a_cont
+    with torch.no_grad():
+        assert torch.equal(policy.evaluate(obs, types, a_disc, a_cont)[0][:7], few.logp)
+
+
+@pytest.mark.parametrize("clip_vloss", [True, False])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_loss_terms_and_their_gradients_are_the_torch_formulas(clip_vloss, weighted):
+    """float32 rows through the native pass against the same formulas in float64 torch ops
+    (weighted_ppo_terms takes torch's path for them), ties included: rows whose ratio is
+    exactly 1 (both surrogate terms equal) and whose value did not move (both value terms
+    equal), where torch's maximum passes half the gradient to each side."""
+    n = 2000
+    g = torch.Generator().manual_seed(5)
+    old_logp = torch.randn(n, generator=g) * 0.3
+    new_logp = old_logp + torch.randn(n, generator=g) * 0.3
+    new_logp[:300] = old_logp[:300]
+    old_value, ret, adv = (torch.randn(n, generator=g) for _ in range(3))
+    new_value = old_value + torch.randn(n, generator=g) * 0.3
+    new_value[300:600] = old_value[300:600]
+    entropy = torch.rand(n, generator=g)
+    weights = torch.rand(n, generator=g) if weighted else None
+    fixed = (old_logp, old_value, adv, ret)
+
+    def terms(dtype):
+        live = [t.detach().to(dtype).clone().requires_grad_(True) for t in (new_logp, entropy, new_value)]
+        ol, ov, a, r = (t.to(dtype) for t in fixed)
+        out = weighted_ppo_terms(
+            live[0], live[1], live[2], ol, ov, a, r, 0.2, clip_vloss, weights.to(dtype) if weighted else None
+        )
+        (1.3 * out.pg_loss + 0.5 * out.v_loss - 0.01 * out.entropy).backward()
+        values = [getattr(out, k).detach().double() for k in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac")]
+        return values, [t.grad.double() for t in live], out.pg_loss.grad_fn.name()
+
+    native, native_grads, native_fn = terms(torch.float32)
+    exact, exact_grads, _ = terms(torch.float64)
+    assert native_fn == "_PPOTermsBackward"  # the native pass, not torch's ops
+    for a, b in zip(native, exact):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for a, b in zip(native_grads, exact_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-8)
