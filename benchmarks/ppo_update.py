@@ -16,9 +16,11 @@ in a thread the driver's (`run.mmap_threshold_mb`: every large tensor a mapping 
 its pages faulted in anew; `run.trim_after_update`, timed with the update).
 
 With `--baseline-rev`, `rlpipe/learner/ppo.py` and `rlpipe/learner/policy.py` of that revision
-are loaded from git; both start from the same weights and train on the same blocks, one
-update each in turn (machine drift hits both), and after the first update their parameters
-and stats are compared bit for bit. Prints the median thread CPU time (`time.thread_time()`:
+are loaded from git (what they import, `scaling.py`'s loss terms and `ppo_kernels.py` among it,
+is this tree's: to time a change there, run the script in a worktree of each revision); both
+start from the same weights and train on the same blocks, one update each in turn (machine
+drift hits both), and after the first update their parameters and stats are compared bit for
+bit. Prints the median thread CPU time (`time.thread_time()`:
 the update runs on this thread alone) and wall time per update of each, and their ratios.
 """
 
