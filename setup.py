@@ -1,5 +1,5 @@
 """Build hook: compile rlpipe/native/*.pyx (the seqlock board, the worker step loop, the
-worker's per-slice statistics, the doorbells, the driver's span copies, the policy towers'
+worker's per-slice statistics, the doorbells, the driver's span copies, PPO's
 kernels) with Cython."""
 
 import numpy
