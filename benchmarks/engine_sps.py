@@ -75,9 +75,11 @@ same size). Each row's notes print the layout the run resolved (summary.json `la
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -188,6 +190,47 @@ def mode_name(mode: str) -> str:
     )
 
 
+ENGINE_STOP_S = 60.0  # a stopped engine run's clean teardown, before it is killed
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM ends this script as Ctrl-C does: through its `finally` blocks, so an engine run
+    in progress is stopped cleanly (`run_engine`) and its temporary run dir removed. By default
+    SIGTERM ended the script at once and left both behind."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
+def run_engine(cmd: list[str]) -> subprocess.CompletedProcess:
+    """`python -m rlpipe` to its end. If this script is stopped meanwhile (SIGTERM, Ctrl-C) the
+    run gets SIGTERM, the driver's clean stop (workers, Redis, segments, cgroups), and is
+    waited for ENGINE_STOP_S before it is killed; and it gets SIGTERM from the kernel should
+    this script die without a word (SIGKILL)."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigterm_with_parent,
+    )
+    try:
+        stdout, stderr = proc.communicate()
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(ENGINE_STOP_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def sigterm_with_parent() -> None:
+    """In the engine run's child, before exec: SIGTERM from the kernel when this script goes."""
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
     """One engine run in `mode` (mode_overrides); `extra`: the layout's overrides and the
     command line's."""
@@ -207,7 +250,7 @@ def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
             "run.total_env_steps=null",
             *extra,
         ]
-        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        out = run_engine(cmd)
         if out.returncode != 0:
             raise RuntimeError(f"engine run failed ({n} envs, {mode}):\n{out.stderr[-3000:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -435,6 +478,7 @@ PPO_MODES = ["hold", "drop", "hold+null", "drop+null"]
 
 
 def main() -> int:
+    stop_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--counts", type=int, nargs="+", default=[1000, 7000])
     ap.add_argument(

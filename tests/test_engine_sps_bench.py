@@ -192,3 +192,48 @@ def test_a_fork_after_forks_die_with_their_parent_is_killed_with_its_parent():
     finally:
         if not gone(sleeper):
             os.kill(sleeper, signal.SIGKILL)
+
+
+ENGINE_RUN_STOPPED = """
+import sys
+sys.path.insert(0, {bench!r})
+import engine_sps
+engine_sps.stop_on_sigterm()
+engine_sps.engine_run(64, 120.0, "random", [])
+"""
+
+
+def test_a_bench_stopped_by_sigterm_stops_its_engine_run_and_leaves_nothing_behind():
+    """SIGTERM to the script mid-run (as `kill` or a CI timeout sends it): it exits 143, and
+    the engine run it started is stopped cleanly: no process of it left, no /dev/shm segment,
+    and the temporary run dir removed. Before, the script died at once, the run went on to
+    its end and the temporary dir stayed."""
+    import psutil
+
+    script = subprocess.Popen(
+        [sys.executable, "-c", ENGINE_RUN_STOPPED.format(bench=str(REPO / "benchmarks"))],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, driver = time.monotonic() + 120, None
+        while time.monotonic() < deadline and driver is None:
+            for child in psutil.Process(script.pid).children():
+                segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"rlpipe_{child.pid}")]
+                if "rlpipe" in child.cmdline() and segments:  # the run is up: its workers' segments made
+                    driver = child
+            time.sleep(0.2)
+        assert driver is not None, "the engine run did not start"
+        run_dir = next(a.split("=", 1)[1] for a in driver.cmdline() if a.startswith("hydra.run.dir="))
+        tree = [driver, *driver.children(recursive=True)]
+        script.send_signal(signal.SIGTERM)
+        assert script.wait(90) == 128 + signal.SIGTERM
+        psutil.wait_procs(tree, timeout=10)
+        assert not [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"rlpipe_{driver.pid}")]
+        assert not os.path.exists(os.path.dirname(run_dir))
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
