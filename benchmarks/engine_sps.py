@@ -10,6 +10,9 @@ PufferLib's Multiprocessing on the same envs, all in one run.
 With the PufferLib rows, run it with the bench venv's python (benchmarks/baselines.py says
 how to make it): `PYTHONPATH=<checkout> /tmp/rlv-bench-venv/bin/python benchmarks/engine_sps.py`.
 
+Stopped with SIGTERM or Ctrl-C, it stops the engine run in progress cleanly (the driver's own
+stop) and removes that run's temporary directory.
+
 Baselines are built exactly as the engine's adapter builds its envs
 (rlpipe.envs.classic.make_gym: `gym.make("CartPole-v1", disable_env_checker=True)`, no
 wrapper: conf/env/cartpole.yaml sets neither make_kwargs nor wrappers). The adapter then steps
