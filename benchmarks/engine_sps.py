@@ -78,7 +78,7 @@ same size). Each row's notes print the layout the run resolved (summary.json `la
 from __future__ import annotations
 
 import argparse
-import ctypes
+import functools
 import json
 import os
 import resource
@@ -93,6 +93,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
+from rlpipe.procs import die_with_parent
 from rlpipe.telemetry.tb_events import read_scalars
 
 HERE = Path(__file__).resolve().parent
@@ -203,57 +204,57 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
-def run_engine(cmd: list[str]) -> subprocess.CompletedProcess:
-    """`python -m rlpipe` to its end. If this script is stopped meanwhile (SIGTERM, Ctrl-C) the
-    run gets SIGTERM, the driver's clean stop (workers, Redis, segments, cgroups), and is
-    waited for ENGINE_STOP_S before it is killed; and it gets SIGTERM from the kernel should
-    this script die without a word (SIGKILL)."""
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=sigterm_with_parent,
-    )
-    try:
-        stdout, stderr = proc.communicate()
-    except BaseException:
-        proc.terminate()
+def run_engine(cmd: list[str], out_dir: Path, during=None) -> subprocess.CompletedProcess:
+    """`python -m rlpipe` to its end, its output in files of `out_dir`; `during(pid)`, if
+    given, runs while it does (cpu_budget.py samples it). If this script is stopped meanwhile
+    (SIGTERM, Ctrl-C) the run gets SIGTERM, the driver's clean stop (workers, Redis, segments,
+    cgroups), and is waited for ENGINE_STOP_S before it is killed; and it gets SIGTERM from
+    the kernel should this script die without a word (SIGKILL)."""
+    with open(out_dir / "stdout", "w+") as stdout, open(out_dir / "stderr", "w+") as stderr:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=stdout, stderr=stderr, preexec_fn=functools.partial(die_with_parent, signal.SIGTERM)
+        )
         try:
-            proc.wait(ENGINE_STOP_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            if during is not None:
+                during(proc.pid)
             proc.wait()
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(ENGINE_STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        stdout.seek(0)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, stdout.read(), stderr.read())
 
 
-def sigterm_with_parent() -> None:
-    """In the engine run's child, before exec: SIGTERM from the kernel when this script goes."""
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def engine_cmd(n: int, seconds: float, mode: str, extra: list[str], run_dir: Path) -> list[str]:
+    """The engine run of one row: `n` CartPoles for `seconds` in `mode` (mode_overrides), every
+    group hot; `extra`: the layout's overrides and the command line's."""
+    return [
+        sys.executable,
+        "-m",
+        "rlpipe",
+        f"hydra.run.dir={run_dir}",
+        "env_mix=cartpole",
+        f"env_count={n}",
+        *mode_overrides(mode),
+        f"run.duration_s={seconds}",
+        "groups.hot=100000",  # every group hot: this measures stepping (startup.py: the ramp)
+        "run.total_env_steps=null",
+        *extra,
+    ]
 
 
 def engine_run(n: int, seconds: float, mode: str, extra: list[str]) -> dict:
     """One engine run in `mode` (mode_overrides); `extra`: the layout's overrides and the
     command line's."""
-    learner = mode_overrides(mode)
     with tempfile.TemporaryDirectory(prefix="rlb", dir="/tmp") as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [
-            sys.executable,
-            "-m",
-            "rlpipe",
-            f"hydra.run.dir={run_dir}",
-            "env_mix=cartpole",
-            f"env_count={n}",
-            *learner,
-            f"run.duration_s={seconds}",
-            "groups.hot=100000",  # every group hot: this measures stepping (startup.py: the ramp)
-            "run.total_env_steps=null",
-            *extra,
-        ]
-        out = run_engine(cmd)
+        out = run_engine(engine_cmd(n, seconds, mode, extra, run_dir), Path(tmp))
         if out.returncode != 0:
             raise RuntimeError(f"engine run failed ({n} envs, {mode}):\n{out.stderr[-3000:]}")
         summary = json.loads((run_dir / "summary.json").read_text())

@@ -53,14 +53,15 @@ def parent_pid(pid: int) -> int | None:
     return int(fields[1]) if fields else None
 
 
-def die_with_parent() -> None:
-    """In a child, first thing: SIGKILL from the kernel when its parent goes, however it goes
-    (a driver killed with -9 runs no teardown). The parent is the thread that forked it: for
-    the driver's children (Redis) its main thread. Under forkserver it is the forkserver,
-    which lives as long as any of its children does (`exit_when_gone`): a worker also watches
-    its driver's pid itself. Without prctl (not Linux) nothing is asked."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child, first thing: `sig` (SIGKILL) from the kernel when its parent goes, however
+    it goes (a driver killed with -9 runs no teardown). The parent is the thread that forked
+    it: for the driver's children (Redis) its main thread. Under forkserver it is the
+    forkserver, which lives as long as any of its children does (`exit_when_gone`): a worker
+    also watches its driver's pid itself. SIGTERM instead asks a child that is a driver for
+    its clean stop (a benchmark's engine run). Without prctl (not Linux) nothing is asked."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
     except OSError:
         pass
 
