@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import psutil  # noqa: E402
-from engine_sps import engine_cmd, run_engine, stop_on_sigterm  # noqa: E402
+from engine_sps import engine_cmd, mode_overrides, run_engine, stop_on_sigterm  # noqa: E402
 
 from rlpipe.telemetry.tb_events import read_scalars  # noqa: E402
 
@@ -114,7 +114,14 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for the engine")
     args = ap.parse_args()
     if args.warmup + args.window >= args.seconds:
-        raise SystemExit("cpu_budget: --warmup + --window must end before --seconds")
+        ap.error(
+            f"--warmup {args.warmup:g} + --window {args.window:g} must end before the run does "
+            f"(--seconds {args.seconds:g}): the window is read while the run goes on"
+        )
+    try:
+        mode_overrides(args.mode)
+    except SystemExit:
+        ap.error(f"--mode: {args.mode!r} is not random, nor hold or drop (optionally with +null or +core)")
     readings = {}
 
     def sample(pid: int) -> None:
