@@ -10,8 +10,10 @@ strided tensor, which no tower makes (a layer's output is contiguous). The figur
 docs/benchmarks.md, "PPO's kernels".
 
 Acting and training call the same functions, so for the same obs and weights the behaviour
-log-prob a worker reports and the one PPO recomputes are the same bits (a value's tanh does not
-depend on how many rows are computed with it: rlpipe/native/ppokernels.h).
+log-prob a worker reports and the one PPO recomputes are the same bits. These steps add no
+dependence on how many rows are computed at once (a value's tanh, a row's log-prob: tested);
+torch's matmul can (with AVX-512 a 1- or 2-row product takes another kernel than 3 rows or more,
+and differs in the last bit), so acting's batch and training's agree to float32 rounding.
 """
 
 from __future__ import annotations
