@@ -9,13 +9,14 @@ run assigns them, so each slice mixes them in the stage's proportions) collect o
 through `SliceRollout` (the learner's `key_rows`, actions and values from the policy, random
 obs of the board's keys and dtypes, random rewards and episode ends) until `update_envs x
 rollout_len` samples are ready, and `concat_blocks` makes the batch as `CentralLearner` does.
-The policy, the fused Adam and the per-type settings are built from the composed config as the
-learner builds them, with `learner.torch_threads` threads, and with the C heap of where the
-config trains: the update process's (`learner.update_in`; rlpipe.heap.keep_freed_blocks), or
-in a thread the driver's (`run.mmap_threshold_mb`: every large tensor a mapping of its own,
-its pages faulted in anew; `run.trim_after_update`, timed with the update).
+The policy, the optimizer (`rlpipe.learner.adam.FusedAdam`) and the per-type settings are built
+from the composed config as the learner builds them, with `learner.torch_threads` threads, and
+with the C heap of where the config trains: the update process's (`learner.update_in`;
+rlpipe.heap.keep_freed_blocks), or in a thread the driver's (`run.mmap_threshold_mb`: every
+large tensor a mapping of its own, its pages faulted in anew; `run.trim_after_update`, timed
+with the update).
 
-With `--baseline-rev`, `rlpipe/learner/ppo.py` and `rlpipe/learner/policy.py` of that revision
+With `--baseline-rev`, `rlpipe/learner/ppo.py`, `policy.py` and `adam.py` of that revision
 are loaded from git (what they import, `scaling.py`'s loss terms and `ppo_kernels.py` among it,
 is this tree's: to time a change there, run the script in a worktree of each revision); both
 start from the same weights and train on the same blocks, one update each in turn (machine
@@ -105,12 +106,12 @@ def _faults() -> int:
 class Contender:
     """One revision's policy, optimizer and update on the shared blocks."""
 
-    def __init__(self, name, ppo, policy_cls, spec, plan, init_state, blocks, types, trim: bool):
+    def __init__(self, name, ppo, policy_cls, adam_cls, spec, plan, init_state, blocks, types, trim: bool):
         lc = spec.learner
         self.name, self.ppo, self.cfg = name, ppo, lc
         self.policy = policy_cls(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
         self.policy.load_state_dict(init_state)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=lc.learning_rate, eps=1e-5, fused=True)
+        self.optimizer = adam_cls(self.policy.parameters(), lr=lc.learning_rate, eps=1e-5)  # as the learner's
         self.per_type = TypeSettings.of(lc, spec.env_types)
         self.generator = torch.Generator().manual_seed(spec.run.seed)
         self.blocks, self.types = blocks, types
@@ -159,16 +160,25 @@ def main() -> None:
         heap.configure(run.mmap_threshold_mb, run.malloc_arena_max, run.trim_threshold_mb)
     torch.set_num_threads(lc.torch_threads)
     revs = [None] + ([args.baseline_rev] if args.baseline_rev else [])
-    modules = {rev: [module_at_rev(rev, f"rlpipe/learner/{m}.py") for m in ("ppo", "policy")] for rev in revs}
+    modules = {rev: [module_at_rev(rev, f"rlpipe/learner/{m}.py") for m in ("ppo", "policy", "adam")] for rev in revs}
     torch.manual_seed(spec.run.seed)
     actor = modules[None][1].Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
     blocks, types = stage_blocks(spec, plan, actor, args.slice_envs)
     init = actor.state_dict()
     runs = [
         Contender(
-            rev or "current", ppo, pol.Policy, spec, plan, init, blocks, types, run.trim_after_update and not in_process
+            rev or "current",
+            ppo,
+            pol.Policy,
+            adam.FusedAdam,
+            spec,
+            plan,
+            init,
+            blocks,
+            types,
+            run.trim_after_update and not in_process,
         )
-        for rev, (ppo, pol) in modules.items()
+        for rev, (ppo, pol, adam) in modules.items()
     ]
     stats = [r.update() for r in runs]  # not timed: first-call paths, the optimizer's state
     identical = {"first update": same_training(runs, stats)} if len(runs) == 2 else {}
