@@ -26,7 +26,7 @@
    degree-5 polynomial of Cephes' expf; then e^v - 1 = 2^n (e^r - 1) + (2^n - 1), the last term
    exact, and e^v = 2^n (e^r - 1) + 2^n. One formula for every x: no branch to vectorize, and
    about 0.8x the time of a Taylor series near 0 beside (1 - e^v) / (1 + e^v) above it, both
-   computed and one kept (docs/benchmarks.md, "The tanh kernel, one formula"). */
+   computed and one kept (docs/benchmarks.md, "The tanh kernel in one formula"). */
 static inline float tanh_one(float x) {
     float a = fabsf(x);
     float v = -2.0f * a;
