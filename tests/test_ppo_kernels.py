@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.distributions import Categorical
 
 from rlpipe.config import ObsKey
 from rlpipe.envs.contract import EnvSpec
 from rlpipe.envs.registry import ActionSpace, MixPlan
 from rlpipe.learner.policy import MASKED_LOGIT, Policy
-from rlpipe.learner.ppo_kernels import Tanh, categorical_logp_entropy, categorical_sample, log_prob_at
+from rlpipe.learner.ppo_kernels import Tanh, bias_tanh, categorical_logp_entropy, categorical_sample, log_prob_at
 from rlpipe.learner.scaling import weighted_ppo_terms
 
 F32_EPS = torch.finfo(torch.float32).eps
@@ -66,6 +67,44 @@ def test_tanh_backward_is_tanhs_and_the_write_is_seen_by_a_graph_that_saved_its_
     Tanh()(b)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         c.sum().backward()
+
+
+@pytest.mark.parametrize("rows, cols", [(1792, 64), (37, 64), (50, 5), (3, 20)])
+def test_bias_tanh_is_the_layer_with_its_bias_then_tanh_bit_for_bit(rows, cols):
+    """tanh(F.linear(x, w) + b) through the native pass against the same with torch's ops: the
+    same values and gradients, bit for bit, whole blocks of 16 rows and the rows after them,
+    columns not a multiple of 16 included; a row's value does not depend on how many rows
+    are computed; without gradients, and in float64 (torch's ops), the same. Against
+    F.linear(x, w, b), the layer it replaces: to rounding."""
+    g = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, 9, generator=g), torch.randn(cols, 9, generator=g) * 0.5, torch.randn(cols, generator=g)
+    out_grad = torch.randn(rows, cols, generator=g)
+
+    def run(how: str, dtype=torch.float32):
+        xs, ws, bs = (t.to(dtype).clone().requires_grad_(True) for t in (x, w, b))
+        if how == "fused":
+            y = bias_tanh(F.linear(xs, ws), bs)
+        elif how == "product, then bias":
+            y = Tanh()(F.linear(xs, ws) + bs)
+        else:  # addmm's bias: where its BLAS adds it to the product as the product's last term
+            y = Tanh()(F.linear(xs, ws, bs))
+        y.backward(out_grad.to(dtype))
+        return y.detach(), xs.grad, ws.grad, bs.grad
+
+    fused = run("fused")
+    ws = w.clone().requires_grad_(True)
+    assert bias_tanh(F.linear(x, ws), b).grad_fn.name() == "_BiasTanhInPlaceBackward"  # the native pass
+    for a, c in zip(fused, run("product, then bias")):
+        assert torch.equal(a, c)
+    for a, c in zip(fused, run("addmm")):  # the same bits on the CPUs measured; rounding in general
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(bias_tanh(F.linear(x, w), b), fused[0])
+        pre = F.linear(x, w)  # one product, so that only the kernel's row count differs
+        for n in (1, 16, rows - 1):
+            assert torch.equal(bias_tanh(pre[:n].clone(), b), fused[0][:n])
+    for a, c in zip(run("fused", torch.float64), run("product, then bias", torch.float64)):
+        assert torch.equal(a, c)
 
 
 def _logits(rows: int, k: int, masked: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor:

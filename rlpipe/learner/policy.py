@@ -38,7 +38,7 @@ from torch.nn import functional as F
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import MixPlan
 from rlpipe.learner.popart import PopArt
-from rlpipe.learner.ppo_kernels import Tanh, categorical_logp_entropy, categorical_sample, log_prob_at
+from rlpipe.learner.ppo_kernels import Tanh, bias_tanh, categorical_logp_entropy, categorical_sample, log_prob_at
 from rlpipe.learner.rgb_encoder import ImageRows, RgbEncoder, layer_init
 
 MASKED_LOGIT = -1e9
@@ -108,7 +108,9 @@ class TypedLinear(nn.Module):
             nn.init.orthogonal_(self.weight.data[t], std)
         self.in_widths = tuple(min(int(w), n_in) for w in in_widths) if in_widths is not None else (n_in,) * n_types
 
-    def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, order: TypeOrder, tanh: bool = False) -> torch.Tensor:
+        """The layer's output, or with `tanh` its activation (bias_tanh: the bias added in the
+        tanh's pass)."""
         if not order.segments:
             return x.new_zeros(0, self.weight.shape[1])
         # split and unbind: in training, one backward op each (a cat, a stack) where a slice per
@@ -116,12 +118,11 @@ class TypedLinear(nn.Module):
         # one segment is x itself (a split of one part would cost a copy of x's gradient)
         rows = (x,) if len(order.segments) == 1 else x.split([b - a for _, a, b in order.segments])
         weight, bias, widths, n_in = self.weight.unbind(), self.bias.unbind(), self.in_widths, self.weight.shape[2]
-        parts = [
-            F.linear(r, weight[t], bias[t])
-            if widths[t] == n_in
-            else F.linear(r[:, : widths[t]], weight[t][:, : widths[t]], bias[t])
-            for r, (t, _, _) in zip(rows, order.segments)
-        ]
+        parts = []
+        for r, (t, _, _) in zip(rows, order.segments):
+            w = weight[t] if widths[t] == n_in else weight[t][:, : widths[t]]
+            r = r if widths[t] == n_in else r[:, : widths[t]]
+            parts.append(bias_tanh(F.linear(r, w), bias[t]) if tanh else F.linear(r, w, bias[t]))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -139,16 +140,20 @@ class Tower(nn.Module):
     ):
         super().__init__()
         self.inp = TypedLinear(n_types, n_in, hidden[0], np.sqrt(2), in_widths)
-        self.act = Tanh()
         trunk, width = [], hidden[0]
         for h in hidden[1:]:
             trunk += [layer_init(nn.Linear(width, h)), Tanh()]
             width = h
+        # Linear, Tanh pairs: the layout (and the parameter names) checkpoints have; forward
+        # computes each pair as bias_tanh of the Linear's bias-free product
         self.trunk = nn.Sequential(*trunk)
         self.out = TypedLinear(n_types, width, n_out, out_std)
 
     def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
-        return self.out(self.trunk(self.act(self.inp(x, order))), order)
+        h = self.inp(x, order, tanh=True)
+        for linear in self.trunk[::2]:
+            h = bias_tanh(F.linear(h, linear.weight), linear.bias)
+        return self.out(h, order)
 
 
 def feature_widths(plan: MixPlan, obs_keys, rgb_out: int) -> tuple[int, ...]:

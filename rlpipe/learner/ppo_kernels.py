@@ -83,24 +83,64 @@ class _TanhInPlace(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (y,) = ctx.saved_tensors
-        grad = grad.contiguous()
-        if not _native(y):
-            return torch.ops.aten.tanh_backward(grad, y)
-        out = torch.empty_like(grad)
-        ppokernels.tanh_grad(grad.data_ptr(), y.data_ptr(), out.data_ptr(), grad.numel())
-        return out
+        return _tanh_backward(grad, y)
+
+
+def _tanh_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The gradient at tanh's input from the gradient at its output y: grad * (1 - y^2)."""
+    grad = grad.contiguous()
+    if not _native(y):
+        return torch.ops.aten.tanh_backward(grad, y)
+    out = torch.empty_like(grad)
+    ppokernels.tanh_grad(grad.data_ptr(), y.data_ptr(), out.data_ptr(), grad.numel())
+    return out
 
 
 class Tanh(nn.Module):
-    """nn.Tanh, in place on its input (a layer's fresh output): every tower's activation, in
-    acting and in training alike. Without gradients (acting) the same arithmetic runs without
-    the autograd Function's Python round trip."""
+    """nn.Tanh, in place on its input (a layer's fresh output), in acting and in training alike.
+    Without gradients (acting) the same arithmetic runs without the autograd Function's Python
+    round trip. The towers' layers use `bias_tanh` (their bias added in the same pass)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
             # autograd refuses in-place writes to a leaf (a tensor no layer produced)
             return _TanhInPlace.apply(x.clone() if x.is_leaf else x)
         return _tanh_(x)
+
+
+class _BiasTanhInPlace(torch.autograd.Function):
+    """tanh(pre + bias) written into pre, a layer's bias-free product that nothing else holds
+    (as for _TanhInPlace); the backward is tanh's, and the bias's gradient its column sums."""
+
+    @staticmethod
+    def forward(ctx, pre: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ppokernels.bias_tanh_(pre.data_ptr(), bias.data_ptr(), pre.shape[0], pre.shape[1])
+        increment_version(pre)
+        ctx.mark_dirty(pre)
+        ctx.save_for_backward(pre)
+        return pre
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (y,) = ctx.saved_tensors
+        g_pre = _tanh_backward(grad, y)
+        return g_pre, g_pre.sum(0) if ctx.needs_input_grad[1] else None
+
+
+def bias_tanh(pre: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A tower layer's activation, tanh(pre + bias), from its product without the bias (`pre`
+    = `F.linear(x, weight)`, fresh): `addmm` first fills its output with the bias, a pass over
+    it that this saves, with one autograd node where there were two (docs/benchmarks.md, "The
+    bias in the tanh kernel"). The values of `F.linear(x, weight) + bias` then tanh: those of
+    `F.linear(x, weight, bias)` then tanh wherever the BLAS adds the bias to the finished
+    product, as this CPU's MKL does (tests/test_ppo_kernels.py)."""
+    if not (_native(pre) and pre.dim() == 2 and _native(bias) and bias.shape == (pre.shape[1],)):
+        return Tanh()(pre + bias)
+    if torch.is_grad_enabled() and (pre.requires_grad or bias.requires_grad):
+        return _BiasTanhInPlace.apply(pre, bias)
+    ppokernels.bias_tanh_(pre.data_ptr(), bias.data_ptr(), pre.shape[0], pre.shape[1])
+    increment_version(pre)
+    return pre
 
 
 def _categorical(logits: torch.Tensor, actions: torch.Tensor, entropy: bool, lse: bool):

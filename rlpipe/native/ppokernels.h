@@ -67,6 +67,28 @@ PPOKERNELS_CLONES void tanh_inplace(float *x, int64_t n) {
     }
 }
 
+/* tanh(x + bias) in place over [rows, cols] x, bias one value a column: a layer's activation
+   from its bias-free product (so the product's output is not first filled with the bias).
+   Sixteen rows at a time get their bias, then go through the 16-wide blocks while they are
+   in cache; 16 x cols values are whole blocks, and the last rows go through tanh_inplace, so
+   every value's tanh is tanh_inplace's, wherever it sits. */
+PPOKERNELS_CLONES void bias_tanh_inplace(float *x, const float *restrict bias, int64_t rows, int64_t cols) {
+    int64_t r = 0;
+    for (; r < rows; r += TANH_BLOCK) {
+        int64_t n_rows = rows - r < TANH_BLOCK ? rows - r : TANH_BLOCK;
+        float *chunk = x + r * cols;
+        for (int64_t i = 0; i < n_rows; i++) {
+            float *restrict row = chunk + i * cols;
+            for (int64_t c = 0; c < cols; c++) row[c] += bias[c];
+        }
+        if (n_rows == TANH_BLOCK) {
+            for (int64_t i = 0; i < TANH_BLOCK * cols; i += TANH_BLOCK) tanh_block(chunk + i);
+        } else {
+            tanh_inplace(chunk, n_rows * cols);
+        }
+    }
+}
+
 /* tanh's backward from its output: grad * (1 - y^2) */
 PPOKERNELS_CLONES void tanh_backward(const float *restrict grad, const float *restrict y, float *restrict out,
                                    int64_t n) {

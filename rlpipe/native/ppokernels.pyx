@@ -11,6 +11,7 @@ from libc.stdint cimport int64_t, uintptr_t
 
 cdef extern from "ppokernels.h":
     void tanh_inplace(float *x, int64_t n) nogil
+    void bias_tanh_inplace(float *x, const float *bias, int64_t rows, int64_t cols) nogil
     void tanh_backward(const float *grad, const float *y, float *out, int64_t n) nogil
     int64_t categorical_forward(const float *logits, const int64_t *actions, int64_t rows, int64_t k,
                                 float *logp, float *entropy, float *lse) nogil
@@ -25,6 +26,12 @@ def tanh_(uintptr_t x, int64_t n):
     """tanh of n floats at x, in place."""
     with nogil:
         tanh_inplace(<float *>x, n)
+
+
+def bias_tanh_(uintptr_t x, uintptr_t bias, int64_t rows, int64_t cols):
+    """tanh(x + bias) in place over [rows, cols] floats at x, bias one float a column."""
+    with nogil:
+        bias_tanh_inplace(<float *>x, <const float *>bias, rows, cols)
 
 
 def tanh_grad(uintptr_t grad, uintptr_t y, uintptr_t out, int64_t n):
