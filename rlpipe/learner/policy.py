@@ -109,8 +109,10 @@ class TypedLinear(nn.Module):
         self.in_widths = tuple(min(int(w), n_in) for w in in_widths) if in_widths is not None else (n_in,) * n_types
 
     def forward(self, x: torch.Tensor, order: TypeOrder, tanh: bool = False) -> torch.Tensor:
-        """The layer's output, or with `tanh` its activation (bias_tanh: the bias added in the
-        tanh's pass)."""
+        """The layer's output, or with `tanh` its activation: for one type's rows bias_tanh
+        (the bias added in the tanh's pass), for several one tanh over the joined parts (a
+        native call and an autograd node per type cost day4's twelve types more than the
+        bias's pass saves: docs/benchmarks.md, "The bias in the tanh kernel")."""
         if not order.segments:
             return x.new_zeros(0, self.weight.shape[1])
         # split and unbind: in training, one backward op each (a cat, a stack) where a slice per
@@ -118,12 +120,14 @@ class TypedLinear(nn.Module):
         # one segment is x itself (a split of one part would cost a copy of x's gradient)
         rows = (x,) if len(order.segments) == 1 else x.split([b - a for _, a, b in order.segments])
         weight, bias, widths, n_in = self.weight.unbind(), self.bias.unbind(), self.in_widths, self.weight.shape[2]
+        fused = tanh and len(rows) == 1
         parts = []
         for r, (t, _, _) in zip(rows, order.segments):
             w = weight[t] if widths[t] == n_in else weight[t][:, : widths[t]]
             r = r if widths[t] == n_in else r[:, : widths[t]]
-            parts.append(bias_tanh(F.linear(r, w), bias[t]) if tanh else F.linear(r, w, bias[t]))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+            parts.append(bias_tanh(F.linear(r, w), bias[t]) if fused else F.linear(r, w, bias[t]))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return Tanh()(out) if tanh and not fused else out
 
 
 class Tower(nn.Module):
