@@ -45,9 +45,15 @@ def module_at_rev(rev: str | None, path: str):
     name of its own; None: this tree's, imported as usual."""
     if rev is None:
         return importlib.import_module(path.removesuffix(".py").replace("/", "."))
-    source = subprocess.run(
-        ["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout
+    shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True)
+    if shown.returncode != 0:
+        print(
+            f"--baseline-rev {rev}: git has no {path} at that revision ({shown.stderr.strip()}); "
+            "give a commit of this repository that has it",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    source = shown.stdout
     name = f"{Path(path).stem}_{rev}"
     with tempfile.TemporaryDirectory(prefix="rlpipe_rev_") as tmp:  # gone once loaded
         file = Path(tmp) / f"{name}.py"
@@ -57,6 +63,11 @@ def module_at_rev(rev: str | None, path: str):
         sys.modules[name] = module  # where dataclasses look their module up
         spec.loader.exec_module(module)
     return module
+
+
+def has_file_at_rev(rev: str, path: str) -> bool:
+    """Whether git revision `rev` holds `path`."""
+    return subprocess.run(["git", "cat-file", "-e", f"{rev}:{path}"], cwd=REPO, capture_output=True).returncode == 0
 
 
 def stage_plan(overrides: list[str]):

@@ -17,8 +17,9 @@ large tensor a mapping of its own, its pages faulted in anew; `run.trim_after_up
 with the update).
 
 With `--baseline-rev`, `rlpipe/learner/ppo.py`, `policy.py` and `adam.py` of that revision
-are loaded from git (what they import, `scaling.py`'s loss terms and `ppo_kernels.py` among it,
-is this tree's: to time a change there, run the script in a worktree of each revision); both
+are loaded from git (before `adam.py` existed, torch.optim.Adam(fused=True), which its learner
+built). What they import, `scaling.py`'s loss terms and `ppo_kernels.py` among it, is this
+tree's: to time a change there, run the script in a worktree of each revision. Both
 start from the same weights and train on the same blocks, one update each in turn (machine
 drift hits both), and after the first update their parameters and stats are compared bit for
 bit. Prints the median thread CPU time (`time.thread_time()`:
@@ -28,6 +29,7 @@ the update runs on this thread alone) and wall time per update of each, and thei
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import resource
 import statistics
@@ -41,7 +43,7 @@ sys.path.insert(0, str(HERE))  # inference_round: the stage's plan, modules of a
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from inference_round import module_at_rev, stage_plan  # noqa: E402
+from inference_round import has_file_at_rev, module_at_rev, stage_plan  # noqa: E402
 
 from rlpipe import heap  # noqa: E402
 from rlpipe.learner.rollout import SliceRollout  # noqa: E402
@@ -136,6 +138,14 @@ class Contender:
         return stats
 
 
+def optimizer_at(rev: str | None):
+    """The optimizer class the learner of revision `rev` builds: rlpipe.learner.adam.FusedAdam,
+    or before it existed (20f571d) torch.optim.Adam(fused=True), the same arithmetic."""
+    if rev is None or has_file_at_rev(rev, "rlpipe/learner/adam.py"):
+        return module_at_rev(rev, "rlpipe/learner/adam.py").FusedAdam
+    return functools.partial(torch.optim.Adam, fused=True)
+
+
 def same_training(runs: list[Contender], stats: list) -> bool:
     """Both contenders' parameters, buffers and update stats equal bit for bit (the stats by
     field: each revision has its own UpdateStats class)."""
@@ -160,7 +170,8 @@ def main() -> None:
         heap.configure(run.mmap_threshold_mb, run.malloc_arena_max, run.trim_threshold_mb)
     torch.set_num_threads(lc.torch_threads)
     revs = [None] + ([args.baseline_rev] if args.baseline_rev else [])
-    modules = {rev: [module_at_rev(rev, f"rlpipe/learner/{m}.py") for m in ("ppo", "policy", "adam")] for rev in revs}
+    modules = {rev: [module_at_rev(rev, f"rlpipe/learner/{m}.py") for m in ("ppo", "policy")] for rev in revs}
+    optimizers = {rev: optimizer_at(rev) for rev in revs}
     torch.manual_seed(spec.run.seed)
     actor = modules[None][1].Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
     blocks, types = stage_blocks(spec, plan, actor, args.slice_envs)
@@ -170,7 +181,7 @@ def main() -> None:
             rev or "current",
             ppo,
             pol.Policy,
-            adam.FusedAdam,
+            optimizers[rev],
             spec,
             plan,
             init,
@@ -178,7 +189,7 @@ def main() -> None:
             types,
             run.trim_after_update and not in_process,
         )
-        for rev, (ppo, pol, adam) in modules.items()
+        for rev, (ppo, pol) in modules.items()
     ]
     stats = [r.update() for r in runs]  # not timed: first-call paths, the optimizer's state
     identical = {"first update": same_training(runs, stats)} if len(runs) == 2 else {}

@@ -170,3 +170,25 @@ def test_a_twelve_type_ppo_update_trains_the_same_under_either_adam():
     assert ours_stats[1]["policy_loss"] != ours_stats[0]["policy_loss"]  # the second update saw trained weights
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert not torch.equal(ours["critic.out.weight"], actor.state_dict()["critic.out.weight"])
+
+
+def test_ppo_update_bench_builds_each_revisions_optimizer_and_refuses_an_unknown_revision():
+    """benchmarks/ppo_update.py times a revision's update with the optimizer its learner built:
+    FusedAdam where the revision has rlpipe/learner/adam.py, torch.optim.Adam(fused=True)
+    before; a revision git does not know is refused by its flag (exit 2), not a traceback."""
+    bench = load_benchmark("ppo_update")
+    assert bench.optimizer_at(None) is FusedAdam
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert bench.optimizer_at(head.strip()).__name__ == "FusedAdam"  # the revision's own module
+    if subprocess.run(["git", "cat-file", "-e", "20f571d^"], cwd=REPO, capture_output=True).returncode == 0:
+        before = bench.optimizer_at("20f571d^")  # the commit before FusedAdam (not in a shallow clone)
+        assert before.func is torch.optim.Adam and before.keywords == {"fused": True}
+    out = subprocess.run(
+        [sys.executable, "benchmarks/ppo_update.py", "--baseline-rev", "no-such-revision", "--updates", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "--baseline-rev no-such-revision: git has no rlpipe/learner/ppo.py" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -15,9 +15,10 @@ type's weights unasked, and no type's scale may set another's (docs/architecture
   own normalized scale).
 
 Actor and critic are separate towers, as in CleanRL's ppo.py (orthogonal init, tanh, 0.01
-actor gain). With one type this is exactly CleanRL's network. The towers' tanh and the
-categorical head's log-prob, entropy and sampling are rlpipe/learner/ppo_kernels.py's: one
-native call each on a CPU learner, the same functions in acting and in training.
+actor gain). With one type this is exactly CleanRL's network. The towers' tanh (with each
+hidden layer's bias) and the categorical head's log-prob, entropy and sampling are
+rlpipe/learner/ppo_kernels.py's: one native call each on a CPU learner, the same functions in
+acting and in training.
 
 Batching by type uses index ops only: rows are put in type order once per forward (a stable
 argsort), each per-type layer runs one matmul per type *segment*, and outputs are put back
