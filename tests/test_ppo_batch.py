@@ -53,9 +53,9 @@ def _full(batch: dict) -> dict:
     return {**batch, "obs": obs, "obs_present": {}}
 
 
-def _train(spec, plan, init, batch):
+def _train(spec, plan, init, batch, policy=None):
     lc = spec.learner
-    policy = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
+    policy = policy or Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
     policy.load_state_dict(init)
     opt = torch.optim.Adam(policy.parameters(), lr=lc.learning_rate, eps=1e-5, fused=True)
     gen = torch.Generator().manual_seed(spec.run.seed)
@@ -131,3 +131,27 @@ def test_prepared_images_encode_as_the_frames_do_bit_for_bit():
         (a, ga), (b, gb) = grads
         assert torch.equal(a, b) and all(torch.equal(x, y) for x, y in zip(ga, gb))
     assert prepared.padded.buffer is not None and prepared[idx].padded is prepared.padded
+
+
+def test_the_update_leaves_out_the_boards_columns_no_type_reads():
+    """The quick start's CartPoles on the default board (state 32 wide, CartPole's 4 numbers
+    first): the update's obs hold the 4 columns, and two updates train as on the whole board
+    (the same products; to float32 rounding, where a BLAS takes another kernel for the
+    narrower rows)."""
+    spec = run_spec(compose_cfg(["env_count=140", "learner.update_envs=140", "learner.minibatch_size=300"]))
+    plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
+    lc = spec.learner
+    assert [(k.name, k.shape) for k in plan.obs_keys] == [("state", (32,))]
+    torch.manual_seed(0)
+    policy = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
+    blocks, types = load_benchmark("ppo_update").stage_blocks(spec, plan, policy, 70, seed=3)
+    batch = concat_blocks(blocks, types, "cpu")
+    assert policy.prepared_obs(batch["obs"])["state"].shape == (len(batch["adv"]), 4)
+    narrowed = _train(spec, plan, policy.state_dict(), batch)
+    whole = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
+    whole.last_key_unread = 0  # the whole board's 32 columns, as before
+    assert whole.prepared_obs(batch["obs"])["state"].shape == (len(batch["adv"]), 32)
+    reference = _train(spec, plan, policy.state_dict(), batch, whole)
+    for key, value in reference[1].items():
+        torch.testing.assert_close(narrowed[1][key], value, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(narrowed[1]["critic.inp.weight"], policy.state_dict()["critic.inp.weight"])

@@ -38,6 +38,7 @@ from torch.nn import functional as F
 
 from rlpipe.envs.contract import CONTINUOUS
 from rlpipe.envs.registry import MixPlan
+from rlpipe.learner import one_type_tower
 from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo_kernels import Tanh, bias_tanh, categorical_logp_entropy, categorical_sample, log_prob_at
 from rlpipe.learner.rgb_encoder import ImageRows, RgbEncoder, layer_init
@@ -155,6 +156,11 @@ class Tower(nn.Module):
         self.out = TypedLinear(n_types, width, n_out, out_std)
 
     def forward(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
+        if one_type_tower.applies(self, x, order.segments):  # training on one type's rows
+            return one_type_tower.one_type_tower(self, x, order.segments[0][0])
+        return self.layer_by_layer(x, order)
+
+    def layer_by_layer(self, x: torch.Tensor, order: TypeOrder) -> torch.Tensor:
         h = self.inp(x, order, tanh=True)
         for linear in self.trunk[::2]:
             h = bias_tanh(F.linear(h, linear.weight), linear.bias)
@@ -234,6 +240,8 @@ class Policy(nn.Module):
         self.every_type_every_key = bool(key_mask.all())
         self.every_type_every_action = bool(disc_mask.all())
         widths = feature_widths(plan, obs_keys, self.rgb.out if self.rgb else 0)
+        # the last key's columns no type reads: the board's padding after them (prepared_obs)
+        self.last_key_unread = n_feat - max(widths) if obs_keys[-1].name != "rgb" else 0
         self.critic = Tower(n_types, n_feat, hidden, 1, out_std=1.0, in_widths=widths)
         if value_init_std is not None:
             # an orthogonal matrix at gain g is the one at gain 1 times g: scaling draws no
@@ -401,7 +409,15 @@ class Policy(nn.Module):
 
     def prepared_obs(self, obs: dict[str, torch.Tensor]) -> dict:
         """`obs` as a PPO update hands its minibatches to `evaluate`: the rgb rows converted
-        for the CNN once (ImageRows), not in every minibatch of every epoch."""
+        for the CNN once (ImageRows), not in every minibatch of every epoch; the last key
+        without its columns that no type's input layer reads (CartPole's 4 state numbers on a
+        32-wide board: the update's shuffles and first products then move the 4 alone, the
+        same sums; docs/benchmarks.md, "The board's padding left out of the update")."""
+        last = self.key_names[-1]
+        if self.last_key_unread and last in obs:
+            x = obs[last].reshape(len(obs[last]), -1)
+            if x.shape[1] > self.last_key_unread:
+                obs = {**obs, last: x[:, : x.shape[1] - self.last_key_unread].contiguous()}
         rgb = obs.get("rgb")
         if self.rgb is None or rgb is None:
             return obs

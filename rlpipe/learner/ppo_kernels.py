@@ -43,6 +43,11 @@ def torch_ops_only():
         _native_on = before
 
 
+def native_on() -> bool:
+    """Whether the native steps run (not inside `torch_ops_only`)."""
+    return _native_on
+
+
 def _native(x: torch.Tensor) -> bool:
     return _native_on and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
 
