@@ -4,7 +4,7 @@ node for the whole tower, its backward written out.
 Through autograd a tower of CartPole's size (a typed input layer, a 64-wide hidden layer, a
 typed output layer) is a dozen nodes a minibatch: each layer's unbind of the per-type weights
 and its stack back, the weight slice to the type's input columns and its zero-filled backward,
-transposes, a detach per saved tensor. Their Python and dispatch cost 12-14 % of the tower's
+transposes, a detach per saved tensor. Their Python and dispatch cost 14-19 % of the tower's
 forward and backward on 1,792 rows, where the matmuls and tanh are the same either way
 (docs/benchmarks.md, "A tower's backward written out").
 
