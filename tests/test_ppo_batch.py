@@ -147,6 +147,7 @@ def test_the_update_leaves_out_the_boards_columns_no_type_reads():
     blocks, types = load_benchmark("ppo_update").stage_blocks(spec, plan, policy, 70, seed=3)
     batch = concat_blocks(blocks, types, "cpu")
     assert policy.prepared_obs(batch["obs"])["state"].shape == (len(batch["adv"]), 4)
+    assert policy.prepared_obs({"state": torch.zeros(0, 32)})["state"].shape == (0, 4)  # a rank's empty batch
     narrowed = _train(spec, plan, policy.state_dict(), batch)
     whole = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
     whole.last_key_unread = 0  # the whole board's 32 columns, as before

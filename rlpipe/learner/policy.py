@@ -415,7 +415,7 @@ class Policy(nn.Module):
         same sums; docs/benchmarks.md, "The board's padding left out of the update")."""
         last = self.key_names[-1]
         if self.last_key_unread and last in obs:
-            x = obs[last].reshape(len(obs[last]), -1)
+            x = obs[last].flatten(1)  # a rank's empty batch too: [0, width]
             if x.shape[1] > self.last_key_unread:
                 obs = {**obs, last: x[:, : x.shape[1] - self.last_key_unread].contiguous()}
         rgb = obs.get("rgb")
