@@ -95,45 +95,127 @@ PPOKERNELS_CLONES void tanh_backward(const float *restrict grad, const float *re
     for (int64_t i = 0; i < n; i++) out[i] = grad[i] * (1.0f - y[i] * y[i]);
 }
 
-/* A row's log-normalizer lse = m + log(sum_j exp(l_j - m)), m its largest logit: the one
-   formula behind every log-prob below, so acting and training compute the same bits. */
-static inline float row_lse(const float *l, int64_t k) {
-    float m = l[0];
-    for (int64_t j = 1; j < k; j++) m = l[j] > m ? l[j] : m;
-    float s = 0.0f;
-    for (int64_t j = 0; j < k; j++) s += expf(l[j] - m);
-    return m + logf(s);
+/* e^x for x <= 0 (the logits less their row's largest, or less its lse): the range reduction
+   and polynomial of tanh_one above, e^x = 2^n (e^r - 1) + 2^n; below -88 it is 0 (float32's
+   e^x is 0 or a subnormal there), and NaN stays NaN. Inline, so the blocks below vectorize it
+   where libm's expf was a call per value. */
+static inline float exp_nonpos(float x) {
+    float v = x < -88.0f ? -88.0f : x;
+    float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = v - fn * 0.693359375f;
+    r = r - fn * -2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    float em1_r = p * r * r + r;
+    int32_t bits = ((int32_t)fn + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    float e = em1_r * scale + scale;
+    return x == x ? e : x;
+}
+
+/* log(s) for s >= 1 (a row's sum of e^(l_j - max), at least the max's own 1): s = 2^e m with
+   m in [sqrt(1/2), sqrt(2)), log(m) = f - f^2/2 + f^3 P(f), f = m - 1, P Cephes' logf
+   polynomial; NaN and infinity pass through (the sampler refuses a row whose lse is not
+   finite). */
+static inline float log_ge1(float s) {
+    int32_t bits;
+    memcpy(&bits, &s, sizeof bits);
+    int32_t e = ((bits >> 23) & 0xff) - 126; /* s = 2^e * m, m in [0.5, 1) */
+    int32_t mbits = (bits & 0x007fffff) | 0x3f000000;
+    float m;
+    memcpy(&m, &mbits, sizeof m);
+    int low = m < 0.707106781186547524f;
+    float fe = (float)(e - low);
+    float f = (low ? m + m : m) - 1.0f;
+    float z = f * f;
+    float y = 7.0376836292E-2f;
+    y = y * f - 1.1514610310E-1f;
+    y = y * f + 1.1676998740E-1f;
+    y = y * f - 1.2420140846E-1f;
+    y = y * f + 1.4249322787E-1f;
+    y = y * f - 1.6668057665E-1f;
+    y = y * f + 2.0000714765E-1f;
+    y = y * f - 2.4999993993E-1f;
+    y = y * f + 3.3333331174E-1f;
+    y = y * f * z;
+    y += -2.12194440e-4f * fe;
+    y += -0.5f * z;
+    float out = f + y + 0.693359375f * fe;
+    return (s == s && s < INFINITY) ? out : s;
+}
+
+/* The categorical steps below take rows sixteen at a time, each logit column j of the block
+   into a 16-wide array (a last block's missing rows repeat its first row, and nothing is
+   written for them), so every row goes through the same vector code: a row's results do not
+   depend on how many rows are computed at once, in acting or in training. */
+#define CAT_BLOCK 16
+
+static inline int64_t cat_block_rows(int64_t r0, int64_t rows) {
+    return rows - r0 < CAT_BLOCK ? rows - r0 : CAT_BLOCK;
+}
+
+static inline void cat_column(const float *logits, int64_t r0, int64_t nb, int64_t k, int64_t j, float *restrict v) {
+    for (int i = 0; i < CAT_BLOCK; i++) v[i] = logits[(r0 + (i < nb ? i : 0)) * k + j];
+}
+
+/* Each block row's log-normalizer lse = m + log(sum_j e^(l_j - m)), m its largest logit: the
+   one formula behind every log-prob below, so acting and training compute the same bits. */
+static inline void cat_lse(const float *logits, int64_t r0, int64_t nb, int64_t k, float *restrict z) {
+    float m[CAT_BLOCK], s[CAT_BLOCK], v[CAT_BLOCK];
+    cat_column(logits, r0, nb, k, 0, m);
+    for (int64_t j = 1; j < k; j++) {
+        cat_column(logits, r0, nb, k, j, v);
+        for (int i = 0; i < CAT_BLOCK; i++) m[i] = v[i] > m[i] ? v[i] : m[i];
+    }
+    for (int i = 0; i < CAT_BLOCK; i++) s[i] = 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        cat_column(logits, r0, nb, k, j, v);
+        for (int i = 0; i < CAT_BLOCK; i++) s[i] += exp_nonpos(v[i] - m[i]);
+    }
+    for (int i = 0; i < CAT_BLOCK; i++) z[i] = m[i] + log_ge1(s[i]);
 }
 
 /* A categorical head over `rows` rows of `k` logits (a type's masked entries are -1e9): per
    row the log-prob of its action, l_a - lse, and where `entropy` is given the entropy
-   -sum_j p_j log p_j with p_j = exp(l_j - lse), an entry whose p_j is 0 adding nothing (as
+   -sum_j p_j log p_j with p_j = e^(l_j - lse), an entry whose p_j is 0 adding nothing (as
    torch's Categorical); `lse` (if given) gets each row's log-normalizer. Returns the number of
    rows whose action is outside [0, k): nothing is read for them and their log-prob is NaN
    (the caller raises). */
-int64_t categorical_forward(const float *restrict logits, const int64_t *restrict actions, int64_t rows, int64_t k,
-                            float *restrict logp, float *restrict entropy, float *restrict lse) {
+PPOKERNELS_CLONES int64_t categorical_forward(const float *restrict logits, const int64_t *restrict actions,
+                                              int64_t rows, int64_t k, float *restrict logp, float *restrict entropy,
+                                              float *restrict lse) {
     int64_t bad = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *l = logits + r * k;
-        float z = row_lse(l, k);
+    for (int64_t r0 = 0; r0 < rows; r0 += CAT_BLOCK) {
+        int64_t nb = cat_block_rows(r0, rows);
+        float z[CAT_BLOCK], h[CAT_BLOCK], v[CAT_BLOCK];
+        cat_lse(logits, r0, nb, k, z);
         if (entropy) {
-            float h = 0.0f;
+            for (int i = 0; i < CAT_BLOCK; i++) h[i] = 0.0f;
             for (int64_t j = 0; j < k; j++) {
-                float lp = l[j] - z;
-                float p = expf(lp);
-                if (p > 0.0f) h -= p * lp;
+                cat_column(logits, r0, nb, k, j, v);
+                for (int i = 0; i < CAT_BLOCK; i++) {
+                    float lp = v[i] - z[i];
+                    float p = exp_nonpos(lp);
+                    h[i] -= p > 0.0f ? p * lp : 0.0f;
+                }
             }
-            entropy[r] = h;
         }
-        int64_t a = actions[r];
-        if (a < 0 || a >= k) {
-            bad++;
-            logp[r] = NAN;
-        } else {
-            logp[r] = l[a] - z;
+        for (int64_t i = 0; i < nb; i++) {
+            int64_t r = r0 + i, a = actions[r];
+            if (a < 0 || a >= k) {
+                bad++;
+                logp[r] = NAN;
+            } else {
+                logp[r] = logits[r * k + a] - z[i];
+            }
+            if (entropy) entropy[r] = h[i];
+            if (lse) lse[r] = z[i];
         }
-        if (lse) lse[r] = z;
     }
     return bad;
 }
@@ -142,31 +224,43 @@ int64_t categorical_forward(const float *restrict logits, const int64_t *restric
    p_j exceeds the row's uniform draw u in [0, 1) (where rounding leaves the total below u,
    the last action of nonzero p); with its log-prob and the row's lse. Returns the number of
    rows whose logits hold a NaN or an infinity: their action is 0 (the caller raises). */
-int64_t categorical_sample(const float *restrict logits, const float *restrict uniform, int64_t rows, int64_t k,
-                           int64_t *restrict action, float *restrict logp, float *restrict lse) {
+PPOKERNELS_CLONES int64_t categorical_sample(const float *restrict logits, const float *restrict uniform,
+                                             int64_t rows, int64_t k, int64_t *restrict action,
+                                             float *restrict logp, float *restrict lse) {
     int64_t bad = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *l = logits + r * k;
-        float z = row_lse(l, k);
-        if (!isfinite(z)) {
-            bad++;
-            action[r] = 0;
-            logp[r] = NAN;
-            lse[r] = z;
-            continue;
+    for (int64_t r0 = 0; r0 < rows; r0 += CAT_BLOCK) {
+        int64_t nb = cat_block_rows(r0, rows);
+        float z[CAT_BLOCK], c[CAT_BLOCK], u[CAT_BLOCK], v[CAT_BLOCK];
+        int32_t a[CAT_BLOCK], last[CAT_BLOCK];
+        cat_lse(logits, r0, nb, k, z);
+        for (int i = 0; i < CAT_BLOCK; i++) {
+            u[i] = uniform[r0 + (i < nb ? i : 0)];
+            c[i] = 0.0f;
+            a[i] = -1;
+            last[i] = 0;
         }
-        float u = uniform[r], c = 0.0f;
-        int64_t a = -1, last = 0;
         for (int64_t j = 0; j < k; j++) {
-            float p = expf(l[j] - z);
-            if (p > 0.0f) last = j;
-            c += p;
-            if (a < 0 && u < c) a = j;
+            cat_column(logits, r0, nb, k, j, v);
+            for (int i = 0; i < CAT_BLOCK; i++) {
+                float p = exp_nonpos(v[i] - z[i]);
+                last[i] = p > 0.0f ? (int32_t)j : last[i];
+                c[i] += p;
+                a[i] = (a[i] < 0 && u[i] < c[i]) ? (int32_t)j : a[i];
+            }
         }
-        if (a < 0) a = last;
-        action[r] = a;
-        logp[r] = l[a] - z;
-        lse[r] = z;
+        for (int64_t i = 0; i < nb; i++) {
+            int64_t r = r0 + i;
+            lse[r] = z[i];
+            if (!isfinite(z[i])) {
+                bad++;
+                action[r] = 0;
+                logp[r] = NAN;
+                continue;
+            }
+            int64_t ai = a[i] < 0 ? last[i] : a[i];
+            action[r] = ai;
+            logp[r] = logits[r * k + ai] - z[i];
+        }
     }
     return bad;
 }
@@ -174,19 +268,30 @@ int64_t categorical_sample(const float *restrict logits, const float *restrict u
 /* The logits' gradient from the log-prob's and the entropy's (either NULL: none flows):
    d l_j = g_logp (1[j = a] - p_j) - g_entropy p_j (log p_j + H). The actions were checked in
    the forward. */
-void categorical_backward(const float *restrict logits, const int64_t *restrict actions, const float *restrict lse,
-                          const float *restrict entropy, const float *restrict d_logp,
-                          const float *restrict d_entropy, int64_t rows, int64_t k, float *restrict d_logits) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *l = logits + r * k;
-        float *d = d_logits + r * k;
-        float g_lp = d_logp ? d_logp[r] : 0.0f, g_h = d_entropy ? d_entropy[r] : 0.0f, h = entropy[r];
-        for (int64_t j = 0; j < k; j++) {
-            float lp = l[j] - lse[r];
-            float p = expf(lp);
-            d[j] = p > 0.0f ? -g_lp * p - g_h * p * (lp + h) : 0.0f;
+PPOKERNELS_CLONES void categorical_backward(const float *restrict logits, const int64_t *restrict actions,
+                                            const float *restrict lse, const float *restrict entropy,
+                                            const float *restrict d_logp, const float *restrict d_entropy,
+                                            int64_t rows, int64_t k, float *restrict d_logits) {
+    for (int64_t r0 = 0; r0 < rows; r0 += CAT_BLOCK) {
+        int64_t nb = cat_block_rows(r0, rows);
+        float g_lp[CAT_BLOCK], g_h[CAT_BLOCK], h[CAT_BLOCK], z[CAT_BLOCK], v[CAT_BLOCK], d[CAT_BLOCK];
+        for (int i = 0; i < CAT_BLOCK; i++) {
+            int64_t r = r0 + (i < nb ? i : 0);
+            g_lp[i] = d_logp ? d_logp[r] : 0.0f;
+            g_h[i] = d_entropy ? d_entropy[r] : 0.0f;
+            h[i] = entropy[r];
+            z[i] = lse[r];
         }
-        d[actions[r]] += g_lp;
+        for (int64_t j = 0; j < k; j++) {
+            cat_column(logits, r0, nb, k, j, v);
+            for (int i = 0; i < CAT_BLOCK; i++) {
+                float lp = v[i] - z[i];
+                float p = exp_nonpos(lp);
+                d[i] = p > 0.0f ? -g_lp[i] * p - g_h[i] * p * (lp + h[i]) : 0.0f;
+            }
+            for (int64_t i = 0; i < nb; i++) d_logits[(r0 + i) * k + j] = d[i];
+        }
+        for (int64_t i = 0; i < nb; i++) d_logits[(r0 + i) * k + actions[r0 + i]] += g_lp[i];
     }
 }
 
