@@ -19,6 +19,23 @@
 
 #define TANH_BLOCK 16
 
+/* e^r - 1 for v = n ln2 + r (v <= 0, already clamped at -88), with 2^n into *scale: the
+   range reduction and polynomial that tanh_one and exp_nonpos share. */
+static inline float exp_reduced(float v, float *scale) {
+    float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* n, rounded to nearest */
+    float r = v - fn * 0.693359375f;
+    r = r - fn * -2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    int32_t bits = ((int32_t)fn + 127) << 23;
+    memcpy(scale, &bits, sizeof *scale);
+    return p * r * r + r;
+}
+
 /* tanh(x) within 1.4 float32 ulp (8.9e-8 absolute): with v = -2|x| <= 0,
    tanh|x| = -(e^v - 1) / (1 + e^v), which has no cancellation anywhere when e^v - 1 is
    computed as such, not as e^v less 1. v = n ln2 + r with |r| <= ln2/2 (below -88 v is
@@ -31,19 +48,8 @@ static inline float tanh_one(float x) {
     float a = fabsf(x);
     float v = -2.0f * a;
     v = v < -88.0f ? -88.0f : v;
-    float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* n, rounded to nearest */
-    float r = v - fn * 0.693359375f;
-    r = r - fn * -2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    float em1_r = p * r * r + r;
-    int32_t bits = ((int32_t)fn + 127) << 23;
     float scale; /* 2^n */
-    memcpy(&scale, &bits, sizeof scale);
+    float em1_r = exp_reduced(v, &scale);
     float em1_v = em1_r * scale + (scale - 1.0f);
     float e_v = em1_r * scale + scale;
     return copysignf(-em1_v / (1.0f + e_v), x);
@@ -95,25 +101,14 @@ PPOKERNELS_CLONES void tanh_backward(const float *restrict grad, const float *re
     for (int64_t i = 0; i < n; i++) out[i] = grad[i] * (1.0f - y[i] * y[i]);
 }
 
-/* e^x for x <= 0 (the logits less their row's largest, or less its lse): the range reduction
-   and polynomial of tanh_one above, e^x = 2^n (e^r - 1) + 2^n; below -88 it is 0 (float32's
+/* e^x for x <= 0 (the logits less their row's largest, or less its lse): exp_reduced's
+   range reduction and polynomial, e^x = 2^n (e^r - 1) + 2^n; below -88 it is 0 (float32's
    e^x is 0 or a subnormal there), and NaN stays NaN. Inline, so the blocks below vectorize it
    where libm's expf was a call per value. */
 static inline float exp_nonpos(float x) {
     float v = x < -88.0f ? -88.0f : x;
-    float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = v - fn * 0.693359375f;
-    r = r - fn * -2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    float em1_r = p * r * r + r;
-    int32_t bits = ((int32_t)fn + 127) << 23;
     float scale;
-    memcpy(&scale, &bits, sizeof scale);
+    float em1_r = exp_reduced(v, &scale);
     float e = em1_r * scale + scale;
     return x == x ? e : x;
 }
