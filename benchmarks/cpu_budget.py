@@ -144,6 +144,12 @@ def main() -> int:
     unit = "env step" if args.mode == "random" else "trained sample"
     print(f"cpu budget: {args.count} CartPoles, {args.mode}, a {secs:.1f} s window after {args.warmup:.0f} s")
     print(f"  {result['per_s']:,.0f} {unit}s/s")
+    if args.mode != "random":
+        # the workers' cost per trained sample counts every step stepped for it: a step that
+        # never reaches an update (dropped, or still in a rollout at the end) is paid all the same
+        steps, step_secs = window_units(scalars, "charts/sps", readings["t0"], readings["t1"])
+        result["env_steps_per_s"] = steps / step_secs
+        print(f"  {steps / step_secs:,.0f} env steps/s ({steps / step_secs / result['per_s']:.3f} per trained sample)")
     for name in ROLES:
         print(f"  {name:8s} {result['cpus_used'][name]:.3f} CPU   {result['us_per_unit'][name]:6.2f} us per {unit}")
     print("  idle     " + ", ".join(f"CPU {i} {x:.1%}" for i, x in enumerate(result["idle"])))

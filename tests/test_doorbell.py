@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -132,6 +133,55 @@ def test_a_wait_sleeps_until_the_other_process_rings(bells):
     finally:
         child.join(10)
     assert child.exitcode == 0
+
+
+def test_a_wait_for_several_rings_sleeps_through_the_earlier_ones(bells):
+    """The driver gathering ready slices waits for the ring that can make a round due
+    (`min_rings`): the rings before it wake nobody, the rings already in count, and a wait
+    short of its rings still ends at its timeout with what came."""
+    drv, wrk = bells.segment(0, 1)
+    bells.server.attach(0, 0, 4, drv)
+    client = bells.client(wrk, 4)
+    board = bells.server
+
+    def ring_later(slices, gap_s):
+        for s in slices:
+            time.sleep(gap_s)
+            client.ring(s, 0)
+
+    try:
+        ringer = threading.Thread(target=ring_later, args=([0, 1, 2], 0.15))
+        t0 = time.monotonic()
+        ringer.start()
+        slots, seqs = board.take_slots(10_000, 3)
+        waited = time.monotonic() - t0
+        ringer.join()
+        assert sorted(slots.tolist()) == [0, 1, 2] and seqs.tolist() == [0, 0, 0]
+        assert 0.4 < waited < 5.0  # woken by the third ring, not the first
+        for s in (0, 1, 2):
+            send_act(drv, s, 0)
+            assert client.take(1000) == (s, 0)
+        # two rings already in, one more awaited
+        client.ring(0, 1)
+        client.ring(1, 1)
+        ringer = threading.Thread(target=ring_later, args=([3], 0.2))
+        t0 = time.monotonic()
+        ringer.start()
+        slots, _ = board.take_slots(10_000, 3)
+        ringer.join()
+        assert sorted(slots.tolist()) == [0, 1, 3] and 0.15 < time.monotonic() - t0 < 5.0
+        # the rings already there are enough: no wait
+        client.ring(2, 1)
+        assert board.take_slots(10_000, 1)[0].tolist() == [2]
+        # short of its rings: the wait ends at its timeout with the one that came
+        send_act(drv, 3, 0)
+        assert client.take(1000) == (3, 0)
+        client.ring(3, 1)
+        t0 = time.monotonic()
+        assert board.take_slots(200, 2)[0].tolist() == [3]
+        assert 0.15 < time.monotonic() - t0 < 2.0
+    finally:
+        client.close()
 
 
 def test_waits_end_at_their_timeout(bells):

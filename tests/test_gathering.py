@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlpipe.supervisor.gathering import BUSY_PER_CPU, MAX_WAIT_S, busy_workers, serve_now
+from rlpipe.supervisor.gathering import BUSY_PER_CPU, MAX_WAIT_S, busy_workers, rings_to_serve, serve_now
 
 
 def test_busy_workers_counts_workers_with_an_awake_slice_not_yet_rung():
@@ -40,3 +40,38 @@ def test_few_workers_serve_every_ring_at_once():
 def test_a_ready_slice_waits_at_most_max_wait():
     assert not serve_now(busy=20, awake=20, worker_cpus=1, oldest_wait_s=MAX_WAIT_S * 0.99)
     assert serve_now(busy=20, awake=20, worker_cpus=1, oldest_wait_s=MAX_WAIT_S)
+
+
+def test_rings_to_serve_counts_the_rings_of_the_workers_nearest_done():
+    # 10 workers x 4 slices on 1 CPU: gather while 5 or more are busy (half of 10)
+    slot_worker = np.repeat(np.arange(10), 4)
+    awake = np.ones(40, dtype=bool)
+    ready = np.zeros(40, dtype=bool)
+    # nothing ready, all 10 busy: 6 workers must finish all 4 slices
+    assert rings_to_serve(slot_worker, awake, ready, 1) == 6 * 4
+    # workers 0-3 have 3 slices ready (1 in hand), worker 4 has 2: the 6 nearest need 1+1+1+1+2+4
+    ready[[0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17]] = True
+    assert rings_to_serve(slot_worker, awake, ready, 1) == 10
+    # 4 busy: fewer than 5, so the next ring (or the ready ones now) makes a round due
+    ready[:] = True
+    ready[[3, 7, 11, 15]] = False
+    assert rings_to_serve(slot_worker, awake, ready, 1) == 1
+
+
+def test_rings_to_serve_agrees_with_serve_now_ring_by_ring():
+    """Ringing slots in any order, a round is never due before the rings counted: the driver
+    sleeping through them serves no later than it would have."""
+    rng = np.random.default_rng(0)
+    slot_worker = np.repeat(np.arange(12), 5)
+    awake = slot_worker < 10  # two dormant groups: their rings count for nothing
+    for _ in range(50):
+        ready = np.zeros(60, dtype=bool)
+        order = rng.permutation(np.flatnonzero(awake))
+        need = rings_to_serve(slot_worker, awake, ready, 2)
+        for rung, slot in enumerate(order, start=1):
+            ready[slot] = True
+            due = serve_now(*busy_workers(slot_worker, awake, ready), 2, 0.0)
+            assert not due or rung >= need
+            if due:
+                break
+            need = rung + rings_to_serve(slot_worker, awake, ready, 2)

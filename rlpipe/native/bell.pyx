@@ -1,17 +1,22 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The doorbells between the driver and its workers: futex words in shared memory.
 
-A bell is two uint32 words on a cache line of their own: `rings`, a counter every ring adds
-one to (the futex word), and `sleeping`, set by the one thread that waits on it while it
-sleeps. Ringing is an atomic add plus, only if the waiter sleeps, one FUTEX_WAKE; waiting is
-one FUTEX_WAIT, and none when a ring is already there. No fd, no kernel buffer per ring.
+A bell is three uint32 words on a cache line of their own: `rings`, a counter every ring adds
+one to (the futex word); `sleeping`, set by the one thread that waits on it while it sleeps;
+and `wake_at`, the value of `rings` that waiter waits for. Ringing is an atomic add plus, only
+if the waiter sleeps and `rings` has reached `wake_at`, one FUTEX_WAKE; waiting is a
+FUTEX_WAIT, and none when the rings are already there. No fd, no kernel buffer per ring.
 
-    waiter:  seen = rings; sleeping = 1; look for work; if none: FUTEX_WAIT(rings, seen)
-    ringer:  publish the work; rings += 1; if sleeping: FUTEX_WAKE(rings)
+    waiter:  seen = rings; wake_at = seen + need; sleeping = 1; look for work;
+             while too little: cur = rings; if cur reached wake_at: done; FUTEX_WAIT(rings, cur)
+    ringer:  publish the work; r = (rings += 1); if sleeping and r reached wake_at: FUTEX_WAKE
 
-Every access is sequentially consistent, so either the waiter's last look sees the work or
-the ringer sees `sleeping` (and the add has moved `rings` past `seen`, so the wait returns
-at once however the two interleave): a ring is never slept through.
+Every access is sequentially consistent, so either the waiter's load of `rings` sees the
+ring, or the ringer sees `sleeping` and `wake_at` (and its add has moved `rings` past `cur`,
+so a wait not yet begun returns at once): a ring the waiter waits for is never slept through.
+A worker waits for one ring (need 1). The driver, gathering ready slices, may wait for more
+(`RingBoard.take_slots`' `min_rings`): the rings before then wake nobody, where each used to
+wake it for a look that served nothing (docs/benchmarks.md, "The driver woken per ring").
 
 What a ring carries is one uint64 word per slice in the worker's segment (rlpipe.shm.layout),
 `seq + 1` of the step it is about (0: none yet):
@@ -50,48 +55,77 @@ cdef extern from *:
     static inline uint64_t rl_bell_load64(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
     static inline void rl_bell_store64(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
 
+    /* `rings` has reached `wake_at`: counted modulo 2^32, within half the range of it */
+    static inline int rl_bell_reached(uint32_t rings, uint32_t wake_at) { return (int32_t)(rings - wake_at) >= 0; }
+
     static inline void rl_bell_ring(uint32_t* bell) {
-        __atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(bell + 1, __ATOMIC_SEQ_CST))
+        uint32_t r = __atomic_add_fetch(bell, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(bell + 1, __ATOMIC_SEQ_CST) && rl_bell_reached(r, __atomic_load_n(bell + 2, __ATOMIC_SEQ_CST)))
             syscall(SYS_futex, bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
 
-    /* Before the last look for work: what `rings` was, with `sleeping` raised. */
-    static inline uint32_t rl_bell_arm(uint32_t* bell) {
-        uint32_t seen = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
+    static inline uint32_t rl_bell_rings(const uint32_t* bell) { return __atomic_load_n(bell, __ATOMIC_SEQ_CST); }
+
+    /* Before the last look for work: the value of `rings` to wake at, with `sleeping` raised
+       after it. */
+    static inline void rl_bell_arm(uint32_t* bell, uint32_t wake_at) {
+        __atomic_store_n(bell + 2, wake_at, __ATOMIC_SEQ_CST);
         __atomic_store_n(bell + 1, 1, __ATOMIC_SEQ_CST);
-        return seen;
     }
 
     static inline void rl_bell_disarm(uint32_t* bell) { __atomic_store_n(bell + 1, 0, __ATOMIC_SEQ_CST); }
 
-    /* Sleep until `rings` moves past `seen` or `timeout_ms` passes; 1 if a signal cut it. */
-    static inline int rl_bell_sleep(uint32_t* bell, uint32_t seen, int timeout_ms) {
-        struct timespec ts;
-        ts.tv_sec = timeout_ms / 1000;
-        ts.tv_nsec = (long)(timeout_ms % 1000) * 1000000L;
-        long r = syscall(SYS_futex, bell, FUTEX_WAIT, seen, timeout_ms >= 0 ? &ts : NULL, NULL, 0);
-        return r == -1 && errno == EINTR;
+    static inline long rl_ms_left(const struct timespec* deadline) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        return (deadline->tv_sec - now.tv_sec) * 1000000000L + (deadline->tv_nsec - now.tv_nsec);
+    }
+
+    /* Sleep until `rings` reaches `wake_at` or `timeout_ms` passes (< 0: no limit); 1 if a
+       signal cut it. A ring short of `wake_at` that lands before the FUTEX_WAIT makes it
+       return at once: the loop looks again and waits on the new value. */
+    static inline int rl_bell_sleep(uint32_t* bell, uint32_t wake_at, int timeout_ms) {
+        struct timespec deadline, left;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) { deadline.tv_sec += 1; deadline.tv_nsec -= 1000000000L; }
+        for (;;) {
+            uint32_t cur = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
+            if (rl_bell_reached(cur, wake_at))
+                return 0;
+            long ns = timeout_ms >= 0 ? rl_ms_left(&deadline) : 1;
+            if (ns <= 0)
+                return 0;
+            left.tv_sec = ns / 1000000000L;
+            left.tv_nsec = ns % 1000000000L;
+            long r = syscall(SYS_futex, bell, FUTEX_WAIT, cur, timeout_ms >= 0 ? &left : NULL, NULL, 0);
+            if (r == -1 && errno == EINTR)
+                return 1;
+            if (r == -1 && errno == ETIMEDOUT)
+                return 0;
+        }
     }
     """
     uint64_t rl_bell_load64(const uint64_t* p) nogil
     void rl_bell_store64(uint64_t* p, uint64_t v) nogil
     void rl_bell_ring(uint32_t* bell) nogil
-    uint32_t rl_bell_arm(uint32_t* bell) nogil
+    uint32_t rl_bell_rings(const uint32_t* bell) nogil
+    void rl_bell_arm(uint32_t* bell, uint32_t wake_at) nogil
     void rl_bell_disarm(uint32_t* bell) nogil
-    int rl_bell_sleep(uint32_t* bell, uint32_t seen, int timeout_ms) nogil
+    int rl_bell_sleep(uint32_t* bell, uint32_t wake_at, int timeout_ms) nogil
 
 cdef enum:
     SCAN_STOP = -1
 
-BELL_BYTES = 64  # a bell's cache line: rings (u32), sleeping (u32), the rest unused
+BELL_BYTES = 64  # a bell's cache line: rings, sleeping, wake_at (u32 each), the rest unused
 STOP = SCAN_STOP  # WorkerBell.take's slice once the driver has asked the worker to stop
 
 
-cdef inline int _sleep(uint32_t* bell, uint32_t seen, int timeout_ms) except -1:
+cdef inline int _sleep(uint32_t* bell, uint32_t wake_at, int timeout_ms) except -1:
     cdef int cut
     with nogil:
-        cut = rl_bell_sleep(bell, seen, timeout_ms)
+        cut = rl_bell_sleep(bell, wake_at, timeout_ms)
     if cut:
         PyErr_CheckSignals()  # the handler runs now (a worker's OS beat, a driver's SIGTERM)
     return 0
@@ -165,13 +199,14 @@ cdef class WorkerBell:
         """(slice, seq) of the next act, (STOP, 0) once asked to stop, or None when nothing
         came within `timeout_ms` (0: do not wait; a signal may end a wait early)."""
         cdef int s = self._scan()
-        cdef uint32_t seen
+        cdef uint32_t wake_at
         if s == self.n_slices and timeout_ms != 0:
-            seen = rl_bell_arm(self.bell)
+            wake_at = rl_bell_rings(self.bell) + 1  # the rescan below sees every earlier one
+            rl_bell_arm(self.bell, wake_at)
             try:
                 s = self._scan()
                 if s == self.n_slices:
-                    _sleep(self.bell, seen, timeout_ms)
+                    _sleep(self.bell, wake_at, timeout_ms)
                     s = self._scan()
             finally:  # a signal handler's exception too: the driver stops waking us for nothing
                 rl_bell_disarm(self.bell)
@@ -236,8 +271,8 @@ cdef class RingBoard:
             self.done[k] = NULL
         self.keepalive.pop(worker_id, None)
 
-    cdef Py_ssize_t _scan_into(self, int64_t* slots, int64_t* seqs) noexcept:
-        cdef Py_ssize_t m = 0
+    cdef Py_ssize_t _scan_into(self, int64_t* slots, int64_t* seqs, Py_ssize_t m) noexcept:
+        """The rings since the last scan, written after the first `m` taken; the new total."""
         cdef int k
         cdef uint64_t v
         for k in range(self.n_slots):
@@ -250,22 +285,30 @@ cdef class RingBoard:
                     m += 1
         return m
 
-    def take_slots(self, int timeout_ms):
+    def take_slots(self, int timeout_ms, int min_rings=1):
         """`take` by slot, as two int64 arrays (slots, seqs): the rings since the last call,
-        waiting up to `timeout_ms` for the first. A slot is its worker's slot_lo + slice."""
+        waiting up to `timeout_ms` until there are `min_rings` of them (those found at once
+        count). A slot is its worker's slot_lo + slice.
+
+        The wait ends no later than the `min_rings`-th ring, maybe sooner. `seen` is read
+        before the first scan, so every ring that scan missed moves `rings` after it; a ring
+        it took may count there too (its done word is stored before its add), which only
+        wakes the caller early."""
         slots = np.empty(max(self.n_slots, 1), dtype=np.int64)
         seqs = np.empty(max(self.n_slots, 1), dtype=np.int64)
         cdef int64_t[::1] sl = slots
         cdef int64_t[::1] sq = seqs
-        cdef Py_ssize_t m = self._scan_into(&sl[0], &sq[0])
-        cdef uint32_t seen
-        if m == 0 and timeout_ms != 0:
-            seen = rl_bell_arm(self.bell)
+        cdef uint32_t seen = rl_bell_rings(self.bell)
+        cdef Py_ssize_t m = self._scan_into(&sl[0], &sq[0], 0)
+        cdef uint32_t wake_at
+        if m < min_rings and timeout_ms != 0:
+            wake_at = seen + <uint32_t>(min_rings - m)  # the rescan's rings are counted in it
+            rl_bell_arm(self.bell, wake_at)
             try:
-                m = self._scan_into(&sl[0], &sq[0])
-                if m == 0:
-                    _sleep(self.bell, seen, timeout_ms)
-                    m = self._scan_into(&sl[0], &sq[0])
+                m = self._scan_into(&sl[0], &sq[0], m)
+                if m < min_rings:
+                    _sleep(self.bell, wake_at, timeout_ms)
+                    m = self._scan_into(&sl[0], &sq[0], m)
             finally:
                 rl_bell_disarm(self.bell)
         return slots[:m], seqs[:m]

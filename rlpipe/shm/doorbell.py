@@ -56,9 +56,10 @@ class DoorbellServer:
         for the first."""
         return self.board.take(timeout_ms)
 
-    def take_slots(self, timeout_ms: int) -> tuple[np.ndarray, np.ndarray]:
-        """`take` as two int64 arrays, (slots, seqs): a slot is its worker's slot_lo + slice."""
-        return self.board.take_slots(timeout_ms)
+    def take_slots(self, timeout_ms: int, min_rings: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """`take` as two int64 arrays, (slots, seqs): a slot is its worker's slot_lo + slice;
+        the wait lasts until `min_rings` have come (the earlier ones wake nobody)."""
+        return self.board.take_slots(timeout_ms, min_rings)
 
     def close(self) -> None:
         if self.segment is None:

@@ -228,7 +228,7 @@ class Driver:
                     learner.start_update()
                     poll_ms = 0
                 marks.phase = "taking doorbells, starting workers"
-                engine.poll(now, poll_ms)
+                engine.poll(now, poll_ms, gather=True)  # woken by the ring that can make a round due
                 # while the learner is backlogged the ready slices wait (held) in the engine, and
                 # while most workers still step a slice they wait for more (gathering.py)
                 rnd = engine.recv() if not learner.backlogged and engine.serve_due(now) else None

@@ -4,6 +4,7 @@ verbs. Its two clients hold none of it: the training driver (rlpipe/supervisor/d
 and `rlpipe.vector` (rlpipe/vector/engine.py).
 
     engine.poll(now, poll_ms)    take the doorbells rung since the last call: the slices ready
+                                 (gather=True: wait for as many as a round needs at the least)
     engine.serve_due(now)        whether they are worth a round now (the driver's gathering)
     rnd = engine.recv()          the ready slices as one batch (rlpipe.protocol.Round)
     engine.send(rnd.slots, acts) their actions scattered, their workers rung
@@ -37,7 +38,7 @@ from rlpipe.envs.registry import MixPlan, plan_mix
 from rlpipe.protocol import Round, batch_rows
 from rlpipe.shm.segment import run_segments, sweep_dead_segments
 from rlpipe.supervisor.fleet import Fleet
-from rlpipe.supervisor.gathering import busy_workers, serve_now
+from rlpipe.supervisor.gathering import busy_workers, rings_to_serve, serve_now
 from rlpipe.supervisor.services import Services, sweep_dead_socket_dirs
 
 
@@ -125,12 +126,14 @@ class SliceEngine:
         self.ready_since = np.zeros(n)
 
     # -- the serving verbs ------------------------------------------------------------------
-    def poll(self, now: float, poll_ms: int) -> np.ndarray:
-        """The doorbells rung since the last call, waiting up to `poll_ms` for the first;
-        dormant workers started and due groups woken on the way (their parked rings come in).
-        Returns the slots that became ready."""
+    def poll(self, now: float, poll_ms: int, gather: bool = False) -> np.ndarray:
+        """The doorbells rung since the last call, waiting up to `poll_ms` for the first (with
+        `gather`, for as many as `serve_due` needs before it can say yes: the rings before then
+        do not wake the caller); dormant workers started and due groups woken on the way
+        (their parked rings come in). Returns the slots that became ready."""
         fleet = self.fleet
-        slots, seqs = fleet.take_rings(now, poll_ms)
+        min_rings = self._rings_to_serve() if gather and poll_ms else 1
+        slots, seqs = fleet.take_rings(now, poll_ms, min_rings)
         fleet.spawn_some()
         woken, woken_seqs = fleet.wake_due(now)
         if len(woken):
@@ -181,9 +184,15 @@ class SliceEngine:
             return False
         fleet = self.fleet
         busy, awake = busy_workers(fleet.slots.worker, fleet.slot_awake, ready)
-        cpus = fleet.worker_cpus()
-        n_cpus = len(cpus) if cpus is not None else math.ceil(self.spec.layout.cpus)
-        return serve_now(busy, awake, n_cpus, now - self.ready_since[ready].min())
+        return serve_now(busy, awake, self._worker_cpu_count(), now - self.ready_since[ready].min())
+
+    def _rings_to_serve(self) -> int:
+        fleet = self.fleet
+        return rings_to_serve(fleet.slots.worker, fleet.slot_awake, self.ready_mask(), self._worker_cpu_count())
+
+    def _worker_cpu_count(self) -> int:
+        cpus = self.fleet.worker_cpus()
+        return len(cpus) if cpus is not None else math.ceil(self.spec.layout.cpus)
 
     def recv(self, slots: np.ndarray | None = None) -> Round | None:
         """The obs, step results and final obs of `slots` (default: every ready slot), as one

@@ -40,8 +40,26 @@ def busy_workers(slot_worker: np.ndarray, awake: np.ndarray, ready: np.ndarray) 
     return len(in_hand), len(np.unique(slot_worker[awake]))
 
 
+def keep_busy(awake: int, worker_cpus: int) -> int:
+    """How many workers must still step a slice for the ready ones to wait."""
+    return max(math.ceil(BUSY_SHARE * awake), BUSY_PER_CPU * worker_cpus)
+
+
 def serve_now(busy: int, awake: int, worker_cpus: int, oldest_wait_s: float) -> bool:
     """Whether the ready slices are served now (there are some: the caller checks). `busy` and
     `awake`: `busy_workers`; `worker_cpus`: the CPUs the workers run on."""
-    keep_busy = max(math.ceil(BUSY_SHARE * awake), BUSY_PER_CPU * worker_cpus)
-    return busy < keep_busy or oldest_wait_s >= MAX_WAIT_S
+    return busy < keep_busy(awake, worker_cpus) or oldest_wait_s >= MAX_WAIT_S
+
+
+def rings_to_serve(slot_worker: np.ndarray, awake: np.ndarray, ready: np.ndarray, worker_cpus: int) -> int:
+    """The fewest rings after which `serve_now` can say yes without the wait bound: 1 while
+    fewer than `keep_busy` workers step a slice (or none is ready: a ring makes one so), else
+    the rings of the workers nearest to done, as many of them as must stop being busy. Rings
+    only make slots ready, so none before then can make a round due; the driver sleeps
+    through them (rlpipe.native.bell, `min_rings`)."""
+    in_hand = slot_worker[awake & ~ready]
+    _, slices_in_hand = np.unique(in_hand, return_counts=True)
+    excess = len(slices_in_hand) - keep_busy(len(np.unique(slot_worker[awake])), worker_cpus)
+    if excess < 0:
+        return 1
+    return max(int(np.sort(slices_in_hand)[: excess + 1].sum()), 1)

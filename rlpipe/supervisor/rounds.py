@@ -29,13 +29,13 @@ class FleetRounds:
             self.slot_awake[part] = h.awake
             self.slot_slice[part] = np.arange(len(h.bounds))
 
-    def take_rings(self, now: float, poll_ms: int) -> tuple[np.ndarray, np.ndarray]:
+    def take_rings(self, now: float, poll_ms: int, min_rings: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """(slots, seqs) of the doorbells rung since the last turn (waiting up to `poll_ms` for
-        the first): the awake workers' slices to serve, the current generations' rings only
+        `min_rings` of them): the awake workers' slices to serve, the current generations' rings only
         (a segment's done words are read until it is replaced). A dormant group's rings are
         parked until its wake. A few numpy calls whatever the number of rings; Python only for
         a worker's first step."""
-        slots, seqs = self.doorbells.take_slots(poll_ms)
+        slots, seqs = self.doorbells.take_slots(poll_ms, min_rings)
         if not len(slots):
             return slots, seqs
         awake = self.slot_awake[slots]
