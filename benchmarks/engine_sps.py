@@ -151,7 +151,7 @@ def resolved_layout(summary: dict) -> str:
     cpus = (
         "workers on every CPU"
         if lay["cpu_affinity"] == "null"
-        else f"learner core {lay['learner_cpu']} from {lay['workers_pinned_s']} s"
+        else f"learner core {lay['learner_cpu']} by {lay.get('learner_core_by') or 'pinning'} from {lay['workers_pinned_s']} s"
         if lay["cpu_affinity"] == "learner_core"
         else f"workers on CPUs {lay['worker_cpus']}"
     )

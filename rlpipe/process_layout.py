@@ -27,9 +27,12 @@ The rule (docs/benchmarks.md has the measurements behind it):
   2 CPUs at 7,000 envs, `learner.backlog=hold`: trained samples/s 0.55-0.67x of
   SyncVectorEnv with it against 0.41-0.53x without, higher in each of three runs and both
   layouts; under `backlog=drop` (day4's) 2.5-3x the trained samples for 0.7-0.8x the env
-  steps; at 1,000 envs as good or better (hold 0.47x against 0.41x, 0.43x both). The workers
-  move off the learner's CPU only once every env has stepped (the fleet does it,
-  rlpipe/supervisor/fleet.py): start-up builds its envs on every CPU.
+  steps; at 1,000 envs as good or better (hold 0.47x against 0.41x, 0.43x both). The
+  learner's CPU becomes its own only once every env has stepped (the fleet does it,
+  rlpipe/supervisor/fleet.py): start-up builds its envs on every CPU. Where the run has a
+  cgroup driver the fleet does it by weight, not by pinning: the workers keep every CPU but
+  their cgroup weighs below the update and the driver. The worker count stays the one
+  counted here (the workers step on about one CPU fewer either way).
 
 Usable CPUs are this process's affinity mask, capped by its cgroup's CPU quota (v2 cpu.max,
 v1 cpu.cfs_quota_us), and shared among the torchrun ranks of one node (LOCAL_WORLD_SIZE).

@@ -201,17 +201,24 @@ def test_short_run_learns_and_cleans_up(short_tmp):
     )
     assert summary["shm_bytes"] == expected_shm_bytes(*overrides)
     assert summary["faults"]["lifecycle_dropped"] == 0
-    # the layout conf/'s auto chose here, reported; under learner_core (2+ CPUs) the worker
-    # moved off the update's CPU the moment every env had stepped
+    # the layout conf/'s auto chose here, reported; under learner_core (2+ CPUs) the update's
+    # CPU became its own the moment every env had stepped: by the workers' cgroup weight where
+    # there is a cgroup driver (they keep every CPU), else by moving the worker off it
     from rlpipe.config import run_spec
 
     layout = run_spec(compose_cfg(list(overrides))).layout
     assert {k: summary["layout"][k] for k in layout.as_dict()} == layout.as_dict()
     if layout.pin_after_startup:
         assert ready <= summary["layout"]["workers_pinned_s"] <= ready + 1.0
-        assert layout.worker_cpus in cpu_sets, cpu_sets
+        if summary["cgroup_driver"] == "none":
+            assert summary["layout"]["learner_core_by"] == "pinning"
+            assert layout.worker_cpus in cpu_sets, cpu_sets
+        else:
+            assert summary["layout"]["learner_core_by"] == "weight"
+            assert cpu_sets == {tuple(sorted(os.sched_getaffinity(0)))}, cpu_sets
     else:
         assert summary["layout"]["workers_pinned_s"] is None
+        assert summary["layout"]["learner_core_by"] is None
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert "rlpipe done" in out.stdout
     assert_nothing_left(run_dir, out.pid)

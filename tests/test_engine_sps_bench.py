@@ -81,8 +81,10 @@ def test_the_resolved_layout_is_printed_from_the_summary():
         "worker_cpus": [1],
         "learner_cpu": 0,
         "workers_pinned_s": 3.2,
+        "learner_core_by": "weight",
     }
-    assert bench.resolved_layout({"layout": layout}) == "ran 20 x 350 in 5 slices, learner core 0 from 3.2 s"
+    want = "ran 20 x 350 in 5 slices, learner core 0 by weight from 3.2 s"
+    assert bench.resolved_layout({"layout": layout}) == want
     assert bench.resolved_layout({}) == "layout not reported"
 
 

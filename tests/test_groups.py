@@ -231,3 +231,66 @@ def test_a_dormant_group_is_really_cpu_limited():
     assert throttled > 0
     assert awake > 3 * dormant, (awake, dormant)  # the same process, unlimited
     assert not Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}").exists()
+
+
+@pytest.mark.skipif(not _v1_writable(), reason="cgroup v1 cpu+memory not writable on this machine")
+def test_workers_weighed_below_the_learner_leave_it_the_cpu():
+    """learner_core by weight (Fleet.startup_over): two busy processes on one CPU, one in the
+    run's `active` cgroup (a worker), one outside it (the PPO update). At the run's weight of
+    its workers they split the CPU; once the workers yield to the learner, it gets nearly all."""
+    import sys
+
+    from rlpipe.supervisor.cgroups import LEARNER_FIRST_SHARES
+
+    run_id = f"{os.getpid()}-1ea4"
+    driver = make_driver("v1", run_id, cpu_pct=1.0, mem_mb=512, n_groups=1)
+    cpu = min(os.sched_getaffinity(0))
+    one_cpu = [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    worker = subprocess.Popen(one_cpu, preexec_fn=_die_with_us)
+    learner = subprocess.Popen(one_cpu, preexec_fn=_die_with_us)
+    procs = [psutil.Process(p.pid) for p in (worker, learner)]
+
+    def shares_over(seconds: float) -> list[float]:
+        before = [sum(p.cpu_times()[:2]) for p in procs]
+        time.sleep(seconds)
+        used = [sum(p.cpu_times()[:2]) - b for p, b in zip(procs, before)]
+        return [u / sum(used) for u in used]
+
+    try:
+        driver.wake(0, worker.pid)
+        time.sleep(0.3)
+        even = shares_over(1.5)
+        assert driver.yield_to_learner()
+        top = Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}")
+        assert (top / "cpu.shares").read_text().strip() == str(LEARNER_FIRST_SHARES)
+        time.sleep(0.3)
+        yielded = shares_over(1.5)
+    finally:
+        for p in (worker, learner):
+            p.kill()
+            p.wait()
+        driver.cleanup()
+    assert 0.3 < even[1] < 0.7, even  # 1,024 shares against one task's 1,024
+    assert yielded[1] > 0.85, yielded  # 1,024 against 40: about 0.96
+    assert not Path(f"/sys/fs/cgroup/cpu/rlpipe_{run_id}").exists()
+
+
+def test_yield_to_learner_writes_the_weight_or_says_it_cannot(tmp_path, caplog):
+    from rlpipe.supervisor.cgroups import LEARNER_FIRST_WEIGHT, CgroupDriver
+
+    root = tmp_path / "v2"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    (root / "cgroup.subtree_control").write_text("cpu memory\n")
+    roots = CgroupRoots(v2=root, v1=tmp_path / "v1")
+    run_id = f"{os.getpid()}-1ea5"
+    driver = make_driver("v2", run_id, cpu_pct=1.0, mem_mb=256, roots=roots, n_groups=10)
+    top = root / f"rlpipe_{run_id}"  # a plain directory under tmp_path: pytest removes it
+    assert (top / "cpu.weight").read_text() == "1000"
+    assert driver.yield_to_learner()
+    assert (top / "cpu.weight").read_text() == str(LEARNER_FIRST_WEIGHT)
+    top.rename(tmp_path / "gone")  # the write fails: the fleet pins the workers instead
+    with caplog.at_level(logging.WARNING, logger="rlpipe.cgroups"):
+        assert not driver.yield_to_learner()
+    assert "leave its CPU instead" in caplog.records[-1].getMessage()
+    assert not CgroupDriver(run_id, 1.0, 256, roots).yield_to_learner()  # no cgroups: pin

@@ -169,6 +169,7 @@ THREADED = "import threading, time; threading.Thread(target=time.sleep, args=(60
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to move a process between")
 def test_the_fleet_pins_its_workers_when_startup_is_over(short_tmp):
+    """Without a cgroup driver: the live workers' threads move off the update's CPU."""
     from rlpipe.supervisor.fleet import Fleet
     from rlpipe.supervisor.workers import WorkerHandle
 
@@ -198,3 +199,36 @@ def test_the_fleet_pins_its_workers_when_startup_is_over(short_tmp):
     idle = Fleet(run_spec(compose_cfg(["worker.cpu_affinity=null"])), "test", 0.0, None, phases.append)
     idle.startup_over(1.0)
     assert idle.pinned_at is None and idle.worker_cpus() is None
+
+
+def test_with_cgroups_the_fleet_weighs_its_workers_below_the_learner(tmp_path):
+    """With a cgroup driver (here v2 on a root we control): the workers keep every CPU and
+    their cgroup's weight drops to LEARNER_FIRST_WEIGHT once every env has stepped."""
+    from rlpipe.supervisor.cgroups import LEARNER_FIRST_WEIGHT, CgroupRoots, make_driver
+    from rlpipe.supervisor.fleet import Fleet
+    from rlpipe.supervisor.workers import WorkerHandle
+
+    root = tmp_path / "v2"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    (root / "cgroup.subtree_control").write_text("cpu memory\n")
+    spec = run_spec(compose_cfg(["env_count=64", "worker.cpu_affinity=learner_core"]))
+    phases: list[str] = []
+    fleet = Fleet(spec, "test", time.monotonic(), services=None, phase=phases.append)
+    fleet.cgroups = make_driver("v2", "1-f1ee", 1.0, 256, roots=CgroupRoots(v2=root, v1=tmp_path / "v1"))
+    proc = subprocess.Popen([sys.executable, "-c", THREADED])
+    try:
+        handle = WorkerHandle.__new__(WorkerHandle)
+        handle.proc = SimpleNamespace(pid=proc.pid, is_alive=lambda: proc.poll() is None)
+        fleet.handles = [handle]
+        before = os.sched_getaffinity(proc.pid)
+        fleet.startup_over(3.0)
+        assert fleet.pinned_at == 3.0 and fleet.learner_by_weight
+        assert fleet.worker_cpus() is None and os.sched_getaffinity(proc.pid) == before
+        assert (root / "rlpipe_1-f1ee" / "cpu.weight").read_text() == str(LEARNER_FIRST_WEIGHT)
+        assert phases == [
+            "workers weighed below the PPO update (CPU 0) and the driver (v2 cgroup), stepping on every CPU"
+        ]
+    finally:
+        proc.kill()
+        proc.wait()

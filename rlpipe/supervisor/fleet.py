@@ -109,7 +109,8 @@ class Fleet(FleetRounds):
         self.hot_unready: set[int] = set()  # hot workers not yet stepped: the chaos clock waits for them
         self.starts = BackgroundStarts()  # dormant workers' process starts
         self.lifecycle_dropped = 0  # workers' lifecycle events dropped at the ZMQ high-water mark
-        self.pinned_at: float | None = None  # learner_core: when the workers left the update's CPU
+        self.pinned_at: float | None = None  # learner_core: when the update's CPU became its own
+        self.learner_by_weight = False  # ... by the workers' cgroup weight (else by pinning them)
         # `cpu_seconds` counts from the job's start: a later job of a multirun shares the
         # driver process and the forkserver with the jobs before it, so what they had used by
         # then is taken off (the forkserver's at this job's first fork).
@@ -210,18 +211,32 @@ class Fleet(FleetRounds):
 
     def worker_cpus(self) -> tuple[int, ...] | None:
         """The CPUs a new worker process pins itself to (None: every CPU). Under learner_core
-        none until every env has stepped: start-up builds envs on every CPU, and a worker
-        pinned before then would build on all but one."""
+        none until every env has stepped (start-up builds envs on every CPU, and a worker
+        pinned before then would build on all but one), nor after where the workers' cgroup
+        weight gives the update its CPU."""
         layout = self.spec.layout
-        return None if layout.pin_after_startup and self.pinned_at is None else layout.worker_cpus
+        if layout.pin_after_startup and (self.pinned_at is None or self.learner_by_weight):
+            return None
+        return layout.worker_cpus
 
     def startup_over(self, now: float) -> None:
-        """Every env has stepped (the driver's `all_envs_ready`): under learner_core the live
-        workers leave the PPO update's CPU now, and later generations start on theirs."""
+        """Every env has stepped (the driver's `all_envs_ready`): under learner_core the PPO
+        update's CPU becomes its own now. Where the cgroup driver can, by weight: the workers
+        together weigh about one low-priority task (rlpipe/supervisor/cgroups.py), so the
+        update and the driver run whenever they are ready and the workers step on every CPU
+        in the time left, the update's CPU included. Otherwise the live workers leave that CPU
+        and later generations start on theirs."""
         layout = self.spec.layout
         if not layout.pin_after_startup or self.pinned_at is not None:
             return
         self.pinned_at = now
+        if self.cgroups is not None and self.cgroups.yield_to_learner():
+            self.learner_by_weight = True
+            self.phase(
+                f"workers weighed below the PPO update (CPU {layout.learner_cpu}) and the driver "
+                f"({self.cgroups.name} cgroup), stepping on every CPU"
+            )
+            return
         for h in self.handles:
             if h.alive():
                 h.pin(layout.worker_cpus)

@@ -306,10 +306,14 @@ class RunMetrics:
             "faults": faults,
             "board": {"torn_retries": c.torn_retries},
             # the process layout as resolved (auto: from this machine) and, under learner_core,
-            # when the workers left the update's CPU
+            # when the update's CPU became its own, and how (the workers' cgroup weight, or
+            # the workers pinned off it)
             "layout": {
                 **self.spec.layout.as_dict(),
                 "workers_pinned_s": (round(fleet.pinned_at - self.t0, 3) if fleet.pinned_at is not None else None),
+                "learner_core_by": (
+                    None if fleet.pinned_at is None else "weight" if fleet.learner_by_weight else "pinning"
+                ),
             },
             # the update's shape as resolved (auto: from the mix, rlpipe/mix_learner.py) and how
             "learner": {
