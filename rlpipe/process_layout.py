@@ -29,9 +29,9 @@ The rule (docs/benchmarks.md has the measurements behind it):
   layouts; under `backlog=drop` (day4's) 2.5-3x the trained samples for 0.7-0.8x the env
   steps; at 1,000 envs as good or better (hold 0.47x against 0.41x, 0.43x both). The
   learner's CPU becomes its own only once every env has stepped (the fleet does it,
-  rlpipe/supervisor/fleet.py): start-up builds its envs on every CPU. Where the run has a
-  cgroup driver the fleet does it by weight, not by pinning: the workers keep every CPU but
-  their cgroup weighs below the update and the driver. The worker count stays the one
+  rlpipe/supervisor/fleet.py): start-up builds its envs on every CPU. Under `backlog` hold
+  or sync, where the run has a cgroup driver, the fleet does it by weight, not by pinning:
+  the workers keep every CPU but their cgroup weighs below the update and the driver. The worker count stays the one
   counted here (the workers step on about one CPU fewer either way).
 
 Usable CPUs are this process's affinity mask, capped by its cgroup's CPU quota (v2 cpu.max,

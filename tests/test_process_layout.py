@@ -229,6 +229,13 @@ def test_with_cgroups_the_fleet_weighs_its_workers_below_the_learner(tmp_path):
         assert phases == [
             "workers weighed below the PPO update (CPU 0) and the driver (v2 cgroup), stepping on every CPU"
         ]
+        # under backlog=drop a batch always waits for the update: its CPU is kept by pinning
+        drop = run_spec(compose_cfg(["env_count=64", "worker.cpu_affinity=learner_core", "learner.backlog=drop"]))
+        pinned = Fleet(drop, "test", time.monotonic(), services=None, phase=phases.append)
+        pinned.cgroups, pinned.handles = fleet.cgroups, [handle]
+        pinned.startup_over(4.0)
+        assert not pinned.learner_by_weight and pinned.worker_cpus() == drop.layout.worker_cpus
+        assert os.sched_getaffinity(proc.pid) == set(drop.layout.worker_cpus)
     finally:
         proc.kill()
         proc.wait()

@@ -221,16 +221,21 @@ class Fleet(FleetRounds):
 
     def startup_over(self, now: float) -> None:
         """Every env has stepped (the driver's `all_envs_ready`): under learner_core the PPO
-        update's CPU becomes its own now. Where the cgroup driver can, by weight: the workers
-        together weigh about one low-priority task (rlpipe/supervisor/cgroups.py), so the
-        update and the driver run whenever they are ready and the workers step on every CPU
-        in the time left, the update's CPU included. Otherwise the live workers leave that CPU
-        and later generations start on theirs."""
+        update's CPU becomes its own now. Under `backlog` hold or sync, where the cgroup
+        driver can, by weight: the workers together weigh about one low-priority task
+        (rlpipe/supervisor/cgroups.py), so the update and the driver run whenever they are
+        ready and the workers step on every CPU in the time left, the update's CPU included
+        (it idled 13-15 % of the `hold` row while the update waited for its batch). Otherwise
+        the live workers leave that CPU and later generations start on theirs: under `drop`
+        a batch always waits, the update's CPU is never free, and day4 trained 0.83-0.90x as
+        many samples with the workers weighed onto it (docs/benchmarks.md, "The learner's
+        core by weight")."""
         layout = self.spec.layout
         if not layout.pin_after_startup or self.pinned_at is not None:
             return
         self.pinned_at = now
-        if self.cgroups is not None and self.cgroups.yield_to_learner():
+        by_weight = self.spec.learner.backlog != "drop"
+        if by_weight and self.cgroups is not None and self.cgroups.yield_to_learner():
             self.learner_by_weight = True
             self.phase(
                 f"workers weighed below the PPO update (CPU {layout.learner_cpu}) and the driver "
