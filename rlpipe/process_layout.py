@@ -31,8 +31,9 @@ The rule (docs/benchmarks.md has the measurements behind it):
   learner's CPU becomes its own only once every env has stepped (the fleet does it,
   rlpipe/supervisor/fleet.py): start-up builds its envs on every CPU. Under `backlog` hold
   or sync, where the run has a cgroup driver, the fleet does it by weight, not by pinning:
-  the workers keep every CPU but their cgroup weighs below the update and the driver. The worker count stays the one
-  counted here (the workers step on about one CPU fewer either way).
+  the workers keep every CPU but their cgroup weighs below the update and the driver. The
+  worker count stays the one counted here (the workers step on about one CPU fewer either
+  way).
 
 Usable CPUs are this process's affinity mask, capped by its cgroup's CPU quota (v2 cpu.max,
 v1 cpu.cfs_quota_us), and shared among the torchrun ranks of one node (LOCAL_WORLD_SIZE).

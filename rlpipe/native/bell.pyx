@@ -75,7 +75,7 @@ cdef extern from *:
 
     static inline void rl_bell_disarm(uint32_t* bell) { __atomic_store_n(bell + 1, 0, __ATOMIC_SEQ_CST); }
 
-    static inline long rl_ms_left(const struct timespec* deadline) {
+    static inline long rl_ns_left(const struct timespec* deadline) {
         struct timespec now;
         clock_gettime(CLOCK_MONOTONIC, &now);
         return (deadline->tv_sec - now.tv_sec) * 1000000000L + (deadline->tv_nsec - now.tv_nsec);
@@ -94,7 +94,7 @@ cdef extern from *:
             uint32_t cur = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
             if (rl_bell_reached(cur, wake_at))
                 return 0;
-            long ns = timeout_ms >= 0 ? rl_ms_left(&deadline) : 1;
+            long ns = timeout_ms >= 0 ? rl_ns_left(&deadline) : 1;
             if (ns <= 0)
                 return 0;
             left.tv_sec = ns / 1000000000L;
