@@ -135,6 +135,18 @@ def ppo_batch(learner, n: int = 256, seed: int = 0) -> dict:
     }
 
 
+def delegated_v2_root(tmp_path: Path, controllers: str = "cpu memory"):
+    """A plain directory standing in for a cgroup v2 root that delegates `controllers` (this
+    machine's own v2 hierarchy delegates none): the CgroupRoots that point the drivers at it."""
+    from rlpipe.supervisor.cgroups import CgroupRoots
+
+    root = tmp_path / "v2"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text(controllers + "\n")
+    (root / "cgroup.subtree_control").write_text("cpu memory\n")
+    return CgroupRoots(v2=root, v1=tmp_path / "v1")
+
+
 def load_benchmark(name: str):
     """benchmarks/<name>.py as a module (the scripts are not a package)."""
     spec = importlib.util.spec_from_file_location(f"{name}_bench", REPO / "benchmarks" / f"{name}.py")

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import read_summary, run_cli
+from conftest import delegated_v2_root, read_summary, run_cli
 from rlpipe.config import GroupsSpec
 from rlpipe.supervisor.cgroups import CgroupRoots, _v1_usable, _v2_usable, make_driver, sweep_dead_cgroups
 from rlpipe.supervisor.groups import WakeSchedule
@@ -162,11 +162,8 @@ def _drop_interface_files(top: Path) -> None:
 def test_v2_driver_against_a_temporary_root(tmp_path):
     """The v2 driver on a root we control (this machine's v2 hierarchy delegates no cpu or
     memory controller): what `auto` picks, the files it writes, placement, wake, cleanup."""
-    root = tmp_path / "v2"
-    root.mkdir()
-    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
-    (root / "cgroup.subtree_control").write_text("cpu memory\n")
-    roots = CgroupRoots(v2=root, v1=tmp_path / "v1")
+    roots = delegated_v2_root(tmp_path, "cpuset cpu io memory pids")
+    root = roots.v2
     run_id = f"{os.getpid()}-7e58"
     driver = make_driver("auto", run_id, cpu_pct=2.5, mem_mb=256, roots=roots, n_groups=3)
     try:
@@ -278,14 +275,10 @@ def test_workers_weighed_below_the_learner_leave_it_the_cpu():
 def test_yield_to_learner_writes_the_weight_or_says_it_cannot(tmp_path, caplog):
     from rlpipe.supervisor.cgroups import LEARNER_FIRST_WEIGHT, CgroupDriver
 
-    root = tmp_path / "v2"
-    root.mkdir()
-    (root / "cgroup.controllers").write_text("cpu memory\n")
-    (root / "cgroup.subtree_control").write_text("cpu memory\n")
-    roots = CgroupRoots(v2=root, v1=tmp_path / "v1")
+    roots = delegated_v2_root(tmp_path)
     run_id = f"{os.getpid()}-1ea5"
     driver = make_driver("v2", run_id, cpu_pct=1.0, mem_mb=256, roots=roots, n_groups=10)
-    top = root / f"rlpipe_{run_id}"  # a plain directory under tmp_path: pytest removes it
+    top = roots.v2 / f"rlpipe_{run_id}"  # a plain directory under tmp_path: pytest removes it
     assert (top / "cpu.weight").read_text() == "1000"
     assert driver.yield_to_learner()
     assert (top / "cpu.weight").read_text() == str(LEARNER_FIRST_WEIGHT)

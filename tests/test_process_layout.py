@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import compose_cfg
+from conftest import compose_cfg, delegated_v2_root
 from rlpipe.config import run_spec
 from rlpipe.process_layout import cgroup_cpu_limit, resolve
 
@@ -204,18 +204,16 @@ def test_the_fleet_pins_its_workers_when_startup_is_over(short_tmp):
 def test_with_cgroups_the_fleet_weighs_its_workers_below_the_learner(tmp_path):
     """With a cgroup driver (here v2 on a root we control): the workers keep every CPU and
     their cgroup's weight drops to LEARNER_FIRST_WEIGHT once every env has stepped."""
-    from rlpipe.supervisor.cgroups import LEARNER_FIRST_WEIGHT, CgroupRoots, make_driver
+    from rlpipe.supervisor.cgroups import LEARNER_FIRST_WEIGHT, make_driver
     from rlpipe.supervisor.fleet import Fleet
     from rlpipe.supervisor.workers import WorkerHandle
 
-    root = tmp_path / "v2"
-    root.mkdir()
-    (root / "cgroup.controllers").write_text("cpu memory\n")
-    (root / "cgroup.subtree_control").write_text("cpu memory\n")
+    roots = delegated_v2_root(tmp_path)
+    root = roots.v2
     spec = run_spec(compose_cfg(["env_count=64", "worker.cpu_affinity=learner_core"]))
     phases: list[str] = []
     fleet = Fleet(spec, "test", time.monotonic(), services=None, phase=phases.append)
-    fleet.cgroups = make_driver("v2", "1-f1ee", 1.0, 256, roots=CgroupRoots(v2=root, v1=tmp_path / "v1"))
+    fleet.cgroups = make_driver("v2", "1-f1ee", 1.0, 256, roots=roots)
     proc = subprocess.Popen([sys.executable, "-c", THREADED])
     try:
         handle = WorkerHandle.__new__(WorkerHandle)
