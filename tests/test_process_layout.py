@@ -68,14 +68,34 @@ def test_the_rule_at_each_count_and_machine(machine, cpus, envs):
         assert (spec.learner_cpu, spec.worker.cpu_affinity) == (None, None)
 
 
+# (CPUs, envs) -> (workers, group size, slices) with random actions: every CPU for the workers,
+# at most 2 processes a CPU (no inference round to wait for), still 70-env slices at most.
+RANDOM_RULE = {
+    (1, 64): (1, 64, 2),
+    (2, 1000): (4, 250, 4),
+    (2, 7000): (4, 1750, 25),
+    (16, 1000): (15, 67, 2),
+    (16, 7000): (32, 219, 4),
+    (128, 7000): (100, 70, 2),
+}
+
+
+@pytest.mark.parametrize("cpus,envs", sorted(RANDOM_RULE))
+def test_random_actions_step_in_fewer_processes(machine, cpus, envs):
+    machine(cpus)
+    spec = run_spec(compose_cfg([f"env_count={envs}", "learner.mode=random"]))
+    layout = spec.layout
+    assert (layout.workers, layout.group_size, layout.slices) == RANDOM_RULE[cpus, envs]
+    assert layout.envs_per_slice <= 70 and layout.workers * layout.group_size >= envs
+    assert (layout.affinity, spec.learner_cpu) == ("null", None)
+
+
 def test_the_cap_counts_the_cpus_the_workers_step_on(machine):
     """Under learner_core the workers share the CPUs the update leaves them: on 2 CPUs one,
-    so 10 processes; random actions keep no CPU for an update, and step in 20 on both."""
+    so 10 processes; on the CPUs of a list, as many as it names."""
     machine(2)
     ppo = run_spec(compose_cfg(["env_count=7000"])).layout
-    random = run_spec(compose_cfg(["env_count=7000", "learner.mode=random"])).layout
     assert (ppo.workers, ppo.group_size, ppo.affinity) == (10, 700, "learner_core")
-    assert (random.workers, random.group_size, random.affinity) == (20, 350, "null")
     machine(4)  # three CPUs for the workers: 30 processes at most
     assert run_spec(compose_cfg(["env_count=7000"])).layout.workers == 30
     # workers pinned to a list of CPUs step on as many as it names
