@@ -75,3 +75,29 @@ def test_rings_to_serve_agrees_with_serve_now_ring_by_ring():
             if due:
                 break
             need = rung + rings_to_serve(slot_worker, awake, ready, 2)
+
+
+def _reference_counts(slot_worker, awake, ready, worker_cpus):
+    """busy_workers and rings_to_serve as first written, with np.unique (the rule itself)."""
+    in_hand = slot_worker[awake & ~ready]
+    _, slices_in_hand = np.unique(in_hand, return_counts=True)
+    n_awake = len(np.unique(slot_worker[awake]))
+    excess = len(slices_in_hand) - max(int(np.ceil(0.5 * n_awake)), BUSY_PER_CPU * worker_cpus)
+    rings = 1 if excess < 0 else max(int(np.sort(slices_in_hand)[: excess + 1].sum()), 1)
+    return (len(slices_in_hand), n_awake), rings
+
+
+def test_the_counts_agree_with_the_rule_written_with_unique():
+    """The driver's counts (bincount, an early return) give what np.unique gave, over layouts
+    from one worker to 100, any awake and ready slots, on 1 to 16 CPUs."""
+    rng = np.random.default_rng(7)
+    for workers, slices in ((1, 2), (4, 25), (10, 10), (20, 5), (100, 1), (100, 2)):
+        slot_worker = np.repeat(np.arange(workers), slices)
+        n = len(slot_worker)
+        for _ in range(100):
+            awake = rng.random(n) < rng.choice([1.0, rng.random()])
+            ready = rng.random(n) < rng.random()
+            for cpus in (1, 2, 16):
+                busy, rings = _reference_counts(slot_worker, awake, ready, cpus)
+                assert busy_workers(slot_worker, awake, ready) == busy
+                assert rings_to_serve(slot_worker, awake, ready, cpus) == rings
