@@ -22,8 +22,9 @@ The rule (docs/benchmarks.md has the measurements behind it):
   round to gather for, so two processes keep a CPU busy: one steps while the other's
   actions come. Fewer processes refill fewer caches. On 2 CPUs 7,000 CartPoles stepped
   1.07-1.10x faster in 4 processes of 1,750 than in 20 of 350 in each of four runs of both
-  (1.00-1.15x in four A/B pairs of separate runs), and 6 or 8 processes fell between. 1,000 CartPoles stepped 1.07x faster in 4 of 250 than in
-  15 of 67 (one run). PPO keeps 10: its rounds wait for inference, and 4 of 1,750 trained less.
+  (1.00-1.15x in four A/B pairs of separate runs), and 6 or 8 processes fell between.
+  1,000 CartPoles stepped 1.07x faster in 4 of 250 than in 15 of 67 (one run). PPO keeps
+  10: its rounds wait for inference, and 4 of 1,750 trained less.
 - group size: the envs shared evenly among those workers (ceil).
 - slices: as many as keep each slice at most `ENVS_PER_SLICE` envs (the rollout blocks, the
   doorbells and the PPO batches stay the origin's 70-env slices), and 2 (double-buffered:

@@ -37,12 +37,12 @@ def busy_workers(slot_worker: np.ndarray, awake: np.ndarray, ready: np.ndarray) 
     """(workers with a slice in hand, workers with an awake slice), from per-slot arrays: each
     slot's worker id, whether its group is awake, whether its ring waits to be answered.
     Counted with bincount, not np.unique: the driver asks on every turn of its loop, and
-    unique's sort cost 10-20 us a call at 100 slots, a third of a 70-row round's CPU."""
+    unique's sort cost 9-22 us a call at 2 to 200 slots, against 3 us."""
     return _workers(slot_worker[awake & ~ready]), _workers(slot_worker[awake])
 
 
 def _workers(slot_worker: np.ndarray) -> int:
-    """The distinct worker ids among these slots' (ids are small ints: the fleet's index)."""
+    """How many distinct workers these slots belong to (ids are small ints: the fleet's index)."""
     return int(np.count_nonzero(np.bincount(slot_worker))) if len(slot_worker) else 0
 
 
