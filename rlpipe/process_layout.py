@@ -18,9 +18,8 @@ The rule (docs/benchmarks.md has the measurements behind it):
   100 x 70; below the cap (64 envs on 2 CPUs) the layout is the 70-env groups rlpipe has
   always run.
   With random actions (`learner.mode=random`, the engine's benchmark mode) the cap is
-  `RANDOM_WORKERS_PER_CPU`. There a ring is answered in microseconds, with no inference
-  round to gather for, so two processes keep a CPU busy: one steps while the other's
-  actions come. Fewer processes refill fewer caches. On 2 CPUs 7,000 CartPoles stepped
+  `RANDOM_WORKERS_PER_CPU`. There a round costs the driver little (no inference), so two
+  processes keep a CPU busy: one steps while the other's actions come. Fewer processes refill fewer caches. On 2 CPUs 7,000 CartPoles stepped
   1.07-1.10x faster in 4 processes of 1,750 than in 20 of 350 in each of four runs of both
   (1.00-1.15x in four A/B pairs of separate runs), and 6 or 8 processes fell between.
   1,000 CartPoles stepped 1.07x faster in 4 of 250 than in 15 of 67 (one run). PPO keeps
@@ -59,7 +58,7 @@ AUTO = "auto"
 LEARNER_CORE = "learner_core"
 ENVS_PER_SLICE = 70  # the origin system's group (docs/origin.md): at most this many a slice
 WORKERS_PER_CPU = 10  # at most this many worker processes per CPU they step on
-RANDOM_WORKERS_PER_CPU = 2  # ... with random actions, where no inference round keeps a ring waiting
+RANDOM_WORKERS_PER_CPU = 2  # ... with random actions, whose rounds cost the driver little
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
 

@@ -69,7 +69,7 @@ def test_the_rule_at_each_count_and_machine(machine, cpus, envs):
 
 
 # (CPUs, envs) -> (workers, group size, slices) with random actions: every CPU for the workers,
-# at most 2 processes a CPU (no inference round to wait for), still 70-env slices at most.
+# at most 2 processes a CPU (no inference round to wait for), slices still of at most 70 envs.
 RANDOM_RULE = {
     (1, 64): (1, 64, 2),
     (2, 1000): (4, 250, 4),
