@@ -19,9 +19,10 @@ The rule (docs/benchmarks.md has the measurements behind it):
   always run.
   With random actions (`learner.mode=random`, the engine's benchmark mode) the cap is
   `RANDOM_WORKERS_PER_CPU`. There a round costs the driver little (no inference), so two
-  processes keep a CPU busy: one steps while the other's actions come. Fewer processes refill fewer caches. On 2 CPUs 7,000 CartPoles stepped
-  1.07-1.10x faster in 4 processes of 1,750 than in 20 of 350 in each of four runs of both
-  (1.00-1.15x in four A/B pairs of separate runs), and 6 or 8 processes fell between.
+  processes keep a CPU busy: one steps while the other's actions come. Fewer processes
+  refill fewer caches. On 2 CPUs 7,000 CartPoles stepped 1.07-1.10x faster in 4 processes
+  of 1,750 than in 20 of 350 in each of four runs of both (1.00-1.15x in four A/B pairs of
+  separate runs), and 6 or 8 processes fell between.
   1,000 CartPoles stepped 1.07x faster in 4 of 250 than in 15 of 67 (one run). PPO keeps
   10: its rounds wait for inference, and 4 of 1,750 trained less.
 - group size: the envs shared evenly among those workers (ceil).
