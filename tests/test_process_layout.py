@@ -52,22 +52,6 @@ RULE = {
 }
 
 
-@pytest.mark.parametrize("cpus,envs", sorted(RULE))
-def test_the_rule_at_each_count_and_machine(machine, cpus, envs):
-    machine(cpus)
-    spec = run_spec(compose_cfg([f"env_count={envs}"]))
-    layout = spec.layout
-    assert (layout.workers, layout.group_size, layout.slices) == RULE[cpus, envs]
-    assert (spec.groups.size, spec.worker.slices) == (layout.group_size, layout.slices)
-    assert layout.envs_per_slice <= 70 and layout.workers * layout.group_size >= envs
-    assert layout.auto == ("groups.size", "worker.slices", "worker.cpu_affinity")
-    # PPO trains on the CPU by default: from 2 CPUs on, one is kept for its update thread
-    if cpus >= 2:
-        assert (spec.learner_cpu, spec.worker.cpu_affinity) == (0, tuple(range(1, cpus)))
-    else:
-        assert (spec.learner_cpu, spec.worker.cpu_affinity) == (None, None)
-
-
 # (CPUs, envs) -> (workers, group size, slices) with random actions: every CPU for the workers,
 # at most 2 processes a CPU (no inference round to wait for), slices still of at most 70 envs.
 RANDOM_RULE = {
@@ -78,16 +62,24 @@ RANDOM_RULE = {
     (16, 7000): (32, 219, 4),
     (128, 7000): (100, 70, 2),
 }
+RULES = {"ppo": RULE, "random": RANDOM_RULE}
 
 
-@pytest.mark.parametrize("cpus,envs", sorted(RANDOM_RULE))
-def test_random_actions_step_in_fewer_processes(machine, cpus, envs):
+@pytest.mark.parametrize("mode,cpus,envs", [(mode, *key) for mode, rule in RULES.items() for key in sorted(rule)])
+def test_the_rule_at_each_count_and_machine(machine, mode, cpus, envs):
     machine(cpus)
-    spec = run_spec(compose_cfg([f"env_count={envs}", "learner.mode=random"]))
+    spec = run_spec(compose_cfg([f"env_count={envs}", f"learner.mode={mode}"]))
     layout = spec.layout
-    assert (layout.workers, layout.group_size, layout.slices) == RANDOM_RULE[cpus, envs]
+    assert (layout.workers, layout.group_size, layout.slices) == RULES[mode][cpus, envs]
+    assert (spec.groups.size, spec.worker.slices) == (layout.group_size, layout.slices)
     assert layout.envs_per_slice <= 70 and layout.workers * layout.group_size >= envs
-    assert (layout.affinity, spec.learner_cpu) == ("null", None)
+    assert layout.auto == ("groups.size", "worker.slices", "worker.cpu_affinity")
+    # PPO trains on the CPU by default: from 2 CPUs on, one is kept for its update thread;
+    # random actions train nothing and step on every CPU
+    if mode == "ppo" and cpus >= 2:
+        assert (spec.learner_cpu, spec.worker.cpu_affinity) == (0, tuple(range(1, cpus)))
+    else:
+        assert (spec.learner_cpu, spec.worker.cpu_affinity) == (None, None)
 
 
 def test_the_cap_counts_the_cpus_the_workers_step_on(machine):

@@ -43,7 +43,7 @@ def busy_workers(slot_worker: np.ndarray, awake: np.ndarray, ready: np.ndarray) 
 
 def _workers(slot_worker: np.ndarray) -> int:
     """How many distinct workers these slots belong to (ids are small ints: the fleet's index)."""
-    return int(np.count_nonzero(np.bincount(slot_worker))) if len(slot_worker) else 0
+    return int(np.count_nonzero(np.bincount(slot_worker)))
 
 
 def keep_busy(awake: int, worker_cpus: int) -> int:
@@ -66,8 +66,7 @@ def rings_to_serve(slot_worker: np.ndarray, awake: np.ndarray, ready: np.ndarray
     awake_workers = _workers(slot_worker[awake])
     if awake_workers < keep_busy(awake_workers, worker_cpus):
         return 1  # too few workers to gather among (the quick start's one): every ring
-    in_hand = slot_worker[awake & ~ready]
-    slices_in_hand = np.bincount(in_hand) if len(in_hand) else in_hand
+    slices_in_hand = np.bincount(slot_worker[awake & ~ready])
     slices_in_hand = slices_in_hand[slices_in_hand > 0]
     excess = len(slices_in_hand) - keep_busy(awake_workers, worker_cpus)
     if excess < 0:
