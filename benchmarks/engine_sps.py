@@ -67,7 +67,7 @@ to every engine run.
 
 Process layouts (`--layouts`): each engine row runs once per layout. `auto` overrides nothing:
 conf/'s `groups.size=auto worker.slices=auto` resolved for this machine (rlpipe/
-process_layout.py; on 2 CPUs 7,000 envs are 20 groups of 350 in 5 slices of 70 with random
+process_layout.py; on 2 CPUs 7,000 envs are 4 groups of 1,750 in 5 slices of 350 with random
 actions, and 10 of 700 in 10 slices under PPO, whose update keeps one CPU). `70` is the
 layout before auto, the origin system's: groups of 70 envs, one worker process each, one
 slice (100 processes at 7,000 envs). `GxS` is groups of G in S slices (`350x5`: 20 processes

@@ -33,10 +33,10 @@ The rule (docs/benchmarks.md has the measurements behind it):
   With random actions a slice holds up to `RANDOM_ENVS_PER_SLICE` envs: there is no rollout
   block to keep at 70, and each slice costs its worker a fixed turn of Python (its doorbell,
   its rewards copied, its obs published, the beat: 4.6 % of a worker's CPU at 70 envs, from
-  `perf`) and the driver a ring. On 2 CPUs 7,000 CartPoles in 4 x 1,750 stepped 1.07x and
-  1.09x faster in 5 slices of 350 than in 25 of 70 (medians of four and three 30 s runs,
-  interleaved); 3 or 7 slices came out alike, 10 between. 1,000 CartPoles stepped 1.07x
-  faster in 4 x 250 in one slice than in four (medians of three).
+  `perf`) and the driver a ring. On 2 CPUs 7,000 CartPoles in 4 x 1,750 stepped 1.07x,
+  1.08x and 1.09x faster in 5 slices of 350 than in 25 of 70 (the medians of three sets of
+  3-4 interleaved 30 s runs); 3 or 7 slices came out alike, 10 between. 1,000 CartPoles
+  stepped 1.07x faster in 4 x 250 in one slice than in four (medians of three).
 - CPUs: `learner_core` when PPO trains on this machine's CPU with 2 or more usable CPUs (the
   update thread gets a core of its own; the workers the rest), `null` otherwise. Measured on
   2 CPUs at 7,000 envs, `learner.backlog=hold`: trained samples/s 0.55-0.67x of
