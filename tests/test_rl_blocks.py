@@ -147,6 +147,54 @@ def test_welford_blocks_and_global_match_reference(loc, scale):
     np.testing.assert_allclose(glob.std[0] ** 2, x.var(), rtol=_var_rtol(loc, scale))
 
 
+def _per_env_numpy(count, mean, m2, ret, lo, hi, r, done, clip):
+    """reward_norm=per_env's one step as RewardNormalizer.normalize computed it in numpy before
+    its C kernel (the reference the kernel must match bit for bit)."""
+    x = np.asarray(r).astype(np.float64)
+    g = ret[lo:hi]
+    g *= GAMMA
+    g += x
+    c, mu, s2 = count[lo:hi], mean[lo:hi], m2[lo:hi]
+    c += 1
+    delta = g - mu
+    mu += delta / c
+    s2 += delta * (g - mu)
+    scale = np.where(c > 1, np.sqrt(s2 / np.maximum(c, 1) + 1e-8), 1.0)
+    x /= scale
+    if done is not None:
+        g[np.asarray(done, dtype=bool)] = 0.0
+    if clip is not None:
+        np.clip(x, -clip, clip, out=x)
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("clip", [CLIP, None])
+@pytest.mark.parametrize("loc,scale", SCALES)
+def test_per_env_kernel_matches_the_numpy_form_bit_for_bit(loc, scale, clip):
+    """The C kernel of reward_norm=per_env (rlpipe/native/slicestats.pyx) against the numpy
+    form it replaced: the normalized rewards and every statistic, the same bits, over two
+    slices of one worker, float32 and float64 rewards, episode ends now and then (some steps
+    pass none), rewards that clip."""
+    rng = np.random.default_rng(3)
+    n, steps, half = 9, 300, 4
+    norm = RewardNormalizer(n, "per_env", clip, GAMMA)
+    count, mean, m2, ret = np.zeros(n, np.int64), np.zeros(n), np.zeros(n), np.zeros(n)
+    for t in range(steps):
+        x = _stream(rng, loc, scale, n)
+        if t % 50 == 7:
+            x[2] = 1e12  # past any clip
+        x = x.astype(np.float32) if t % 2 else x
+        done = rng.random(n) < 0.05 if t % 3 else None
+        for lo, hi in ((0, half), (half, n)):
+            d = None if done is None else done[lo:hi]
+            want = _per_env_numpy(count, mean, m2, ret, lo, hi, x[lo:hi], d, clip)
+            got = norm.normalize(lo, hi, x[lo:hi], d)
+            assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
+    for ours, ref in ((norm.count, count), (norm.mean, mean), (norm.m2, m2), (norm.ret, ret)):
+        assert ours.tobytes() == ref.tobytes()
+    assert norm.count.min() == steps
+
+
 def test_float32_input_and_clip_and_off():
     norm = RewardNormalizer(3, "mean_std", CLIP, GAMMA)
     r = np.zeros(3, dtype=np.float32)

@@ -159,3 +159,43 @@ def explore_mix(const double[::1] draw, const double[::1] eps,
             lp = _logaddexp(log1p(-e) + lp, log(e) + log_u)
         behaviour_logp[j] = <float>lp
     return n_explored
+
+
+# -- reward normalization -----------------------------------------------------------------------
+
+def reward_per_env(const floating[::1] reward, const uint8_t[::1] done, Py_ssize_t lo,
+                   int64_t[::1] count, double[::1] mean, double[::1] m2, double[::1] ret,
+                   double gamma, double clip, bint has_clip, double eps, float[::1] out):
+    """reward_norm=per_env for one step of envs [lo, lo + len(reward)) (rlpipe.worker.
+    rewardnorm): each env's discounted return G <- gamma * G + r folded into its row by
+    Welford's update, the reward divided by the row's std of G (1 while it has under two
+    samples), clipped to [-clip, clip] when has_clip; G restarts at 0 where done[j] (`done`
+    may be empty: none ended). The operations and their order are numpy's in
+    `RewardNormalizer.normalize`, one rounding each (no fused multiply-add: the build targets
+    baseline x86-64), so the results are the same bits."""
+    cdef Py_ssize_t m = reward.shape[0], j, e
+    cdef bint has_done = done.shape[0] > 0
+    cdef double x, g, delta, scale
+    cdef int64_t c
+    for j in range(m):
+        e = lo + j
+        x = <double>reward[j]
+        g = ret[e] * gamma
+        g = g + x
+        c = count[e] + 1
+        count[e] = c
+        delta = g - mean[e]
+        mean[e] = mean[e] + delta / <double>c
+        m2[e] = m2[e] + delta * (g - mean[e])
+        if c > 1:
+            scale = sqrt(m2[e] / <double>c + eps)
+        else:
+            scale = 1.0
+        x = x / scale
+        ret[e] = 0.0 if has_done and done[j] else g
+        if has_clip:
+            if x < -clip:
+                x = -clip
+            elif x > clip:
+                x = clip
+        out[j] = <float>x
