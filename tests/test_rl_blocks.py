@@ -384,6 +384,64 @@ def test_stability_tracker_matches_a_two_pass_reference():
         eg.apply(0, 3, a, c, lp, a, np.zeros((3, 2), np.float32), lp)
 
 
+def test_apply_slice_on_the_boards_arrays_matches_apply():
+    """apply_slice on board-shaped arrays (the kernel in place) against `apply` and the copy of
+    its answer into the results, from the same seed: the same executed actions, behaviour
+    log-probs, counts and draws, over discrete and continuous envs (some actions outside
+    [-1, 1]), slices whose rates are all 0 (no draw), and arrays that are not the board's (the
+    copying path)."""
+    rng = np.random.default_rng(7)
+    n, D = 40, 3
+    is_cont = np.arange(n) % 3 == 0
+    n_valid = np.where(is_cont, 1 + np.arange(n) % 3, 2 + np.arange(n) % 4)
+    eps = rng.uniform(0.0, 0.8, n)
+    eps[10:20] = 0.0  # a slice on policy
+    fast, slow = (EpsilonGreedy(is_cont, n_valid, seed=4) for _ in range(2))
+    for eg in (fast, slow):
+        eg.set_epsilon(eps)
+
+    def board():
+        acts = {
+            "discrete": rng.integers(0, 2, n).astype(np.int32),
+            "continuous": rng.normal(0, 1.2, (n, D)).astype(np.float32),
+            "logp": rng.normal(-1, 0.3, n).astype(np.float32),
+            "alt_discrete": rng.integers(0, 2, n).astype(np.int32),
+            "alt_continuous": rng.uniform(-1, 1, (n, D)).astype(np.float32),
+            "alt_logp": rng.normal(-1, 0.3, n).astype(np.float32),
+        }
+        results = {
+            "exec_discrete": np.full(n, -1, np.int32),
+            "exec_continuous": np.full((n, D), np.nan, np.float32),
+            "behaviour_logp": np.full(n, np.nan, np.float32),
+        }
+        return acts, results
+
+    total = 0
+    for _ in range(5):
+        acts, got = board()
+        want = {k: v.copy() for k, v in got.items()}
+        for lo, hi in ((0, 10), (10, 20), (20, 33), (33, 40)):
+            count = fast.apply_slice(lo, hi, acts, got)
+            f = [
+                acts[k][lo:hi] for k in ("discrete", "continuous", "logp", "alt_discrete", "alt_continuous", "alt_logp")
+            ]
+            ed, ec, blogp, explored = slow.apply(lo, hi, *f)
+            want["exec_discrete"][lo:hi], want["exec_continuous"][lo:hi] = ed, ec
+            want["behaviour_logp"][lo:hi] = blogp
+            assert count == int(explored.sum())
+            assert count == 0 or lo != 10  # the on-policy slice explores nothing
+            total += count
+        for k in want:
+            assert got[k].tobytes() == want[k].tobytes(), k
+    assert total > 0
+    # not the board's arrays (int64 actions): the copying path, the same answer
+    acts, got = board()
+    want = {k: v.copy() for k, v in got.items()}
+    wide = {**acts, "discrete": acts["discrete"].astype(np.int64)}
+    assert fast.apply_slice(20, 33, wide, got) == slow.apply_slice(20, 33, acts, want)
+    assert all(got[k].tobytes() == want[k].tobytes() for k in want)
+
+
 def test_score_to_weight_and_epsilon_bounds():
     s = np.array([-1.0, 0.0, 0.25, 0.5, 1.0, 2.0], dtype=np.float32)
     w = score_to_weight(s, 0.3)
