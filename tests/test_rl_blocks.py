@@ -193,6 +193,11 @@ def test_per_env_kernel_matches_the_numpy_form_bit_for_bit(loc, scale, clip):
     for ours, ref in ((norm.count, count), (norm.mean, mean), (norm.m2, m2), (norm.ret, ret)):
         assert ours.tobytes() == ref.tobytes()
     assert norm.count.min() == steps
+    # the kernel indexes without bounds checks: a range or `done` that does not fit is refused
+    with pytest.raises(ValueError, match=r"envs \[5, 10\) of a normalizer over 9 envs"):
+        norm.normalize(5, 10, np.ones(5))
+    with pytest.raises(ValueError, match="done of length 2"):
+        norm.normalize(0, 3, np.ones(3), np.zeros(2, dtype=bool))
 
 
 def test_float32_input_and_clip_and_off():
@@ -440,6 +445,8 @@ def test_apply_slice_on_the_boards_arrays_matches_apply():
     wide = {**acts, "discrete": acts["discrete"].astype(np.int64)}
     assert fast.apply_slice(20, 33, wide, got) == slow.apply_slice(20, 33, acts, want)
     assert all(got[k].tobytes() == want[k].tobytes() for k in want)
+    with pytest.raises(ValueError, match=r"envs \[35, 45\) of 40"):  # past the end: refused
+        fast.apply_slice(35, 45, acts, got)
 
 
 def test_score_to_weight_and_epsilon_bounds():

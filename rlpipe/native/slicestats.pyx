@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The worker's per-slice bookkeeping in C: the stability tracker's ring buffers and scores
-(rlpipe.worker.stability) and epsilon-greedy's executed action and behaviour log-prob
-(rlpipe.worker.exploration).
+(rlpipe.worker.stability), epsilon-greedy's executed action and behaviour log-prob
+(rlpipe.worker.exploration) and reward_norm=per_env's step (rlpipe.worker.rewardnorm).
 
 Those modules define the formulas and own the state; this computes them for envs [lo, hi)
 in one pass each. In numpy they took some twenty array calls per slice, which a worker's
@@ -171,8 +171,8 @@ def reward_per_env(const floating[::1] reward, const uint8_t[::1] done, Py_ssize
     Welford's update, the reward divided by the row's std of G (1 while it has under two
     samples), clipped to [-clip, clip] when has_clip; G restarts at 0 where done[j] (`done`
     may be empty: none ended). The operations and their order are numpy's in
-    `RewardNormalizer.normalize`, one rounding each (no fused multiply-add: the build targets
-    baseline x86-64), so the results are the same bits."""
+    `RewardNormalizer.normalize`, one rounding each (setup.py builds with -ffp-contract=off:
+    no fused multiply-add), so the results are the same bits."""
     cdef Py_ssize_t m = reward.shape[0], j, e
     cdef bint has_done = done.shape[0] > 0
     cdef double x, g, delta, scale

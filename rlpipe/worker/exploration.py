@@ -70,7 +70,7 @@ class EpsilonGreedy:
         kernel reads and writes them in place: `apply`'s checks, copies and temporaries took
         15 us a slice of 70 (warm caches), most of a worker's exploration cost. The same
         draws, the same kernel, the same bits (tests/test_rl_blocks.py)."""
-        if hi > lo and _board_shaped(acts, results):
+        if 0 <= lo < hi <= self.n and _board_shaped(acts, results, self.n):
             eps = self.epsilon[lo:hi]
             if not eps.any():  # apply's on-policy answer: the learner's actions and log-probs
                 for out, field in (("exec_discrete", "discrete"), ("exec_continuous", "continuous")):
@@ -185,13 +185,14 @@ _BOARD_FIELDS = (
 _RESULT_FIELDS = (("exec_discrete", np.int32, 1), ("exec_continuous", np.float32, 2), ("behaviour_logp", np.float32, 1))
 
 
-def _board_shaped(acts: dict, results: dict) -> bool:
-    """Whether the fields are what the kernel takes in place: the board's dtypes, C-contiguous,
-    the continuous ones [n, D] of one D (rlpipe/shm/layout.py makes them so)."""
+def _board_shaped(acts: dict, results: dict, n: int) -> bool:
+    """Whether the fields are what the kernel takes in place (it indexes without bounds
+    checks): the board's dtypes, C-contiguous, n rows, the continuous ones [n, D] of one D
+    (rlpipe/shm/layout.py makes them so)."""
     for arrays, spec in ((acts, _BOARD_FIELDS), (results, _RESULT_FIELDS)):
         for name, dtype, ndim in spec:
             a = arrays[name]
-            if a.dtype != dtype or a.ndim != ndim or not a.flags.c_contiguous:
+            if a.dtype != dtype or a.ndim != ndim or len(a) != n or not a.flags.c_contiguous:
                 return False
     D = acts["continuous"].shape[1]
     return acts["alt_continuous"].shape[1] == D == results["exec_continuous"].shape[1]
