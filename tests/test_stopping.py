@@ -44,6 +44,15 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def command_line(p: psutil.Process) -> str:
+    """A descendant's command line; "" once it has exited (gone, or a zombie its parent has not
+    reaped yet: psutil raises for both, and a run's short-lived children hit it)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def finish(proc: subprocess.Popen, run_dir: Path, seen: list[psutil.Process]) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) once the driver is gone, after checking that every process
     it had (`seen` and whatever it started since), segment, socket and temp dir went with it."""
@@ -150,7 +159,7 @@ def test_a_signal_during_the_teardown_lets_it_finish_and_keeps_the_stop_conditio
     proc = start(run_dir, "run.duration_s=null", "run.total_env_steps=3000")
 
     def workers():
-        return [p for p in descendants(proc.pid) if " ".join(p.cmdline()).startswith("rlpipe: worker")]
+        return [p for p in descendants(proc.pid) if command_line(p).startswith("rlpipe: worker")]
 
     seen = wait_for(lambda: len(workers()) == 2 and workers(), 90, every_s=0.05)
     assert seen, (run_dir.parent / "err.txt").read_text()[-3000:]
