@@ -96,16 +96,8 @@ class EpsilonGreedy:
                 results["behaviour_logp"][lo:hi],
                 self._explored[lo:hi],
             )
-        ed, ec, blogp, explored = self.apply(
-            lo,
-            hi,
-            acts["discrete"][lo:hi],
-            acts["continuous"][lo:hi],
-            acts["logp"][lo:hi],
-            acts["alt_discrete"][lo:hi],
-            acts["alt_continuous"][lo:hi],
-            acts["alt_logp"][lo:hi],
-        )
+        # not the board's arrays: apply's checks and copies (the fields in its argument order)
+        ed, ec, blogp, explored = self.apply(lo, hi, *(acts[name][lo:hi] for name, _, _ in _BOARD_FIELDS))
         results["exec_discrete"][lo:hi], results["exec_continuous"][lo:hi] = ed, ec
         results["behaviour_logp"][lo:hi] = blogp
         return int(explored.sum())
@@ -174,6 +166,7 @@ class EpsilonGreedy:
         return dims
 
 
+# the learner's fields in `apply`'s (and the kernel's) argument order, and the executed ones
 _BOARD_FIELDS = (
     ("discrete", np.int32, 1),
     ("continuous", np.float32, 2),
