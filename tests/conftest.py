@@ -219,13 +219,42 @@ def run_leftovers(driver_pid: int) -> list[str]:
 
 @pytest.fixture
 def short_tmp():
-    """A short directory under /tmp (unix socket paths must stay under 108 bytes)."""
-    import shutil
-    import tempfile
-
+    """A short directory under /tmp (unix socket paths must stay under 108 bytes). Whatever
+    the test started there and left running is stopped before the directory goes."""
     path = Path(tempfile.mkdtemp(prefix="rlt", dir="/tmp"))
     yield path
+    stop_what_runs_in(path)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def stop_what_runs_in(path: Path, grace_s: float = 60) -> None:
+    """Stop this process's children whose command line names `path` (a driver's
+    `hydra.run.dir`) and everything under them. A test that fails half-way through leaves
+    its driver running to the driver's own stop condition, and it would write into the
+    removed directory meanwhile (it did in a CI run). SIGTERM first: the driver's own clean
+    teardown (workers, Redis, segments, cgroups); SIGKILL for whatever is left after `grace_s`."""
+    import psutil
+
+    def names_path(child: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return any(str(path) in arg for arg in child.cmdline())
+        return False
+
+    running = [child for child in psutil.Process().children() if names_path(child)]
+    if not running:
+        return
+    under = []  # listed now: a killed driver's children are reparented and out of reach
+    for child in running:
+        with contextlib.suppress(psutil.Error):
+            under += child.children(recursive=True)
+    for child in running:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _gone, alive = psutil.wait_procs(running, timeout=grace_s)
+    for process in [*alive, *under]:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs([*alive, *under], timeout=10)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """The shared helpers: atomic writes (rlpipe/files.py), the process-alive check and CPU
-count (rlpipe/procs.py) and the periodic timer (rlpipe/cadence.py)."""
+count (rlpipe/procs.py), the periodic timer (rlpipe/cadence.py), and the tests' own clean-up
+of what a failed test left running (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,51 @@ def test_the_resource_sampler_spends_at_most_its_share_of_a_core(monkeypatch, tm
     monkeypatch.setattr(resources, "process_figures", lambda _pid, _roles, _env_leaks: {"tree/pss_mb": 1.0})
     sampler.paced_sample()  # a cheap sample: the interval again
     assert sampler.wait_s == 0.5 and sampler.peak_bytes == 123 << 20 and sampler.last_bytes == 1 << 20
+
+
+# A child that names its directory on its command line, as a driver's hydra.run.dir does; it
+# starts a grandchild, says so, and records a SIGTERM (or ignores it) before it goes.
+LEFT_RUNNING = """
+import pathlib, signal, subprocess, sys, time
+out = pathlib.Path(sys.argv[2])
+def stop(*_):
+    out.write_text("terminated")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop if sys.argv[3] == "clean" else signal.SIG_IGN)
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(grandchild.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("kind", ["clean", "deaf"])
+def test_what_a_failed_test_left_running_in_its_dir_is_stopped(tmp_path, kind):
+    """short_tmp's teardown: a process that names the dir gets SIGTERM (its own teardown), one
+    deaf to it SIGKILL after the grace, and the children of either go too; a process that
+    names another dir is left alone."""
+    from conftest import stop_what_runs_in
+
+    run_dir, other_dir = tmp_path / "run", tmp_path / "other"
+    marker = tmp_path / "said"
+    left = subprocess.Popen(
+        [sys.executable, "-c", LEFT_RUNNING, f"hydra.run.dir={run_dir}", str(marker), kind],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(other_dir)])
+    try:
+        grandchild = int(left.stdout.readline())
+        started = time.monotonic()
+        stop_what_runs_in(run_dir, grace_s=2)
+        took = time.monotonic() - started
+        # (psutil reaps the children it waits for, so Popen cannot read their exit codes)
+        assert not pid_alive(left.pid) and not pid_alive(grandchild)
+        if kind == "clean":
+            assert marker.read_text() == "terminated" and took < 2
+        else:
+            assert not marker.exists() and took >= 2  # killed once the grace had passed
+        assert bystander.poll() is None
+    finally:
+        for proc in (left, bystander):
+            proc.kill()
+            proc.wait()
