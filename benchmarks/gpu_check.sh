@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The learner on a GPU, in one prepared script (about 7 minutes on 16 CPUs and one GPU):
+# The learner on a GPU, in one prepared script (about 8 minutes on 16 CPUs and one GPU):
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]
 #
+# 0. tests/test_gpu_overlap.py: the update on a CUDA stream of its own and a round's pinned
+#    copies, held to what the default stream gives (skipped on a machine without a GPU);
 # 1. CartPole with learner.device=cuda to a 100-episode mean of 475 (benchmarks/cartpole_bar.py,
 #    the quick start with that override, stopped at its crossing);
 # 2. day4 without bullet_reacher (pybullet has no wheel for every Python), 7,000 envs for 90 s,
@@ -54,6 +56,7 @@ step() {  # step NAME TIMEOUT_S CMD...: the command's output in OUT/NAME.log, it
   [ $rc -eq 0 ] || tail -5 "$out/$name.log" | sed 's/^/    /'
 }
 
+step overlap_tests 240 "$PY" -m pytest -q -p no:cacheprovider -o addopts= tests/test_gpu_overlap.py
 step cartpole "$cartpole_timeout" "$PY" benchmarks/cartpole_bar.py --no-sb3 --variants-only --seeds 1 \
   --stop-at-475 --timeout "$((cartpole_timeout - 20))" --json --variant "$device=learner.device=$device"
 for learner in cpu "$device"; do

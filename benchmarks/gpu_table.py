@@ -3,8 +3,8 @@ the steps left in its output folder.
 
     python benchmarks/gpu_table.py OUT_DIR [--device cuda]
 
-Rows: CartPole's env steps and seconds to a 100-episode mean of 475 with the learner on the
-device (cartpole_bar.py's JSON line); day4's env steps/s and trained samples/s with the learner
+Rows: tests/test_gpu_overlap.py's outcome (pytest's summary); CartPole's env steps and seconds
+to a 100-episode mean of 475 with the learner on the device (cartpole_bar.py's JSON line); day4's env steps/s and trained samples/s with the learner
 on the CPU and on the device (summary.json: `sps` is env steps over the stepping loop, and
 trained/s is `trained_samples` over the same seconds, `env_steps / sps`); engine_sps.py's
 rows at its one count (its JSON line): SyncVectorEnv, PufferLib's rows where they ran,
@@ -30,6 +30,18 @@ def last_json(path: Path) -> dict | None:
             except json.JSONDecodeError:
                 continue
     return None
+
+
+def overlap_rows(out: Path) -> list[tuple[str, str, str]]:
+    """tests/test_gpu_overlap.py's outcome: pytest's last line (passed, failed, skipped)."""
+    what = "tests/test_gpu_overlap.py (update stream, pinned copies)"
+    path = out / "overlap_tests.log"
+    lines = [line.strip("= ") for line in path.read_text(errors="replace").splitlines()] if path.is_file() else []
+    said = [line for line in lines if " in " in line and ("passed" in line or "failed" in line or "error" in line)]
+    if not said:
+        return [(what, "not measured", "no pytest summary in overlap_tests.log")]
+    outcome, _, took = said[-1].rpartition(" in ")
+    return [(what, outcome, f"in {took}")]
 
 
 def cartpole_rows(out: Path, device: str) -> list[tuple[str, str, str]]:
@@ -105,7 +117,12 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     devices = ["cpu"] if args.device == "cpu" else ["cpu", args.device]
-    rows = cartpole_rows(args.out, args.device) + day4_rows(args.out, devices) + engine_rows(args.out, args.device)
+    rows = (
+        overlap_rows(args.out)
+        + cartpole_rows(args.out, args.device)
+        + day4_rows(args.out, devices)
+        + engine_rows(args.out, args.device)
+    )
     width = max(len(r[0]) for r in rows)
     print(f"\n{'what':<{width}}  {'figure':>24}  notes")
     for what, figure, note in rows:

@@ -21,9 +21,7 @@ import torch
 
 from conftest import compose_cfg, load_benchmark
 from emulated_accelerator import EmuTensor, emulated
-from rlpipe.config import run_spec
-from rlpipe.envs.registry import plan_mix
-from rlpipe.learner import central
+from learner_rounds import learner_on, round_of
 from rlpipe.learner.acting import truncation_values
 from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.checkpoint import load_latest, save_checkpoint
@@ -32,7 +30,6 @@ from rlpipe.learner.popart import PopArt
 from rlpipe.learner.ppo import concat_blocks, ppo_update
 from rlpipe.learner.ppo_kernels import torch_ops_only
 from rlpipe.learner.type_settings import TypeSettings
-from rlpipe.protocol import Round
 from test_ppo_batch import day4  # noqa: F401  (the fixture: day4 at a test's size, its rollouts through SliceRollout)
 
 
@@ -112,55 +109,14 @@ def test_the_ppo_update_trains_on_the_device_as_on_the_cpu(day4):  # noqa: F811 
     same(after_dev, after_cpu)
 
 
-def _learner(monkeypatch, device, *overrides: str) -> central.CentralLearner:
-    monkeypatch.setattr(central, "pick_device", lambda name: torch.device(device))
-    spec = run_spec(compose_cfg(["env_mix=classic", "env_count=8", "buffer=lowdim", "scaling=on", *overrides]))
-    return central.CentralLearner(spec, plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing))
-
-
-def _round(learner, seq: int, seed: int) -> Round:
-    """One round of the learner's 8 envs as one slot, some episodes ended by a time limit."""
-    rng = np.random.default_rng(seed)
-    n, plan = 8, learner.plan
-    rows = np.arange(n)
-    final_rows = np.array([1, 5]) if seq else np.zeros(0, dtype=np.int64)
-    results = {
-        "reward": rng.normal(size=n).astype(np.float32),
-        "terminated": np.zeros(n, dtype=np.uint8),
-        "truncated": np.isin(rows, final_rows).astype(np.uint8),
-        "step_ms": np.ones(n, dtype=np.float32),
-        "ep_return": np.ones(n, dtype=np.float32),
-        "ep_len": np.isin(rows, final_rows).astype(np.int32),
-        "score": np.ones(n, dtype=np.float32),
-        "exec_discrete": np.zeros(n, dtype=np.int32),
-        "exec_continuous": np.zeros((n, max(plan.actions.cont_dim, 1)), dtype=np.float32),
-        "behaviour_logp": np.zeros(n, dtype=np.float32),
-    }
-    obs = {k.name: rng.normal(size=(n,) + k.shape).astype(k.dtype) for k in plan.obs_keys}
-    return Round(
-        slots=np.array([0]),
-        seqs=np.array([seq]),
-        starts=np.array([0]),
-        counts=np.array([n]),
-        rows=rows,
-        types=plan.env_type[:n].astype(np.int64),
-        obs=obs,
-        results=results,
-        stepped=np.full(n, seq > 0),
-        final_rows=final_rows,
-        final_obs={k: v[final_rows] for k, v in obs.items()},
-        torn_retries=0,
-    )
-
-
 def test_serving_on_the_device(monkeypatch):
     """Rounds through the learner as the driver serves them: the policy's actions and the
     exploration alternatives on the device, the critic's pass over time-limit truncations,
     the rollouts and GAE until blocks are ready to train on."""
     with emulated() as dev:
-        learner = _learner(monkeypatch, dev, "learner.rollout_len=4")
+        learner = learner_on(monkeypatch, dev, "learner.rollout_len=4")
         for seq in range(12):
-            rnd = _round(learner, seq, seed=seq)
+            rnd = round_of(learner, seq, seed=seq)
             sent = learner.act(rnd)
             assert set(sent) >= {"discrete", "logp", "alt_discrete", "alt_logp"}
             assert all(isinstance(v, np.ndarray) and len(v) == 8 for v in sent.values())
@@ -168,7 +124,7 @@ def test_serving_on_the_device(monkeypatch):
         assert learner.ready_samples >= 16 and learner.counters.env_steps == 88
         block = learner.ready_blocks[0]
         assert np.isfinite(block["adv"]).all() and np.isfinite(block["ret"]).all()
-        fv = truncation_values(learner.actor, dev, _round(learner, 1, seed=99))
+        fv = truncation_values(learner.actor, learner.staging, round_of(learner, 1, seed=99))
         assert np.isfinite(fv[[1, 5]]).all() and np.isnan(np.delete(fv, [1, 5])).all()
 
 
@@ -192,18 +148,18 @@ def _state(learner) -> dict:
 
 def test_checkpoints_go_from_the_device_to_a_cpu_machine_and_back(monkeypatch, tmp_path):
     with emulated() as dev:
-        on_dev = _learner(monkeypatch, dev)
+        on_dev = learner_on(monkeypatch, dev)
         _trained(on_dev, seed=1)
         save_checkpoint(tmp_path / "dev", 100, on_dev.checkpoint_payload(), keep=2)
         saved = _state(on_dev)
-    on_cpu = _learner(monkeypatch, "cpu")
+    on_cpu = learner_on(monkeypatch, "cpu")
     _, payload = load_latest(tmp_path / "dev", validate=on_cpu.check_compatible)
     on_cpu.restore(payload)
     same(_state(on_cpu), saved)
     _trained(on_cpu, seed=2)
     save_checkpoint(tmp_path / "cpu", 200, on_cpu.checkpoint_payload(), keep=2)
     with emulated() as dev:
-        back = _learner(monkeypatch, dev)
+        back = learner_on(monkeypatch, dev)
         back.restore(load_latest(tmp_path / "cpu", validate=back.check_compatible)[1])
         same(_state(back), _state(on_cpu))
         assert all(p.device == dev for p in back.policy.parameters())
@@ -221,7 +177,7 @@ def test_a_run_trained_on_cuda_is_evaluated_on_a_cpu_machine(monkeypatch, tmp_pa
 
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
     with emulated() as dev:
-        learner = _learner(monkeypatch, dev)
+        learner = learner_on(monkeypatch, dev)
         _trained(learner, seed=4)
         save_checkpoint(run_dir / "checkpoints", 100, learner.checkpoint_payload(), keep=2)
         trained = {k: host(v) for k, v in learner.policy.state_dict().items()}

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 
 @dataclass
@@ -29,28 +28,28 @@ class Acted:
     value: np.ndarray | None = None
 
 
-def policy_actions(actor, obs: dict, types: np.ndarray, device, explore_gen, cont_dim: int, scaling: bool) -> Acted:
-    """The policy's actions on the round's obs (numpy rows, copied to `device` once)."""
-    dev_obs = {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in obs.items()}
-    dev_types = torch.from_numpy(types).to(device)
-    send = {}
+def policy_actions(actor, obs: dict, types: np.ndarray, staging, explore_gen, cont_dim: int, scaling: bool) -> Acted:
+    """The policy's actions on the round's obs (numpy rows, copied to the device once through
+    `staging`, a gpu_overlap.HostStaging, and its results back in one go)."""
+    dev_obs = {k: staging.to_device(k, v) for k, v in obs.items()}
+    dev_types = staging.to_device("types", types)
     if scaling:
         out = actor.act_explore(dev_obs, dev_types, explore_gen)
-        a_disc, a_cont, logp, value = out.a_disc, out.a_cont, out.logp, out.value
-        send["alt_discrete"] = out.alt_disc.cpu().numpy()
+        outs = {"a_disc": out.a_disc, "a_cont": out.a_cont, "logp": out.logp, "value": out.value}
+        outs |= {"alt_discrete": out.alt_disc, "alt_logp": out.alt_logp}
         if cont_dim:
-            send["alt_continuous"] = out.alt_cont.cpu().numpy()
-        send["alt_logp"] = out.alt_logp.cpu().numpy()
+            outs["alt_continuous"] = out.alt_cont
     else:
         a_disc, a_cont, logp, value = actor.act(dev_obs, dev_types)
-    a_disc, a_cont = a_disc.cpu().numpy(), a_cont.cpu().numpy()
-    logp, value = logp.cpu().numpy(), value.cpu().numpy()
-    send["discrete"] = a_disc
+        outs = {"a_disc": a_disc, "a_cont": a_cont, "logp": logp, "value": value}
+    host = staging.to_host(outs)
+    send = {k: host[k] for k in ("alt_discrete", "alt_continuous", "alt_logp") if k in host}
+    send["discrete"] = host["a_disc"]
     if cont_dim:
-        send["continuous"] = a_cont
+        send["continuous"] = host["a_cont"]
     if scaling:
-        send["logp"] = logp
-    return Acted(send, a_disc, a_cont, logp, value)
+        send["logp"] = host["logp"]
+    return Acted(send, host["a_disc"], host["a_cont"], host["logp"], host["value"])
 
 
 def random_actions(rng: np.random.Generator, disc_counts: np.ndarray, types: np.ndarray, cont_dim: int) -> Acted:
@@ -62,13 +61,14 @@ def random_actions(rng: np.random.Generator, disc_counts: np.ndarray, types: np.
     return Acted({"discrete": a_disc, "continuous": a_cont}, a_disc, a_cont)
 
 
-def truncation_values(actor, device, rnd) -> np.ndarray | None:
+def truncation_values(actor, staging, rnd) -> np.ndarray | None:
     """V(final obs) of every time-limit truncation of the round, in one critic pass: an array
-    over the round's rows (NaN where none ended so), or None when none did."""
+    over the round's rows (NaN where none ended so), or None when none did. `staging`: a
+    gpu_overlap.HostStaging (its buffers named apart from `policy_actions`')."""
     if not len(rnd.final_rows):
         return None
-    obs = {k: torch.from_numpy(v).to(device) for k, v in rnd.final_obs.items()}
-    types = torch.from_numpy(rnd.types[rnd.final_rows]).to(device)
+    obs = {k: staging.to_device(f"final/{k}", v) for k, v in rnd.final_obs.items()}
+    types = staging.to_device("final/types", rnd.types[rnd.final_rows])
     out = np.full(rnd.n, np.nan, dtype=np.float32)
-    out[rnd.final_rows] = actor.value(obs, types).cpu().numpy()
+    out[rnd.final_rows] = staging.to_host({"final/value": actor.value(obs, types)})["final/value"]
     return out

@@ -31,6 +31,7 @@ from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.checkpoint import rng_state, set_rng_state
 from rlpipe.learner.counters import FIRST_EPISODES, Counters, history, restore_history
 from rlpipe.learner.device import pick_device
+from rlpipe.learner.gpu_overlap import HostStaging, UpdateStream
 from rlpipe.learner.latency import StepLatencies
 from rlpipe.learner.policy import Policy
 from rlpipe.learner.ppo import UpdateStats
@@ -71,6 +72,10 @@ class CentralLearner(BackgroundTraining):
         self.actor = copy.deepcopy(self.policy)
         self._actor_pairs = None  # (actor tensors, policy tensors) in one order, for _refresh_actor
         self._update_job = None  # the update in flight: a thread, or an update_process.RemoteUpdate
+        # on cuda: the update's kernels on a stream of their own, a round's copies through
+        # pinned buffers (rlpipe/learner/gpu_overlap.py); elsewhere both as plain as before
+        self.update_stream = UpdateStream(self.device)
+        self.staging = HostStaging(self.device)
         self._update_result = None
         self.update_process = (
             UpdateProcess(self.policy, self.cfg, self.type_settings, spec.learner_cpu)
@@ -128,7 +133,7 @@ class CentralLearner(BackgroundTraining):
                 self.actor,
                 rnd.obs,
                 rnd.types,
-                self.device,
+                self.staging,
                 self.explore_gen,
                 self.plan.actions.cont_dim,
                 self.scaling.enabled,
@@ -160,7 +165,7 @@ class CentralLearner(BackgroundTraining):
             res = rnd.results
             weight = score_to_weight(score, self.scaling.min_weight)
             behaviour = (res["exec_discrete"], res["exec_continuous"], res["behaviour_logp"], weight)
-        final_value = truncation_values(self.actor, self.device, rnd)
+        final_value = truncation_values(self.actor, self.staging, rnd)
         for block, types in self.rollouts.observe(
             rnd, rnd.slots, acted.a_disc, acted.a_cont, acted.logp, acted.value, final_value, behaviour
         ):

@@ -141,6 +141,7 @@ class BackgroundTraining:
         if not take:
             return None
         batch = concat_blocks(self.ready_blocks[:take], self.ready_types[:take], self.device)
+        self.update_stream.batch_queued()
         del self.ready_blocks[:take], self.ready_types[:take]
         self.ready_samples -= samples
         return batch
@@ -149,11 +150,12 @@ class BackgroundTraining:
         try:
             if self.spec.learner_cpu is not None:  # worker.cpu_affinity=learner_core
                 os.sched_setaffinity(threading.get_native_id(), {self.spec.learner_cpu})
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self._update_result = ppo_update(
-                self.policy, self.optimizer, batch, self.cfg, self.generator, per_type=self.type_settings
-            )
+            with self.update_stream.running():  # on cuda: beside serving (gpu_overlap.py)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self._update_result = ppo_update(
+                    self.policy, self.optimizer, batch, self.cfg, self.generator, per_type=self.type_settings
+                )
             if self.spec.run.trim_after_update:
                 heap.trim()  # the update's activations freed: their pages go back
         except BaseException as exc:  # re-raised in the main thread by poll_update

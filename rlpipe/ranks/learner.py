@@ -89,6 +89,7 @@ class RankLearner(CentralLearner):
         batch = self._take_batch()
         if batch is None:
             batch = empty_batch(self.plan, self.device, self.scaling.enabled)
+            self.update_stream.batch_queued()
         local = self.counters.env_steps
         header = [
             float(local - self.local_at_round),
@@ -111,17 +112,18 @@ class RankLearner(CentralLearner):
                 self._update_result = None
                 return
             lr = self.lr_now(self.round_steps + int(sums[0]))
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self._update_result = ppo_update(
-                self.policy,
-                self.optimizer,
-                batch,
-                self.cfg,
-                self.generator,
-                sync=self.sync,
-                per_type=self.type_settings,
-            )
+            with self.update_stream.running():  # on cuda: beside serving (gpu_overlap.py)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self._update_result = ppo_update(
+                    self.policy,
+                    self.optimizer,
+                    batch,
+                    self.cfg,
+                    self.generator,
+                    sync=self.sync,
+                    per_type=self.type_settings,
+                )
             if self.spec.run.trim_after_update:
                 heap.trim()
         except BaseException as exc:  # re-raised in the main thread by poll_update
