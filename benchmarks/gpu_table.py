@@ -4,12 +4,14 @@ the steps left in its output folder.
     python benchmarks/gpu_table.py OUT_DIR [--device cuda]
 
 Rows: tests/test_gpu_overlap.py's outcome (pytest's summary); CartPole's env steps and seconds
-to a 100-episode mean of 475 with the learner on the device (cartpole_bar.py's JSON line); day4's env steps/s and trained samples/s with the learner
-on the CPU and on the device (summary.json: `sps` is env steps over the stepping loop, and
-trained/s is `trained_samples` over the same seconds, `env_steps / sps`); engine_sps.py's
-rows at its one count (its JSON line): SyncVectorEnv, PufferLib's rows where they ran,
-random actions, and PPO hold with trained samples/s and their share of the random-action
-rate. A step that left nothing readable is a row saying so, never a figure.
+to a 100-episode mean of 475 with the learner on the device (cartpole_bar.py's JSON line);
+day4's env steps/s and trained samples/s with the learner on the CPU and on the device
+(summary.json: `sps` is env steps over the stepping loop, and trained/s is `trained_samples`
+over the same seconds, `env_steps / sps`); engine_sps.py's rows at its one count (its JSON
+line): SyncVectorEnv, PufferLib's rows where they ran, random actions, and PPO hold with
+trained samples/s and their share of the random-action rate; random actions again in groups
+of 70 (engine_layout.log, beside its own SyncVectorEnv run). A step that left nothing
+readable is a row saying so, never a figure.
 """
 
 from __future__ import annotations
@@ -95,7 +97,13 @@ def engine_rows(out: Path, device: str) -> list[tuple[str, str, str]]:
     random = row.get("engine_random@auto")
     rate = random.get("env_sps_median") if random else None
     if rate:
-        rows.append(("engine, random actions", f"{rate:,.0f} env steps/s", f"{random['env_over_sync']}x Sync"))
+        rows.append(
+            (
+                "engine, random actions, auto layout",
+                f"{rate:,.0f} env steps/s",
+                f"{random['env_over_sync']}x Sync; {random['layout_note']}",
+            )
+        )
     hold = row.get("engine_hold@auto")
     if hold:
         share = f", {hold['trained_per_s'] / rate:.2f}x random actions" if rate else ""
@@ -111,6 +119,21 @@ def engine_rows(out: Path, device: str) -> list[tuple[str, str, str]]:
     return rows
 
 
+def layout_rows(out: Path) -> list[tuple[str, str, str]]:
+    """Random actions in groups of 70 (engine_layout.log), beside the auto layout's row."""
+    what = "engine, random actions, groups of 70"
+    data = last_json(out / "engine_layout.log")
+    if not data or not data.get("counts"):
+        return [(what, "not measured", "no result in engine_layout.log")]
+    row = next(iter(data["counts"].values()))
+    r = row.get("engine_random@70")
+    if not r or not r.get("env_sps_median"):
+        return [(what, "not measured", "no steady window")]
+    return [
+        (what, f"{r['env_sps_median']:,.0f} env steps/s", f"{r['env_over_sync']}x its own Sync; {r['layout_note']}")
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
@@ -122,6 +145,7 @@ def main() -> None:
         + cartpole_rows(args.out, args.device)
         + day4_rows(args.out, devices)
         + engine_rows(args.out, args.device)
+        + layout_rows(args.out)
     )
     width = max(len(r[0]) for r in rows)
     print(f"\n{'what':<{width}}  {'figure':>24}  notes")
