@@ -72,11 +72,11 @@ class CentralLearner(BackgroundTraining):
         self.actor = copy.deepcopy(self.policy)
         self._actor_pairs = None  # (actor tensors, policy tensors) in one order, for _refresh_actor
         self._update_job = None  # the update in flight: a thread, or an update_process.RemoteUpdate
+        self._update_result = None
         # on cuda: the update's kernels on a stream of their own, a round's copies through
         # pinned buffers (rlpipe/learner/gpu_overlap.py); elsewhere both as plain as before
         self.update_stream = UpdateStream(self.device)
         self.staging = HostStaging(self.device)
-        self._update_result = None
         self.update_process = (
             UpdateProcess(self.policy, self.cfg, self.type_settings, spec.learner_cpu)
             if updates_in_process(self.cfg, self.device)

@@ -16,8 +16,8 @@ With `learner.device=cuda`:
   the serving copy of the policy (`_refresh_actor`, on the default stream) reads finished
   weights and the batch's memory, freed in that thread, is no longer read by a kernel.
 - **A round's copies.** A round's obs go to the device through pinned host buffers (a copy
-  from pageable memory goes through the driver's own staging first, and a non-blocking copy
-  from it is not asynchronous at all), and its results (actions, log-probs, values, the
+  from pageable memory goes through the CUDA driver's own staging buffer first, and a
+  non-blocking copy from it is not asynchronous at all), and its results (actions, log-probs, values, the
   exploration alternatives) come back into pinned buffers with one synchronization for all
   of them instead of one per tensor. The buffers are reused round after round: what
   `to_host` returns is valid until its next call with the same name, which is the next round
