@@ -137,11 +137,11 @@ def table(summary: dict, scalars: dict) -> list[dict]:
 def checks(code: int, summary: dict, recovery: dict) -> list[tuple[str, bool, str]]:
     lr = summary.get("long_run") or {}
 
-    def flat(name: str) -> tuple[bool, str]:
+    def judged(name: str, passing: tuple[str, ...]) -> tuple[bool, str]:
         v = lr.get(name)
         if v is None:
             return False, "no verdict"
-        return v["verdict"] == "flat", f"{v['verdict']}, {v['slope_per_h']:+.4g}/h"
+        return v["verdict"] in passing, f"{v['verdict']}, {v['slope_per_h']:+.4g}/h"
 
     out = [
         ("exit 0", code == 0, f"exit {code}"),
@@ -175,12 +175,9 @@ def checks(code: int, summary: dict, recovery: dict) -> list[tuple[str, bool, st
         )
     for name in ("workers/rss_less_env_leak_mb_max", "redis/used_memory_mb"):
         # memory that falls is no leak (chaos replaces the largest workers with fresh ones)
-        v = lr.get(name)
-        why = f"{v['verdict']}, {v['slope_per_h']:+.4g}/h" if v else "no verdict"
-        out.append((f"{name} does not grow", v is not None and not v["verdict"].startswith("grows"), why))
+        out.append((f"{name} does not grow", *judged(name, ("flat", "falls"))))
     for name in ("driver/fds", "driver/threads"):  # fewer would be a thread or a socket lost
-        ok, why = flat(name)
-        out.append((f"{name} flat", ok, why))
+        out.append((f"{name} flat", *judged(name, ("flat",))))
     disk = lr.get("run_dir/total_mb")
     evidence = f"{disk['projected']:,.0f} MB" if disk else "no verdict"
     if disk and summary.get("wall_s", 0.0) / 2 < TB_DETAIL_S:

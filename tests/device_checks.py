@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import compose_cfg, load_benchmark
+from conftest import compose_cfg
 from emulated_accelerator import EmuTensor, emulated
-from learner_rounds import learner_on, round_of
+from learner_rounds import learner_on, ready_blocks, round_of
 from rlpipe.learner.acting import truncation_values
 from rlpipe.learner.adam import FusedAdam
 from rlpipe.learner.checkpoint import load_latest, save_checkpoint
@@ -130,12 +130,8 @@ def test_serving_on_the_device(monkeypatch):
 
 def _trained(learner, seed: int) -> None:
     """One PPO update of `learner` on random rollouts, through its own batch and update code."""
-    lc, plan = learner.cfg, learner.plan
-    policy = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
-    blocks, types = load_benchmark("ppo_update").stage_blocks(learner.spec, plan, policy, 4, seed=seed)
-    learner.ready_blocks, learner.ready_types = blocks, types
-    learner.ready_samples = sum(len(b["adv"]) for b in blocks)
-    learner._train(learner._take_batch(), lc.learning_rate)  # the update thread's work, here
+    ready_blocks(learner, seed)
+    learner._train(learner._take_batch(), learner.cfg.learning_rate)  # the update thread's work, here
     assert not isinstance(learner._update_result, BaseException), learner._update_result
 
 

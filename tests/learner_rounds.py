@@ -1,16 +1,17 @@
-"""A CentralLearner of 8 classic-control envs, and rounds for it as the slot table makes
-them, with no engine around it: tests/device_checks.py serves them on an emulated device,
-tests/test_gpu_overlap.py on a GPU."""
+"""A CentralLearner of 8 classic-control envs, rounds for it as the slot table makes them and
+rollouts ready for its update, with no engine around it: tests/device_checks.py serves and
+trains them on an emulated device, tests/test_gpu_overlap.py on a GPU."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from conftest import compose_cfg
+from conftest import compose_cfg, load_benchmark
 from rlpipe.config import run_spec
 from rlpipe.envs.registry import plan_mix
 from rlpipe.learner import central
+from rlpipe.learner.policy import Policy
 from rlpipe.protocol import Round
 
 
@@ -53,3 +54,13 @@ def round_of(learner, seq: int, seed: int) -> Round:
         final_obs={k: v[final_rows] for k, v in obs.items()},
         torn_retries=0,
     )
+
+
+def ready_blocks(learner, seed: int) -> None:
+    """Random rollouts ready to train on, as the serving side queues them (built by
+    benchmarks/ppo_update.py's `stage_blocks` from a policy of the learner's shape)."""
+    lc, plan = learner.cfg, learner.plan
+    policy = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
+    blocks, types = load_benchmark("ppo_update").stage_blocks(learner.spec, plan, policy, 4, seed=seed)
+    learner.ready_blocks, learner.ready_types = blocks, types
+    learner.ready_samples = sum(len(b["adv"]) for b in blocks)

@@ -14,10 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import load_benchmark
-from learner_rounds import learner_on, round_of
+from learner_rounds import learner_on, ready_blocks, round_of
 from rlpipe.learner.gpu_overlap import HostStaging, UpdateStream
-from rlpipe.learner.policy import Policy
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no GPU here: benchmarks/gpu_check.sh runs these on a machine with one"
@@ -41,15 +39,6 @@ def test_on_the_cpu_a_round_is_not_copied_and_the_update_runs_inline():
     assert ran == [True]
     with pytest.raises(ValueError), stream.running():
         raise ValueError("an update's exception goes through")
-
-
-def _ready_blocks(learner, seed: int) -> None:
-    """Random rollouts ready to train on, as the serving side queues them."""
-    lc, plan = learner.cfg, learner.plan
-    policy = Policy(plan, plan.obs_keys, lc.hidden, lc.cnn_channels, lc.cnn_out)
-    blocks, types = load_benchmark("ppo_update").stage_blocks(learner.spec, plan, policy, 4, seed=seed)
-    learner.ready_blocks, learner.ready_types = blocks, types
-    learner.ready_samples = sum(len(b["adv"]) for b in blocks)
 
 
 def _host_state(learner) -> dict:
@@ -96,7 +85,7 @@ def test_the_update_on_its_own_stream_trains_as_on_the_default_stream(monkeypatc
             learner.update_stream = UpdateStream(torch.device("cpu"))  # inline, on the default stream
         assert (learner.update_stream.stream is not None) == own_stream
         for seed in (1, 2):  # two updates: the second starts from the first's optimizer state
-            _ready_blocks(learner, seed)
+            ready_blocks(learner, seed)
             learner._train(learner._take_batch(), learner.cfg.learning_rate)  # the update thread's work
             assert not isinstance(learner._update_result, BaseException), learner._update_result
         trained.append(_host_state(learner))
@@ -118,7 +107,7 @@ def test_serving_goes_on_with_the_serving_copy_while_the_update_trains(monkeypat
         return value
 
     before = served(1)
-    _ready_blocks(learner, seed=4)
+    ready_blocks(learner, seed=4)
     learner.start_update()  # the thread, its kernels on the update's stream
     seq = 1
     while seq < 4 or learner.updating:

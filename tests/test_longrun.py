@@ -10,7 +10,7 @@ import pytest
 
 from rlpipe.bounded import Thinned
 from rlpipe.telemetry.longrun import figure_verdict, long_run, theil_sen
-from tests.conftest import read_summary, run_cli
+from tests.conftest import load_benchmark, read_summary, run_cli
 
 
 def test_thinned_stays_bounded_and_evenly_spread():
@@ -63,6 +63,30 @@ def test_verdicts_flat_grows_past_budget_falls():
     assert figure_verdict(t, 3000 - 100 / 3600 * t + noise, 3600, 518400, None)["verdict"] == "falls"
     zero = figure_verdict(t, np.zeros(len(t)), 3600, 518400, None)
     assert zero["verdict"] == "flat" and zero["slope_pct_per_h"] is None
+
+
+def test_the_soaks_checks_take_falling_memory_as_no_leak_and_fewer_threads_as_a_loss():
+    """benchmarks/soak.py's checks on verdicts made by figure_verdict: worker and Redis
+    memory pass flat or falling and fail growing; the driver's fds and threads pass flat only."""
+    checks = load_benchmark("soak").checks
+    t = np.linspace(1800, 3600, 180)
+
+    def verdict(per_h: float) -> dict:
+        return figure_verdict(t, 100 + per_h / 3600 * t, 3600, 518400, None)
+
+    def judged(trends: dict) -> dict[str, bool]:
+        summary = {"env_count": 8, "active_envs_end": 8, "long_run": {k: verdict(v) for k, v in trends.items()}}
+        out = checks(0, summary, {"unrecovered": 0, "recovered": 0, "injected": 0})
+        return {what.split()[0]: ok for what, ok, _why in out if what.split()[0] in trends}
+
+    memory = ("workers/rss_less_env_leak_mb_max", "redis/used_memory_mb")
+    handles = ("driver/fds", "driver/threads")
+    assert judged(dict.fromkeys(memory + handles, 0.0)) == dict.fromkeys(memory + handles, True)
+    assert judged(dict.fromkeys(memory + handles, -10.0)) == {
+        **dict.fromkeys(memory, True),
+        **dict.fromkeys(handles, False),
+    }
+    assert judged(dict.fromkeys(memory + handles, +10.0)) == dict.fromkeys(memory + handles, False)
 
 
 def test_long_run_fits_the_second_half_only():
