@@ -1,17 +1,19 @@
 """The lifecycle log at six days' size: how big it gets and whether its readers still answer.
 
-    python benchmarks/lifecycle_scale.py [--rows-per-hour 30685] [--hours 144] [--out DIR]
+    python benchmarks/lifecycle_scale.py [--rows-per-hour 159000] [--create-share 0.85]
+        [--group 700] [--hours 144] [--out DIR]
 
-Writes a synthetic `lifecycle.sqlite` with the writer's own schema and indexes
-(rlpipe.lifecycle.writer) holding `rows-per-hour x hours` rows in the proportions a chaos
-run writes them (env crashes, rebuilds, quarantines, worker kills and restarts, ...; 7,000
-env ids, 100 workers), then times what users and the report run on it: the CLI's counts
-(`python -m rlpipe.lifecycle DIR`), one env's history (`--env N`), the summary's fault
-counts, the health report's per-kind counts and the chaos recovery match. Prints the db's
-size and each reader's median of three calls.
+Writes a synthetic `lifecycle.sqlite` through the writer's own store (rlpipe.lifecycle.store:
+its tables, its spans of env creates, the `events` view) holding `rows-per-hour x hours`
+events: `create-share` of them env creates, a restarted worker's whole group of `group` env
+ids at a time, the rest in the proportions a chaos run writes them (env crashes, rebuilds,
+quarantines, worker kills and restarts, ...; 7,000 env ids). Then times what users and the
+report run on it: the CLI's counts (`python -m rlpipe.lifecycle DIR`), one env's history
+(`--env N`), the summary's fault counts, the health report's per-kind counts and the chaos
+recovery match. Prints the db's size and each reader's median of three calls.
 
-The default rate is the one `benchmarks/soak.py` measured at day4 with chaos on
-(docs/benchmarks.md, "Endurance"); pass the rate of your own soak.
+The defaults are the hour soak of 2026-12-07 (`benchmarks/soak.py --minutes 60`, day4 with
+chaos, groups of 700: docs/benchmarks.md, "Hour seven"); pass the figures of your own soak.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ from rlpipe.config import conf_dir  # noqa: E402
 from rlpipe.lifecycle import fault_counts  # noqa: E402
 from rlpipe.lifecycle.events import DB_NAME  # noqa: E402
 from rlpipe.lifecycle.recovery import recovery_report  # noqa: E402
-from rlpipe.lifecycle.writer import _INSERT, _SCHEMA  # noqa: E402
+from rlpipe.lifecycle.store import EventStore, open_store  # noqa: E402
 
-# Share of each kind in a chaos run's steady state (a day4 soak's rows past its start-up).
+# Share of each kind but env_create in a chaos run's steady state (a day4 soak's rows past its
+# start-up); the creates come in whole groups (write_synthetic_db).
 KIND_SHARES = {
     "env_rebuild": 0.35,
     "env_crash": 0.25,
-    "env_create": 0.20,
     "env_quarantine": 0.12,
     "env_hang": 0.03,
     "worker_spawn": 0.01,
@@ -53,45 +55,94 @@ KIND_SHARES = {
 }
 # the seed12 mix's twelve types, as conf/ declares them
 ENV_TYPES = tuple(OmegaConf.load(conf_dir() / "env_mix" / "seed12.yaml").weights)
-N_ENVS, N_WORKERS, BATCH = 7000, 100, 50_000
+N_ENVS = 7000
+VERSION = "0123456789abcdef"
+CREATE_GAP_S = 0.002  # between two creates of one rebuilt group
+COMMIT_ROWS, COMMIT_S = 500, 0.2  # the writer's batches (rlpipe.lifecycle.writer)
 
 
-def write_synthetic_db(db: Path, rows: int, hours: float, seed: int = 0) -> None:
-    """`rows` events over `hours` in the writer's schema and indexes, in KIND_SHARES proportions."""
+def _events(rows: int, hours: float, create_share: float, group: int, rng):
+    """The run's events in time order, as the writer's row tuples."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
+    t0, span_s = time.time() - hours * 3600, hours * 3600
+    groups = max(1, N_ENVS // group)
+    rebuilds = int(rows * create_share) // group
+    others = rows - rebuilds * group
     kinds = list(KIND_SHARES)
     p = np.array([KIND_SHARES[k] for k in kinds])
-    con = sqlite3.connect(db)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.executescript(_SCHEMA)
-    t0 = time.time() - hours * 3600
-    for start in range(0, rows, BATCH):
-        n = min(BATCH, rows - start)
-        kind = rng.choice(len(kinds), n, p=p / p.sum())
-        env = rng.integers(0, N_ENVS, n)
-        ts = t0 + (start + np.arange(n)) * (hours * 3600 / rows)
-        batch = []
-        for i in range(n):
-            k = kinds[kind[i]]
-            on_env = k.startswith("env_")
-            e = int(env[i])
-            batch.append(
-                (
-                    float(ts[i]),
+    other_kind = rng.choice(len(kinds), others, p=p / p.sum())
+    other_env = rng.integers(0, N_ENVS, others)
+    other_ts = np.sort(rng.uniform(t0, t0 + span_s, others))
+    rebuild_ts = np.sort(rng.uniform(t0, t0 + span_s, rebuilds))
+    rebuild_worker = rng.integers(0, groups, rebuilds)
+    generation = [1] * groups
+    r = 0
+    for i in range(others + 1):
+        ts = other_ts[i] if i < others else np.inf
+        while r < rebuilds and rebuild_ts[r] <= ts:  # a restarted worker builds its group
+            w = int(rebuild_worker[r])
+            generation[w] += 1
+            for k in range(group):
+                e = w * group + k
+                yield (
+                    float(rebuild_ts[r]) + k * CREATE_GAP_S,
                     "synthetic",
-                    k,
-                    e if on_env else None,
-                    ENV_TYPES[e % len(ENV_TYPES)] if on_env else None,
-                    "0123456789abcdef" if on_env else None,
-                    e * N_WORKERS // N_ENVS,
-                    int(start + i) // 10_000,
-                    '{"error_type": "RuntimeError", "stacktrace_hash": "9f2c1e"}' if k == "env_crash" else None,
+                    "env_create",
+                    e,
+                    ENV_TYPES[e % len(ENV_TYPES)],
+                    VERSION,
+                    w,
+                    generation[w],
+                    None,
                 )
-            )
-        con.executemany(_INSERT, batch)
-        con.commit()
+            r += 1
+        if i == others:
+            return
+        k, e = kinds[other_kind[i]], int(other_env[i])
+        on_env = k.startswith("env_")
+        yield (
+            float(ts),
+            "synthetic",
+            k,
+            e if on_env else None,
+            ENV_TYPES[e % len(ENV_TYPES)] if on_env else None,
+            VERSION if on_env else None,
+            min(e // group, groups - 1),
+            generation[min(e // group, groups - 1)],
+            '{"error_type": "RuntimeError", "stacktrace_hash": "9f2c1e"}' if k == "env_crash" else None,
+        )
+
+
+def write_synthetic_db(
+    db: Path, rows: int, hours: float, create_share: float = 0.85, group: int = 700, seed: int = 0
+) -> None:
+    """`rows` events over `hours` written as the run's writer writes them: its store, the
+    run's env layout declared, commits of at most COMMIT_ROWS rows or COMMIT_S seconds."""
+    import numpy as np
+
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=OFF")  # a benchmark's file: no need to survive a crash
+    open_store(con)
+    store = EventStore(con)
+    store.declare_layout("synthetic", [ENV_TYPES[e % len(ENV_TYPES)] for e in range(N_ENVS)], [VERSION] * N_ENVS)
+    batch: list[tuple] = []
+
+    def commit() -> None:
+        rows_, spans, next_id = store.pack(batch)
+        con.execute("BEGIN")
+        store.insert(rows_, spans)
+        con.execute("COMMIT")
+        store.next_id = next_id
+        batch.clear()
+
+    for row in _events(rows, hours, create_share, group, np.random.default_rng(seed)):
+        if batch and (len(batch) >= COMMIT_ROWS or row[0] - batch[0][0] >= COMMIT_S):
+            commit()
+        batch.append(row)
+    if batch:
+        commit()
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     con.close()
 
@@ -107,7 +158,9 @@ def timed(fn, repeat: int = 3) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows-per-hour", type=float, default=30685.0)
+    ap.add_argument("--rows-per-hour", type=float, default=159000.0)
+    ap.add_argument("--create-share", type=float, default=0.85, help="the share of events that are env creates")
+    ap.add_argument("--group", type=int, default=700, help="envs a restarted worker creates again")
     ap.add_argument("--hours", type=float, default=144.0)
     ap.add_argument("--out", type=Path, default=None, help="where the db goes (default: a temp dir, removed)")
     a = ap.parse_args()
@@ -117,7 +170,7 @@ def main() -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         db = run_dir / DB_NAME
         t = time.perf_counter()
-        write_synthetic_db(db, rows, hours=a.hours)
+        write_synthetic_db(db, rows, hours=a.hours, create_share=a.create_share, group=a.group)
         build_s = time.perf_counter() - t
         size_mb = db.stat().st_size / 2**20
 

@@ -18,7 +18,7 @@ and the reports all use it.
 
 from rlpipe.lifecycle.client import LifecycleClient
 from rlpipe.lifecycle.events import DB_NAME, EVENT_KINDS, FAULT_KINDS
-from rlpipe.lifecycle.readers import connect_ro, env_history, event_counts, fault_counts
+from rlpipe.lifecycle.readers import connect_ro, env_history, event_counts, fault_counts, kind_counts
 from rlpipe.lifecycle.writer import LifecycleWriter
 
 __all__ = [
@@ -31,4 +31,5 @@ __all__ = [
     "env_history",
     "event_counts",
     "fault_counts",
+    "kind_counts",
 ]

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from rlpipe.lifecycle.events import FAULT_KINDS
+from rlpipe.lifecycle.store import count_kinds
 
 
 def connect_ro(db_path: str | Path) -> sqlite3.Connection:
@@ -22,14 +23,14 @@ def connect_ro(db_path: str | Path) -> sqlite3.Connection:
 
 def fault_counts(db_path: str | Path) -> dict[str, int]:
     """The "faults" block of summary.json, counted from rows."""
-    with contextlib.closing(connect_ro(db_path)) as db:
-        kinds = dict(
-            db.execute(
-                f"SELECT kind, COUNT(*) FROM events WHERE kind IN ({', '.join('?' * len(FAULT_KINDS))}) GROUP BY kind",
-                tuple(FAULT_KINDS.values()),
-            ).fetchall()
-        )
+    kinds = kind_counts(db_path, tuple(FAULT_KINDS.values()))
     return {key: kinds.get(kind, 0) for key, kind in FAULT_KINDS.items()}
+
+
+def kind_counts(db_path: str | Path, kinds: tuple[str, ...] | None = None) -> dict[str, int]:
+    """Events by kind (of `kinds`, or every kind present)."""
+    with contextlib.closing(connect_ro(db_path)) as db:
+        return count_kinds(db, kinds)
 
 
 def event_counts(db_path: str | Path) -> dict[tuple[str, str | None], int]:

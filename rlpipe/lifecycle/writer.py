@@ -16,19 +16,11 @@ from typing import Any
 import zmq
 
 from rlpipe.lifecycle.events import COLUMNS, check_endpoint, check_kind
+from rlpipe.lifecycle.store import EventStore, open_store
 
 log = logging.getLogger(__name__)
 
 _FIELDS = frozenset(COLUMNS) - {"run_id", "kind"}  # what an event may carry
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY, ts REAL, run_id TEXT, kind TEXT, env_id INTEGER, env_type TEXT,
-    env_version TEXT, worker_id INTEGER, generation INTEGER, detail TEXT);
-CREATE INDEX IF NOT EXISTS events_kind ON events(kind);
-CREATE INDEX IF NOT EXISTS events_env_id ON events(env_id);
-"""
-_INSERT = f"INSERT INTO events ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
-
 _SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode of "database or disk is full"
 
 
@@ -75,8 +67,18 @@ class LifecycleWriter:
     `dropped` (record() calls after stop()).
     """
 
-    def __init__(self, db_path: str | Path, endpoint: str, run_id: str, ctx: zmq.Context | None = None):
+    def __init__(
+        self,
+        db_path: str | Path,
+        endpoint: str,
+        run_id: str,
+        ctx: zmq.Context | None = None,
+        env_layout: tuple[list[str], list[str]] | None = None,
+    ):
+        """`env_layout`: each env id's type and version as the run planned them (two lists
+        indexed by env id); with it, a worker's creates are stored as spans (store.py)."""
         check_endpoint(endpoint)
+        self.env_layout = env_layout
         self.db_path = Path(db_path)
         self.endpoint = endpoint
         self.run_id = run_id
@@ -86,6 +88,7 @@ class LifecycleWriter:
         self._thread: threading.Thread | None = None
         self._sock: zmq.Socket | None = None
         self._db: sqlite3.Connection | None = None
+        self._store: EventStore | None = None
         self._stopped = False
         self._error: BaseException | None = None
         self._lock = threading.Lock()  # start/stop/record-after-stop bookkeeping
@@ -107,7 +110,12 @@ class LifecycleWriter:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.execute("PRAGMA busy_timeout=5000")
-                db.executescript(_SCHEMA)
+                open_store(db)
+                store = EventStore(db)
+                if self.env_layout is not None:
+                    db.execute("BEGIN")
+                    store.declare_layout(self.run_id, *self.env_layout)
+                    db.execute("COMMIT")
                 sock = self._ctx.socket(zmq.PULL)
                 # A deep receive queue absorbs bursts (a whole group waking at once) that
                 # would otherwise fill the workers' send queues and be dropped there.
@@ -123,7 +131,7 @@ class LifecycleWriter:
             except BaseException:
                 db.close()
                 raise
-            self._db, self._sock = db, sock
+            self._db, self._sock, self._store = db, sock, store
             self._thread = threading.Thread(target=self._run, name="lifecycle-writer", daemon=True)
             self._thread.start()
 
@@ -253,10 +261,11 @@ class LifecycleWriter:
     def _commit(self, pending: list) -> None:
         if not pending:
             return
-        db = self._db
+        db, store = self._db, self._store
+        rows, spans, next_id = store.pack(pending)
         db.execute("BEGIN")
         try:
-            db.executemany(_INSERT, pending)
+            store.insert(rows, spans)
             db.execute("COMMIT")
         except BaseException:
             try:
@@ -264,6 +273,7 @@ class LifecycleWriter:
             except sqlite3.Error:
                 pass  # sqlite rolled back itself (a full disk does): the original error counts
             raise
+        store.next_id = next_id
         self.rows_written += len(pending)
         self.batches += 1
         pending.clear()

@@ -109,7 +109,8 @@ class SliceEngine:
         sweep_dead_segments()
         sweep_dead_socket_dirs()
         self.services.start_redis(self.spec.redis.url, self.spec.env_count, redis_fields)
-        self.services.start_lifecycle()
+        names = [self.plan.names[t] for t in self.plan.env_type]
+        self.services.start_lifecycle((names, [self.versions[name] for name in names]))
 
     def start_workers(self, errors=None) -> None:
         """The fleet's doorbells, cgroups and hot workers; `errors` replaces the fleet's error

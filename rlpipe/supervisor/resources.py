@@ -36,6 +36,7 @@ import redis
 
 from rlpipe import heap
 from rlpipe.bounded import Thinned
+from rlpipe.lifecycle.store import last_event_id
 from rlpipe.procs import open_fd_count, thread_count
 from rlpipe.redis_client import connect as redis_client
 from rlpipe.shm.segment import SHM_DIR, run_segments
@@ -180,13 +181,13 @@ def shm_bytes(run_id: str) -> int:
 
 
 def lifecycle_rows(db: Path) -> int | None:
-    """Rows in the lifecycle log (ids are never reused: max(id) is the count written)."""
+    """Events in the lifecycle log (ids are never reused: the largest is the count written)."""
     if not db.exists():
         return None
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
         try:
-            return con.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+            return last_event_id(con)
         finally:
             con.close()
     except sqlite3.Error:

@@ -102,9 +102,11 @@ class Services:
         state = {"state": "starting", "pid": os.getpid(), "env_count": env_count, "run_dir": str(self.run_dir)}
         self.rcli.hset(run_key(self.run_id), mapping={**state, **run_fields})
 
-    def start_lifecycle(self) -> None:
+    def start_lifecycle(self, env_layout: tuple[list[str], list[str]]) -> None:
+        """The run's lifecycle writer; `env_layout` is each env id's type and version (the
+        writer stores a worker's creates of them as spans)."""
         self.lifecycle = LifecycleWriter(
-            self.run_dir / "lifecycle.sqlite", self.endpoint(LIFECYCLE_ENDPOINT), self.run_id, self.zctx
+            self.run_dir / "lifecycle.sqlite", self.endpoint(LIFECYCLE_ENDPOINT), self.run_id, self.zctx, env_layout
         )
         self.lifecycle.start()
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlpipe.lifecycle import connect_ro
+from rlpipe.lifecycle.store import count_kinds
 from rlpipe.telemetry.tb_events import Series, read_scalars
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def _load_db(run_dir: Path) -> tuple[Path | None, str]:
         return None, "missing"
     try:
         with contextlib.closing(connect_ro(path)) as db:
-            n = db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+            n = sum(count_kinds(db).values())
     except sqlite3.DatabaseError as e:
         return None, f"unreadable ({e})"
     return path, f"present ({n:,} rows)"

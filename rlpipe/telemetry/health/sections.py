@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from rlpipe.lifecycle import FAULT_KINDS
+from rlpipe.lifecycle import FAULT_KINDS, kind_counts
 from rlpipe.lifecycle.recovery import recovery_report, restart_reasons
 from rlpipe.telemetry.health.evaluation import EvaluationSections
 from rlpipe.telemetry.health.inputs import ENV_FAULT_KINDS, MEMORY_TAGS, RunFiles, query, return_series
@@ -53,7 +53,7 @@ class Report(EvaluationSections):
         db = self.run.db
         if db is None:
             return
-        self.life_counts = dict(query(db, "SELECT kind, COUNT(*) FROM events GROUP BY kind"))
+        self.life_counts = kind_counts(db)
         env_group: dict[int, int] = {}
         groups: dict[int, dict] = {}
         for worker_id, env_id, env_type in query(
