@@ -14,11 +14,11 @@ import pytest
 
 from rlpipe.lifecycle import LifecycleWriter, env_history, event_counts, fault_counts, kind_counts
 from rlpipe.lifecycle.events import COLUMNS
-from rlpipe.lifecycle.store import SPAN_S, EventStore, last_event_id, open_store
+from rlpipe.lifecycle.store import SPAN_S, EnvLayout, EventStore, last_event_id, open_store
 
 TYPES = ["cartpole", "pendulum", "acrobot"]
 N_ENVS = 12
-LAYOUT = ([TYPES[e % 3] for e in range(N_ENVS)], [f"v-{TYPES[e % 3]}" for e in range(N_ENVS)])
+LAYOUT = EnvLayout(0, [TYPES[e % 3] for e in range(N_ENVS)], [f"v-{TYPES[e % 3]}" for e in range(N_ENVS)])
 
 
 @pytest.fixture
@@ -37,8 +37,8 @@ def _writer(run_dir: Path, run_id: str = "run-1", layout=LAYOUT) -> LifecycleWri
 def _create(w: LifecycleWriter, env_id: int, ts: float, worker_id=0, generation=1, **over) -> dict:
     fields = dict(
         env_id=env_id,
-        env_type=LAYOUT[0][env_id],
-        env_version=LAYOUT[1][env_id],
+        env_type=LAYOUT.env_types[env_id],
+        env_version=LAYOUT.env_versions[env_id],
         worker_id=worker_id,
         generation=generation,
         ts=ts,
@@ -167,10 +167,10 @@ def test_pack_keeps_order_and_a_span_per_worker_generation(tmp_path):
     con = sqlite3.connect(tmp_path / "l.sqlite", isolation_level=None)
     open_store(con)
     store = EventStore(con)
-    store.declare_layout("r", *LAYOUT)
+    store.declare_layout("r", LAYOUT)
 
     def row(kind, env_id, worker_id, ts):
-        return (ts, "r", kind, env_id, LAYOUT[0][env_id], LAYOUT[1][env_id], worker_id, 1, None)
+        return (ts, "r", kind, env_id, LAYOUT.env_types[env_id], LAYOUT.env_versions[env_id], worker_id, 1, None)
 
     batch = [
         row("env_create", 0, 0, 1.0),
@@ -184,3 +184,35 @@ def test_pack_keeps_order_and_a_span_per_worker_generation(tmp_path):
     assert [r[0] for r in rows] == [5] and rows[0][3] == "env_crash"
     assert next_id == 6
     con.close()
+
+
+def test_a_ranks_layout_starts_at_its_env_id_offset(run_dir):
+    """Under torchrun a rank's env ids are global (env_id_offset + i): its creates are spans
+    against its own offset, and ids outside its layout stay plain rows."""
+    layout = EnvLayout(100, LAYOUT.env_types, LAYOUT.env_versions)
+    w = _writer(run_dir, layout=layout)
+    for i in range(4):
+        w.record(
+            "env_create",
+            env_id=100 + i,
+            env_type=layout.env_types[i],
+            env_version=layout.env_versions[i],
+            worker_id=0,
+            generation=1,
+            ts=5.0 + i * 0.01,
+        )
+    w.record(
+        "env_create",
+        env_id=2,
+        env_type=layout.env_types[2],
+        env_version=layout.env_versions[2],
+        worker_id=0,
+        generation=1,
+        ts=6.0,
+    )
+    w.stop()
+    got = _events(w.db_path)
+    assert [(r["env_id"], r["env_type"]) for r in got] == [(100 + i, layout.env_types[i]) for i in range(4)] + [
+        (2, layout.env_types[2])
+    ]
+    assert _table_rows(w.db_path, "env_create_spans") == 1 and _table_rows(w.db_path, "event_rows") == 1

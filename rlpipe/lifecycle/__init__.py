@@ -19,11 +19,13 @@ and the reports all use it.
 from rlpipe.lifecycle.client import LifecycleClient
 from rlpipe.lifecycle.events import DB_NAME, EVENT_KINDS, FAULT_KINDS
 from rlpipe.lifecycle.readers import connect_ro, env_history, event_counts, fault_counts, kind_counts
+from rlpipe.lifecycle.store import EnvLayout
 from rlpipe.lifecycle.writer import LifecycleWriter
 
 __all__ = [
     "DB_NAME",
     "EVENT_KINDS",
+    "EnvLayout",
     "FAULT_KINDS",
     "LifecycleClient",
     "LifecycleWriter",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from dataclasses import dataclass
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,13 @@ _INSERT_SPAN = (
 
 def open_store(db: sqlite3.Connection) -> None:
     """The tables and the view, made where missing; a log of the older layout (`events` a
-    table) renamed under the view first."""
-    old = db.execute("SELECT type FROM sqlite_master WHERE name = 'events'").fetchone()
-    if old == ("table",):
-        db.execute("ALTER TABLE events RENAME TO event_rows")
+    table) renamed under the view first, in the same transaction (no reader ever finds the
+    log without its `events`)."""
+    older = db.execute("SELECT type FROM sqlite_master WHERE name = 'events'").fetchone() == ("table",)
+    rename = "ALTER TABLE events RENAME TO event_rows;" if older else ""
+    db.executescript(f"BEGIN; {rename} {_TABLES} COMMIT;")
+    if older:
         log.info("lifecycle db: its events table is now event_rows, read through the events view")
-    db.executescript(_TABLES)
 
 
 def last_event_id(db: sqlite3.Connection) -> int:
@@ -107,6 +109,15 @@ def count_kinds(db: sqlite3.Connection, kinds: tuple[str, ...] | None = None) ->
     return counts
 
 
+class EnvLayout(NamedTuple):
+    """A run's envs as its plan made them: env id first_env_id + i is of type env_types[i]
+    at version env_versions[i] (ids are global: a torchrun rank's start at its offset)."""
+
+    first_env_id: int
+    env_types: list[str]
+    env_versions: list[str]
+
+
 @dataclass
 class _Span:
     ts: float
@@ -125,31 +136,32 @@ class EventStore:
     def __init__(self, db: sqlite3.Connection):
         self.db = db
         self.next_id = last_event_id(db) + 1
-        self.layout: dict[str, tuple[list[str], list[str]]] = {}  # run id -> types, versions by env id
+        self.layout: dict[str, EnvLayout] = {}  # run id -> its envs' types and versions
 
-    def declare_layout(self, run_id: str, env_types: list[str], env_versions: list[str]) -> None:
-        """Env id i of run `run_id` is of type env_types[i] at version env_versions[i]. What
-        the db already holds for this run wins (a declaration never rewrites spans' meaning)."""
+    def declare_layout(self, run_id: str, layout: EnvLayout) -> None:
+        """Run `run_id`'s envs are as `layout` says. What the db already holds for this run
+        wins (a declaration never changes what spans already written read as)."""
+        first = layout.first_env_id
         self.db.executemany(
             "INSERT OR IGNORE INTO env_layout VALUES (?, ?, ?, ?)",
-            [(run_id, i, t, v) for i, (t, v) in enumerate(zip(env_types, env_versions))],
+            [(run_id, first + i, t, v) for i, (t, v) in enumerate(zip(layout.env_types, layout.env_versions))],
         )
         rows = self.db.execute(
             "SELECT env_id, env_type, env_version FROM env_layout WHERE run_id = ? ORDER BY env_id", (run_id,)
         ).fetchall()
-        if [r[0] for r in rows] == list(range(len(rows))):
-            self.layout[run_id] = ([r[1] for r in rows], [r[2] for r in rows])
+        if rows and [r[0] for r in rows] == list(range(rows[0][0], rows[0][0] + len(rows))):
+            self.layout[run_id] = EnvLayout(rows[0][0], [r[1] for r in rows], [r[2] for r in rows])
 
     def _spannable(self, row: tuple) -> bool:
         _ts, run_id, kind, env_id, env_type, env_version, worker_id, _gen, detail = row
         if kind != "env_create" or worker_id is None or env_id is None or detail is not None:
             return False
         layout = self.layout.get(run_id)
+        if layout is None:
+            return False
+        i = env_id - layout.first_env_id
         return (
-            layout is not None
-            and 0 <= env_id < len(layout[0])
-            and layout[0][env_id] == env_type
-            and layout[1][env_id] == env_version
+            0 <= i < len(layout.env_types) and layout.env_types[i] == env_type and layout.env_versions[i] == env_version
         )
 
     def pack(self, batch: list[tuple]) -> tuple[list[tuple], list[tuple], int]:

@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 
 from rlpipe.lifecycle.events import COLUMNS, check_endpoint, check_kind
-from rlpipe.lifecycle.store import EventStore, open_store
+from rlpipe.lifecycle.store import EnvLayout, EventStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +73,10 @@ class LifecycleWriter:
         endpoint: str,
         run_id: str,
         ctx: zmq.Context | None = None,
-        env_layout: tuple[list[str], list[str]] | None = None,
+        env_layout: EnvLayout | None = None,
     ):
-        """`env_layout`: each env id's type and version as the run planned them (two lists
-        indexed by env id); with it, a worker's creates are stored as spans (store.py)."""
+        """`env_layout`: each env id's type and version as the run planned them; with it, a
+        worker's creates are stored as spans (store.py)."""
         check_endpoint(endpoint)
         self.env_layout = env_layout
         self.db_path = Path(db_path)
@@ -114,7 +114,7 @@ class LifecycleWriter:
                 store = EventStore(db)
                 if self.env_layout is not None:
                     db.execute("BEGIN")
-                    store.declare_layout(self.run_id, *self.env_layout)
+                    store.declare_layout(self.run_id, self.env_layout)
                     db.execute("COMMIT")
                 sock = self._ctx.socket(zmq.PULL)
                 # A deep receive queue absorbs bursts (a whole group waking at once) that

@@ -35,6 +35,7 @@ import numpy as np
 import rlpipe
 from rlpipe.config import EnvTypeSpec, RunSpec
 from rlpipe.envs.registry import MixPlan, plan_mix
+from rlpipe.lifecycle import EnvLayout
 from rlpipe.protocol import Round, batch_rows
 from rlpipe.shm.segment import run_segments, sweep_dead_segments
 from rlpipe.supervisor.fleet import Fleet
@@ -110,7 +111,9 @@ class SliceEngine:
         sweep_dead_socket_dirs()
         self.services.start_redis(self.spec.redis.url, self.spec.env_count, redis_fields)
         names = [self.plan.names[t] for t in self.plan.env_type]
-        self.services.start_lifecycle((names, [self.versions[name] for name in names]))
+        self.services.start_lifecycle(
+            EnvLayout(self.spec.env_id_offset, names, [self.versions[name] for name in names])
+        )
 
     def start_workers(self, errors=None) -> None:
         """The fleet's doorbells, cgroups and hot workers; `errors` replaces the fleet's error

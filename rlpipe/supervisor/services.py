@@ -18,7 +18,7 @@ import redis
 import zmq
 
 from rlpipe.cadence import Every
-from rlpipe.lifecycle import LifecycleWriter
+from rlpipe.lifecycle import EnvLayout, LifecycleWriter
 from rlpipe.procs import pid_alive
 from rlpipe.protocol import run_key
 from rlpipe.redis_client import connect as redis_client
@@ -102,7 +102,7 @@ class Services:
         state = {"state": "starting", "pid": os.getpid(), "env_count": env_count, "run_dir": str(self.run_dir)}
         self.rcli.hset(run_key(self.run_id), mapping={**state, **run_fields})
 
-    def start_lifecycle(self, env_layout: tuple[list[str], list[str]]) -> None:
+    def start_lifecycle(self, env_layout: EnvLayout) -> None:
         """The run's lifecycle writer; `env_layout` is each env id's type and version (the
         writer stores a worker's creates of them as spans)."""
         self.lifecycle = LifecycleWriter(
