@@ -388,6 +388,8 @@ def test_rank_killed_mid_run_ends_the_job_clearly_without_orphans_and_ids_never_
         # env ids: rank 0 owns 0..5, rank 1 owns 6..11; run ids (segment and key prefixes) differ
         assert sorted(e for _, e in rows[0]) == list(range(6))
         assert sorted(e for _, e in rows[1]) == list(range(6, 12))
+        with sqlite3.connect(dbs[1]) as con:  # rank 1's creates are spans against its layout at its offset
+            assert con.execute("SELECT COUNT(*) FROM event_rows WHERE kind = 'env_create'").fetchone() == (0,)
         run_ids = [{rid for rid, _ in r} for r in rows]
         assert len(run_ids[0]) == len(run_ids[1]) == 1 and run_ids[0] != run_ids[1]
         assert next(iter(run_ids[0])).endswith("r0") and next(iter(run_ids[1])).endswith("r1")
