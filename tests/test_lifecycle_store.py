@@ -111,6 +111,8 @@ def test_a_workers_creates_are_spans_and_read_back_as_the_rows_they_were(run_dir
 
 
 def test_ids_go_on_from_both_tables_when_a_log_is_opened_again(run_dir):
+    """A resumed run (a new run id, the same envs) numbers its events after every id of both
+    tables, and adds no layout rows: a supervisor restarting a run for days adds none."""
     w = _writer(run_dir)
     for e in range(4):
         _create(w, e, ts=10.0 + e * 0.01)
@@ -122,6 +124,7 @@ def test_ids_go_on_from_both_tables_when_a_log_is_opened_again(run_dir):
     got = _events(w.db_path)
     assert [r["id"] for r in got] == [1, 2, 3, 4, 5, 6]
     assert [r["run_id"] for r in got] == ["run-1"] * 4 + ["run-2"] * 2
+    assert _table_rows(w.db_path, "env_layout") == N_ENVS  # the same envs: their layout written once
 
 
 def test_a_log_of_the_older_layout_is_taken_over_without_a_copy(run_dir):
@@ -180,7 +183,7 @@ def test_pack_keeps_order_and_a_span_per_worker_generation(tmp_path):
         row("env_create", 7, 1, 1.03),
     ]
     rows, spans, next_id = store.pack(batch)
-    assert [s[0] for s in spans] == [1, 3] and [s[6:] for s in spans] == [(0, 1), (6, 7)]
+    assert [s[0] for s in spans] == [1, 3] and [s[7:] for s in spans] == [(0, 1), (6, 7)]
     assert [r[0] for r in rows] == [5] and rows[0][3] == "env_crash"
     assert next_id == 6
     con.close()

@@ -7,7 +7,8 @@ with their indexes), and the log alone was on course for 2.6 GB in six days. Mos
 row repeats what the run's plan already says (the env's type and version) or what its
 neighbours say (run, worker, generation). So the creates of one worker generation, with
 consecutive env ids, whose type and version are those the run declared for them
-(`env_layout`), and that reach the writer in one commit within SPAN_S of the first, are
+(`env_layout`, kept once per distinct layout: a resumed run with the same envs adds no
+row), and that reach the writer in one commit within SPAN_S of the first, are
 stored as one `env_create_spans` row. The `events` view gives each of them back as a row of
 its own, with the span's first `ts`: every create still reads as a row, with the columns it
 always had, and none reads as earlier than it happened by more than SPAN_S. Creates that do
@@ -24,6 +25,8 @@ over it. No row is copied.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import sqlite3
 from dataclasses import dataclass
@@ -40,11 +43,11 @@ CREATE TABLE IF NOT EXISTS event_rows (
 CREATE INDEX IF NOT EXISTS events_kind ON event_rows(kind);
 CREATE INDEX IF NOT EXISTS events_env_id ON event_rows(env_id);
 CREATE TABLE IF NOT EXISTS env_layout (
-    run_id TEXT, env_id INTEGER, env_type TEXT, env_version TEXT,
-    PRIMARY KEY (run_id, env_id)) WITHOUT ROWID;
+    layout INTEGER, env_id INTEGER, env_type TEXT, env_version TEXT,
+    PRIMARY KEY (layout, env_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS env_create_spans (
-    first_id INTEGER PRIMARY KEY, ts REAL, ts_last REAL, run_id TEXT, worker_id INTEGER,
-    generation INTEGER, env_lo INTEGER, env_hi INTEGER);
+    first_id INTEGER PRIMARY KEY, ts REAL, ts_last REAL, run_id TEXT, layout INTEGER,
+    worker_id INTEGER, generation INTEGER, env_lo INTEGER, env_hi INTEGER);
 CREATE VIEW IF NOT EXISTS events AS
     SELECT id, ts, run_id, kind, env_id, env_type, env_version, worker_id, generation, detail
     FROM event_rows
@@ -52,15 +55,15 @@ CREATE VIEW IF NOT EXISTS events AS
     SELECT s.first_id + l.env_id - s.env_lo, s.ts, s.run_id, 'env_create', l.env_id, l.env_type,
            l.env_version, s.worker_id, s.generation, NULL
     FROM env_create_spans AS s JOIN env_layout AS l
-    ON l.run_id = s.run_id AND l.env_id BETWEEN s.env_lo AND s.env_hi;
+    ON l.layout = s.layout AND l.env_id BETWEEN s.env_lo AND s.env_hi;
 """
 _INSERT_ROW = (
     "INSERT INTO event_rows (id, ts, run_id, kind, env_id, env_type, env_version, worker_id, generation, detail) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_SPAN = (
-    "INSERT INTO env_create_spans (first_id, ts, ts_last, run_id, worker_id, generation, env_lo, env_hi) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO env_create_spans (first_id, ts, ts_last, run_id, layout, worker_id, generation, env_lo, env_hi) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -117,12 +120,19 @@ class EnvLayout(NamedTuple):
     env_types: list[str]
     env_versions: list[str]
 
+    def key(self) -> int:
+        """Its rows' key in `env_layout`: 63 bits of a hash of what it says, so a run resumed
+        with the same envs (a new run id each time) adds no row."""
+        text = json.dumps([self.first_env_id, list(self.env_types), list(self.env_versions)])
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
 
 @dataclass
 class _Span:
     ts: float
     ts_last: float
     run_id: str
+    layout: int
     worker_id: int
     generation: int | None
     env_lo: int
@@ -136,27 +146,22 @@ class EventStore:
     def __init__(self, db: sqlite3.Connection):
         self.db = db
         self.next_id = last_event_id(db) + 1
-        self.layout: dict[str, EnvLayout] = {}  # run id -> its envs' types and versions
+        self.layout: dict[str, tuple[int, EnvLayout]] = {}  # run id -> its layout's key, the layout
 
     def declare_layout(self, run_id: str, layout: EnvLayout) -> None:
-        """Run `run_id`'s envs are as `layout` says. What the db already holds for this run
-        wins (a declaration never changes what spans already written read as)."""
-        first = layout.first_env_id
+        """Run `run_id`'s envs are as `layout` says (its rows written once per distinct layout)."""
+        key, first = layout.key(), layout.first_env_id
         self.db.executemany(
             "INSERT OR IGNORE INTO env_layout VALUES (?, ?, ?, ?)",
-            [(run_id, first + i, t, v) for i, (t, v) in enumerate(zip(layout.env_types, layout.env_versions))],
+            [(key, first + i, t, v) for i, (t, v) in enumerate(zip(layout.env_types, layout.env_versions))],
         )
-        rows = self.db.execute(
-            "SELECT env_id, env_type, env_version FROM env_layout WHERE run_id = ? ORDER BY env_id", (run_id,)
-        ).fetchall()
-        if rows and [r[0] for r in rows] == list(range(rows[0][0], rows[0][0] + len(rows))):
-            self.layout[run_id] = EnvLayout(rows[0][0], [r[1] for r in rows], [r[2] for r in rows])
+        self.layout[run_id] = (key, layout)
 
     def _spannable(self, row: tuple) -> bool:
         _ts, run_id, kind, env_id, env_type, env_version, worker_id, _gen, detail = row
         if kind != "env_create" or worker_id is None or env_id is None or detail is not None:
             return False
-        layout = self.layout.get(run_id)
+        _key, layout = self.layout.get(run_id, (None, None))
         if layout is None:
             return False
         i = env_id - layout.first_env_id
@@ -179,7 +184,7 @@ class EventStore:
                 span.env_hi, span.ts_last = env_id, ts
             else:
                 span = open_spans[(run_id, worker_id, generation)] = _Span(
-                    ts, ts, run_id, worker_id, generation, env_id, env_id
+                    ts, ts, run_id, self.layout[run_id][0], worker_id, generation, env_id, env_id
                 )
                 items.append(span)
         rows, spans, next_id = [], [], self.next_id
@@ -191,6 +196,7 @@ class EventStore:
                         item.ts,
                         item.ts_last,
                         item.run_id,
+                        item.layout,
                         item.worker_id,
                         item.generation,
                         item.env_lo,
