@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from rlpipe.bounded import Thinned
+from rlpipe.bounded import FigureRow, Thinned
 from rlpipe.telemetry.longrun import figure_verdict, long_run, theil_sen
 from tests.conftest import load_benchmark, read_summary, run_cli
 
@@ -96,6 +96,46 @@ def test_long_run_fits_the_second_half_only():
     assert verdicts["driver/rss_mb"]["verdict"] == "flat"
     assert verdicts["driver/rss_mb"]["points"] == 181
     assert long_run(samples[:5], 3600.0, 518400.0, {}) == {}  # too few points: no verdict
+
+
+def test_a_history_of_figure_rows_holds_few_python_objects_and_judges_as_dicts():
+    """The resource history's samples as FigureRows: a full history costs a few thousand
+    Python object blocks, not one per figure and sample (the driver's block count is a leak
+    detector), rows of the same names share their index, a figure that comes and goes is
+    read as missing, and the long-run verdicts are those of the same samples as dicts."""
+    import gc
+    import sys
+
+    def figures(k: int) -> dict[str, float]:
+        out = {f"workers/{i}/rss_mb": 100.0 + i + (k % 7) for i in range(46)}
+        out["driver/fds"] = 121
+        if k >= 200:  # a figure that appears late (the update process's, say)
+            out["update/rss_mb"] = 430.0 + k * 0.01
+        return out
+
+    def history(row: bool) -> Thinned:
+        h = Thinned(720)
+        for k in range(719):
+            sample = figures(k)
+            h.add((float(k * 5), FigureRow(sample, h.points[-1][1] if h.points else None) if row else sample))
+        return h
+
+    blocks = {}
+    for row in (False, True):
+        gc.collect()
+        before = sys.getallocatedblocks()
+        h = history(row)
+        gc.collect()
+        blocks[row] = sys.getallocatedblocks() - before
+        if row:
+            rows = [r for _t, r in h]
+            assert rows[0].index is rows[199].index and rows[200].index is rows[-1].index
+            assert rows[0].get("update/rss_mb") is None and rows[-1]["driver/fds"] == 121
+            assert dict(rows[-1]) == figures(718)
+        del h
+    assert blocks[True] < 6 * 719 < 40 * 719 < blocks[False], blocks
+    as_rows, as_dicts = (long_run(list(history(row)), 3595.0, 518400.0, {}) for row in (True, False))
+    assert as_rows == as_dicts and len(as_rows) == 48
 
 
 @pytest.mark.slow  # a 40 s run sampling its resources every 0.5 s: the soak in small

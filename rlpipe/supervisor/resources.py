@@ -16,7 +16,8 @@ Sampling is not free: the kernel walks every mapping of every process to compute
 smaps_rollup. With a hundred workers mapping a large board one sample costs about a tenth
 of a second of CPU in the driver, so the sampler paces itself to spend at most
 `MAX_CPU_SHARE` of a core. Samples go into a `Thinned` history (at most HISTORY_POINTS,
-spread over the whole run) that the long-run verdict fits; the driver's main thread charts
+spread over the whole run, each a `FigureRow`: a few Python objects, so the history filling
+does not read as the driver's Python objects growing) that the long-run verdict fits; the driver's main thread charts
 the latest one to TensorBoard under `resources/`.
 """
 
@@ -35,7 +36,7 @@ import psutil
 import redis
 
 from rlpipe import heap
-from rlpipe.bounded import Thinned
+from rlpipe.bounded import FigureRow, Thinned
 from rlpipe.lifecycle.store import last_event_id
 from rlpipe.procs import open_fd_count, thread_count
 from rlpipe.redis_client import connect as redis_client
@@ -220,7 +221,7 @@ class ResourceSampler:
         self.redis_url = redis_url
         self.env_leaks = env_leaks
         self.t0 = time.monotonic() if t0 is None else t0
-        self.history = Thinned(HISTORY_POINTS)  # (seconds since t0, {figure: value})
+        self.history = Thinned(HISTORY_POINTS)  # (seconds since t0, FigureRow of the sample)
         self.latest: dict[str, float] = {}
         self.latest_at: float | None = None
         self.peak_bytes = 0  # the whole run's PSS, its peak and last sample
@@ -264,7 +265,8 @@ class ResourceSampler:
         self.last_bytes = int(figures.get("tree/pss_mb", 0.0) * MB)
         self.peak_bytes = max(self.peak_bytes, self.last_bytes)
         self.latest, self.latest_at = figures, now
-        self.history.add((now - self.t0, figures))
+        last = self.history.points[-1][1] if self.history.points else None
+        self.history.add((now - self.t0, FigureRow(figures, last)))
         return figures
 
     def _roles(self) -> dict[int, str]:
