@@ -16,9 +16,9 @@ Sampling is not free: the kernel walks every mapping of every process to compute
 smaps_rollup. With a hundred workers mapping a large board one sample costs about a tenth
 of a second of CPU in the driver, so the sampler paces itself to spend at most
 `MAX_CPU_SHARE` of a core. Samples go into a `Thinned` history (at most HISTORY_POINTS,
-spread over the whole run, each a `FigureRow`: a few Python objects, so the history filling
-does not read as the driver's Python objects growing) that the long-run verdict fits; the driver's main thread charts
-the latest one to TensorBoard under `resources/`.
+spread over the whole run) that the long-run verdict fits, each a `FigureRow` of a few
+Python objects: the history filling must not read as the driver's Python objects growing.
+The driver's main thread charts the latest sample to TensorBoard under `resources/`.
 """
 
 from __future__ import annotations
