@@ -132,21 +132,13 @@ def write_synthetic_db(
         "synthetic", EnvLayout(0, [ENV_TYPES[e % len(ENV_TYPES)] for e in range(N_ENVS)], [VERSION] * N_ENVS)
     )
     batch: list[tuple] = []
-
-    def commit() -> None:
-        rows_, spans, next_id = store.pack(batch)
-        con.execute("BEGIN")
-        store.insert(rows_, spans)
-        con.execute("COMMIT")
-        store.next_id = next_id
-        batch.clear()
-
     for row in _events(rows, hours, create_share, group, np.random.default_rng(seed)):
         if batch and (len(batch) >= COMMIT_ROWS or row[0] - batch[0][0] >= COMMIT_S):
-            commit()
+            store.write(batch)
+            batch.clear()
         batch.append(row)
     if batch:
-        commit()
+        store.write(batch)
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     con.close()
 

@@ -78,21 +78,20 @@ def open_store(db: sqlite3.Connection) -> None:
         log.info("lifecycle db: its events table is now event_rows, read through the events view")
 
 
+def _has_spans(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE name = 'env_create_spans'").fetchone() is not None
+
+
 def last_event_id(db: sqlite3.Connection) -> int:
     """The largest id written, 0 for none: the number of events the log holds (ids are never
     reused). Reads an older log (no event_rows) too."""
-    tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if "event_rows" not in tables:
+    if not _has_spans(db):  # an older log: events is its table
         return db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
     (last_row,) = db.execute("SELECT COALESCE(MAX(id), 0) FROM event_rows").fetchone()
     span = db.execute(
         "SELECT first_id + env_hi - env_lo FROM env_create_spans ORDER BY first_id DESC LIMIT 1"
     ).fetchone()
     return max(last_row, span[0] if span else 0)
-
-
-def _has_spans(db: sqlite3.Connection) -> bool:
-    return db.execute("SELECT 1 FROM sqlite_master WHERE name = 'env_create_spans'").fetchone() is not None
 
 
 def count_kinds(db: sqlite3.Connection, kinds: tuple[str, ...] | None = None) -> dict[str, int]:
@@ -209,7 +208,20 @@ class EventStore:
                 next_id += 1
         return rows, spans, next_id
 
-    def insert(self, rows: list[tuple], spans: list[tuple]) -> None:
-        """`pack`'s output into the tables (inside the caller's transaction)."""
-        self.db.executemany(_INSERT_ROW, rows)
-        self.db.executemany(_INSERT_SPAN, spans)
+    def write(self, batch: list[tuple]) -> None:
+        """The batch packed and inserted in one transaction (the connection is in autocommit
+        mode, `isolation_level=None`); the ids move on only once it is committed."""
+        rows, spans, next_id = self.pack(batch)
+        db = self.db
+        db.execute("BEGIN")
+        try:
+            db.executemany(_INSERT_ROW, rows)
+            db.executemany(_INSERT_SPAN, spans)
+            db.execute("COMMIT")
+        except BaseException:
+            try:
+                db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # sqlite rolled back itself (a full disk does): the original error counts
+            raise
+        self.next_id = next_id

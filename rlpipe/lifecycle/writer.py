@@ -261,19 +261,7 @@ class LifecycleWriter:
     def _commit(self, pending: list) -> None:
         if not pending:
             return
-        db, store = self._db, self._store
-        rows, spans, next_id = store.pack(pending)
-        db.execute("BEGIN")
-        try:
-            store.insert(rows, spans)
-            db.execute("COMMIT")
-        except BaseException:
-            try:
-                db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass  # sqlite rolled back itself (a full disk does): the original error counts
-            raise
-        store.next_id = next_id
+        self._store.write(pending)
         self.rows_written += len(pending)
         self.batches += 1
         pending.clear()
