@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
-from rlpipe.bounded import Thinned
+from rlpipe.bounded import ThinnedPairs
 
 # Episodes per type behind the "first 100" window the learned verdicts compare with.
 FIRST_EPISODES = 100
@@ -29,7 +29,7 @@ class Counters:
     episodes_by_type: dict = field(default_factory=dict)
     # (time, total loss) of the updates, thinned evenly over the run so six days of updates
     # stay a few thousand entries (summary.json's loss_std of the second half)
-    losses: Thinned = field(default_factory=lambda: Thinned(LOSS_HISTORY_POINTS))
+    losses: ThinnedPairs = field(default_factory=lambda: ThinnedPairs(LOSS_HISTORY_POINTS))
     recent_losses: collections.deque = field(default_factory=collections.deque)  # the last loss_std_window
 
 
