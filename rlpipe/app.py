@@ -39,6 +39,7 @@ EXIT_CONFIG = 2
 EXIT_RANK_LOST = 3  # under torchrun: a peer rank (or the agent) went away mid-run
 # 4, EXIT_STALL: the driver's loop stalled (rlpipe.supervisor.stall, which exits the process itself)
 # 5, EXIT_DISK_FULL: a write of the run failed for space (rlpipe.supervisor.diskfull; the driver returns it)
+EXIT_REDIS_UNREACHABLE = 6  # the external redis.url did not answer at start (rlpipe.supervisor.redis_service)
 
 
 def run_job(cfg: DictConfig) -> int:
@@ -78,11 +79,12 @@ def run_job(cfg: DictConfig) -> int:
         return EXIT_CONFIG
     except Exception as exc:
         from rlpipe.ranks.sync import RankLost
+        from rlpipe.supervisor.redis_service import RedisUnreachable
 
-        if not isinstance(exc, RankLost):
+        if not isinstance(exc, (RankLost, RedisUnreachable)):
             raise
         print(f"rlpipe: {exc}", file=sys.stderr, flush=True)
-        return EXIT_RANK_LOST
+        return EXIT_RANK_LOST if isinstance(exc, RankLost) else EXIT_REDIS_UNREACHABLE
     finally:
         if mode is not None:
             mode.close()

@@ -130,7 +130,8 @@ class Driver:
         self._phase("env types described")
         self._phase(f"layout: {spec.layout.describe()}")  # what groups.size=auto & co. chose
         log.info("learner: %s", mix_learner.describe(spec.learner, spec.learner_from))  # and learner.*=auto
-        engine.start_services(self.mode.redis_fields())
+        # a stop signal while an external Redis is waited for ends the wait (a StopRequested)
+        engine.start_services(self.mode.redis_fields(), lambda: self._stop_if_asked(self.stop.last_phase))
         self._phase(f"redis ({self.services.redis.mode}) up")
         if spec.run.resume:  # true or auto: the workers' reward statistics must be in Redis before they start
             self._build_learner()

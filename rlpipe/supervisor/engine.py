@@ -104,12 +104,13 @@ class SliceEngine:
         self.versions = env_versions(spec.env_types)
         return self.plan
 
-    def start_services(self, redis_fields: dict) -> None:
+    def start_services(self, redis_fields: dict, between_tries=lambda: None) -> None:
         """What a crashed run of this machine left (segments, socket dirs) swept; Redis (its run
-        hash with `redis_fields`) and the lifecycle writer up."""
+        hash with `redis_fields`; `between_tries` runs while an external one is waited for and
+        may raise to stop the wait) and the lifecycle writer up."""
         sweep_dead_segments()
         sweep_dead_socket_dirs()
-        self.services.start_redis(self.spec.redis.url, self.spec.env_count, redis_fields)
+        self.services.start_redis(self.spec.redis.url, self.spec.env_count, redis_fields, between_tries)
         names = [self.plan.names[t] for t in self.plan.env_type]
         self.services.start_lifecycle(
             EnvLayout(self.spec.env_id_offset, names, [self.versions[name] for name in names])

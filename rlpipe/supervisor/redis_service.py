@@ -5,6 +5,14 @@ no persistence, dies with the driver (PR_SET_PDEATHSIG) and is shut down at exit
 never appears on its command line, which any local user reads in /proc/<pid>/cmdline: it goes
 in a config file of mode 0600 in the run's 0700 socket dir, read by redis-server at start and
 removed once the server answers.
+
+An external server (`redis.url`) must answer PING when the run starts. What no wait can mend
+(an url redis-py cannot parse, a host name no resolver knows, a password or database the
+server refuses) is bad input: a ConfigError, exit 2. A server that does not answer (refused,
+timed out, no socket file yet) may be restarting: the start waits for it up to
+EXTERNAL_WAIT_S, then stops with RedisUnreachable (exit 6, not 2: a supervisor such as
+systemd's `RestartPreventExitStatus=2` tries again later). Neither message shows the url's
+password.
 """
 
 from __future__ import annotations
@@ -13,17 +21,83 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import quote
+from typing import Callable
+from urllib.parse import quote, urlsplit
 
 import redis
 
 from rlpipe.procs import die_with_parent
 from rlpipe.redis_client import connect as client
+from rlpipe.spec import ConfigError
 
 log = logging.getLogger(__name__)
+EXTERNAL_WAIT_S = 10.0  # as long as the embedded server is given to start
+URL_FORMS = "redis://[:password@]host:port/db, rediss://..., unix:///path/to/redis.sock"
+
+
+class RedisUnreachable(RuntimeError):
+    """The external Redis did not answer within EXTERNAL_WAIT_S; the message is for the user."""
+
+
+def shown_url(url: str) -> str:
+    """`url` with its password, if any, replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def refused_for_good(exc: Exception) -> str | None:
+    """Why `exc`, raised by a PING of an external server, is the url's fault and no wait
+    mends it; None where the server may simply not be up yet."""
+    if isinstance(exc, ValueError):  # redis-py's url parser: no such scheme, a port not a number
+        return f"redis-py cannot read it ({exc})"
+    if isinstance(exc, (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)):
+        return f"the server refuses its credentials ({exc})"
+    if isinstance(exc, redis.ResponseError):  # e.g. a database index the server does not have
+        return f"the server refuses it ({exc})"
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, socket.gaierror) and cause.errno == socket.EAI_NONAME:
+        return f"its host name is not known ({cause.strerror})"
+    return None
+
+
+def reach_external(url: str, between_tries: Callable[[], None], wait_s: float = EXTERNAL_WAIT_S) -> None:
+    """Return once the external server at `url` answers PING (ConfigError or RedisUnreachable:
+    see the module's docstring). `between_tries` runs before each retry and may raise to end
+    the wait (the driver's stop signal: a Ctrl-C is not held up for the whole wait)."""
+    deadline = time.monotonic() + wait_s
+    said = False
+    while True:
+        try:
+            client(url).ping()
+            return
+        except (redis.RedisError, ValueError) as exc:
+            reason = refused_for_good(exc)
+            if reason is not None:
+                raise ConfigError(
+                    f"redis.url={shown_url(url)}: {reason}. Allowed is null (the run starts a "
+                    f"redis-server of its own) or the url of a Redis that answers PING: {URL_FORMS}."
+                ) from exc
+            if time.monotonic() > deadline:
+                raise RedisUnreachable(
+                    f"the external Redis at redis.url={shown_url(url)} did not answer within "
+                    f"{wait_s:.0f} s ({exc}); nothing was started (exit 6). Start that server (or reach "
+                    "it from this host), or set redis.url=null for a redis-server of the run's own."
+                ) from exc
+            if not said:
+                log.warning(
+                    "external Redis at %s does not answer (%s); waiting up to %.0f s", shown_url(url), exc, wait_s
+                )
+                said = True
+            time.sleep(0.25)
+            between_tries()
 
 
 def redis_server_binary() -> str:
@@ -70,9 +144,11 @@ class RedisService:
     def mode(self) -> str:
         return "external" if self.external else "embedded"
 
-    def start(self, timeout_s: float = 10.0) -> None:
+    def start(self, timeout_s: float = 10.0, between_tries: Callable[[], None] = lambda: None) -> None:
+        """The embedded server started and answering, or the external one answering (waited
+        for: `reach_external`, with `between_tries`)."""
         if self.external:
-            client(self.url).ping()
+            reach_external(self.url, between_tries)
             return
         self.password = self.password or secrets.token_hex(16)
         password = self.password

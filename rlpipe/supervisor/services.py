@@ -91,13 +91,13 @@ class Services:
         return f"ipc://{self.sock_dir}/{name}.ipc"
 
     # -- start -------------------------------------------------------------------------------
-    def start_redis(self, url: str | None, env_count: int, run_fields: dict) -> None:
+    def start_redis(self, url: str | None, env_count: int, run_fields: dict, between_tries=lambda: None) -> None:
         """Redis up (embedded or reached), and the run's hash in it: state `starting`, this
         process's pid, the env count and the run dir, then `run_fields` (the driver's run mode's,
-        or the vector engine's client name)."""
+        or the vector engine's client name). `between_tries`: see `RedisService.start`."""
         self.sock_dir = socket_dir(self.run_dir, self.run_id)
         self.redis = RedisService(url, self.sock_dir / REDIS_SOCKET, self.run_dir)
-        self.redis.start()
+        self.redis.start(between_tries=between_tries)
         self.rcli = redis_client(self.redis.url)
         state = {"state": "starting", "pid": os.getpid(), "env_count": env_count, "run_dir": str(self.run_dir)}
         self.rcli.hset(run_key(self.run_id), mapping={**state, **run_fields})
