@@ -313,7 +313,7 @@ class RunControlSpec(_Section):
     trim_after_update: bool = MISSING
     duration_s: Optional[float] = setting(positive_or_null)
     total_env_steps: Optional[int] = setting(positive_int_or_null)
-    seed: int = MISSING
+    seed: int = setting(checks.seed)
 
     def __post_init__(self) -> None:
         super().__post_init__()

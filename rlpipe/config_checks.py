@@ -67,6 +67,16 @@ def step_size(key: str, value: Any) -> None:
         fail(key, value, "allowed is a number in (0, 1]")
 
 
+SEED_LIMIT = 2**32  # numpy RandomState's bound (Gymnasium takes more); derived seeds stay far inside 64 bits
+
+
+def seed(key: str, value: Any) -> None:
+    """run.seed: numpy and Gymnasium refuse a negative seed (a numpy traceback in the first
+    worker before this check)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
+        fail(key, value, f"allowed is an integer from 0 to {SEED_LIMIT - 1}")
+
+
 def count(key: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         fail(key, value, "allowed is an integer >= 0")

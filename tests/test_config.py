@@ -171,6 +171,8 @@ def test_defaults_are_plain_values():
         ("eval.interval_s=0", "eval.interval_s"),
         ("eval.budget_s=0", "eval.budget_s"),
         ("eval.max_steps=0", "eval.max_steps"),
+        ("run.seed=-1", "run.seed"),  # a numpy traceback in the first worker before its check
+        ("run.seed=4294967296", "run.seed"),
     ],
 )
 def test_bad_values_raise_config_error_naming_the_key(override, key):

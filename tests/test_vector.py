@@ -119,6 +119,8 @@ def test_wrong_calls_raise_clear_errors():
             envs.step(np.array([0, 1, 2]))
         with pytest.raises(TypeError, match="seed must be an int"):
             envs.reset(seed="x")
+        with pytest.raises(ValueError, match="seed must be an int from 0 to 4294967295"):
+            envs.reset(seed=-1)  # SyncVectorEnv's envs refuse it too (Gymnasium's seeding)
         envs.step(np.array([0, 1, 1]))  # the vector is fine after refused calls
     finally:
         envs.close()

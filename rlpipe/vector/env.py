@@ -32,6 +32,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from rlpipe.config_checks import SEED_LIMIT
 from rlpipe.vector import lifetime
 from rlpipe.vector.compose import vector_spec
 from rlpipe.vector.engine import Engine
@@ -140,6 +141,8 @@ class RlpipeVectorEnv(VectorEnv):
                 f"seed must be an int or None, got {type(seed).__name__} "
                 "(rlpipe seeds env i with seed + i, as SyncVectorEnv does for an int)"
             )
+        if seed is not None and not 0 <= seed < SEED_LIMIT:
+            raise ValueError(f"seed must be an int from 0 to {SEED_LIMIT - 1} or None, got {seed} (run.seed's range)")
         engine = self.engine
         if seed is not None:
             self._seed, self._epoch = int(seed), 0
