@@ -92,6 +92,21 @@ def test_eval_unknown_type_names_the_run_types(trained_run, capsys):
     assert "--types" in err and "pong" in err and "cartpole" in err
 
 
+@pytest.mark.parametrize(
+    "flag, value, allowed",
+    [
+        ("--episodes", "0", "a positive number of episodes"),
+        ("--max-steps", "0", "a positive number of steps"),
+        ("--seed", "-1", "an integer from 0 to 4294967295"),  # Gymnasium refuses a negative seed
+    ],
+)
+def test_a_bad_option_is_one_line_naming_it(short_tmp, capsys, flag, value, allowed):
+    """Refused before the run dir is read (so before anything is written there)."""
+    code, err = eval_main(capsys, short_tmp, flag, value)
+    assert code == 2 and err.strip() == f"rlpipe.eval: {flag} {value}: allowed is {allowed}"
+    assert list(short_tmp.iterdir()) == []
+
+
 def test_board_layout_matches_the_worker_rows():
     """An env's obs lands in the first prod(shape) entries of its key's row, as EnvTable
     writes it; the rest of that row and keys the type lacks stay zero."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from rlpipe.config_checks import SEED_LIMIT
 from rlpipe.eval.loader import EvalError
 
 EXIT_BAD_INPUT = 2
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise EvalError(f"--episodes {args.episodes}: allowed is a positive number of episodes")
     if args.max_steps < 1:
         raise EvalError(f"--max-steps {args.max_steps}: allowed is a positive number of steps")
+    if not 0 <= args.seed < SEED_LIMIT:  # run.seed's range: Gymnasium refuses a negative seed
+        raise EvalError(f"--seed {args.seed}: allowed is an integer from 0 to {SEED_LIMIT - 1}")
     return args
 
 
