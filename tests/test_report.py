@@ -43,11 +43,18 @@ def test_multirun_comparison_has_a_row_per_job_and_overlay_plots(multirun):
     assert "run.seed=1" in rows[0] and "run.seed=2" in rows[1] and "finished" in rows[0]
     assert "`env_count=16`" in md  # the overrides both jobs share
     assert "| 0 | " in md and "cartpole" in md  # the per-type return table
-    pngs = sorted(multirun.glob("comparison_*.png"))
-    assert len(pngs) >= 3
-    assert {"comparison_returns.png", "comparison_sps.png", "comparison_loss.png"} <= {p.name for p in pngs}
-    for p in pngs:
-        assert p.read_bytes()[:8] == PNG_MAGIC and f"]({p.name})" in md
+    pngs = {p.name for p in multirun.glob("comparison_*.png")}
+    assert {"comparison_returns.png", "comparison_loss.png"} <= pngs
+    # throughput is charted every 2 s and once more at the loop's end (its last window): a
+    # job of these 15k steps makes one point or two as the machine's speed has it, and one
+    # point per job is no curve (rlpipe/report/overlay.py)
+    from rlpipe.telemetry.tb_events import read_scalars
+
+    sps_points = [len(read_scalars(multirun / job / "tb")["charts/sps"].steps) for job in ("0", "1")]
+    assert min(sps_points) >= 1
+    assert ("comparison_sps.png" in pngs) == (max(sps_points) >= 2), sps_points
+    for name in pngs:
+        assert (multirun / name).read_bytes()[:8] == PNG_MAGIC and f"]({name})" in md
 
 
 def test_a_later_job_counts_its_own_startup_cpu(multirun):
