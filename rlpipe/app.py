@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
-from rlpipe.config_errors import check_known_keys, explain
+from rlpipe.config_errors import EXIT_CONFIG, check_known_keys, explain
 from rlpipe.files import make_private
 from rlpipe.ranks import hydra_run_dir
 from rlpipe.supervisor import stopping
@@ -35,7 +35,7 @@ log = logging.getLogger("rlpipe")
 # purpose (hydra/launcher=submitit_slurm as the plugin documents it, typos caught by the schema);
 # Hydra 1.3 still validates them against it and warns that it may stop some day.
 warnings.filterwarnings("ignore", message=r"(?s)\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore")
-EXIT_CONFIG = 2
+# 2, EXIT_CONFIG: bad input (rlpipe.config_errors)
 EXIT_RANK_LOST = 3  # under torchrun: a peer rank (or the agent) went away mid-run
 # 4, EXIT_STALL: the driver's loop stalled (rlpipe.supervisor.stall, which exits the process itself)
 # 5, EXIT_DISK_FULL: a write of the run failed for space (rlpipe.supervisor.diskfull; the driver returns it)

@@ -24,6 +24,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from rlpipe.spec import ConfigError
 
+EXIT_CONFIG = 2  # bad input, whoever finds it (a supervisor need not try it again)
 OPEN_KEYS = ("env_mix.types", "env_mix.weights", "buffer.keys")
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 LIST_ALL = "`python -m rlpipe --cfg job` prints every setting with its value"

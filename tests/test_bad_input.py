@@ -7,6 +7,7 @@ one paragraph naming the key and what is allowed, exit 2, no traceback, nothing 
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -64,6 +65,39 @@ def test_what_hydra_refuses_is_one_paragraph_and_exit_2(short_tmp):
         if wrong:
             failures[row] = (wrong, paragraph[-2000:])
     assert not failures, failures
+
+
+SWEEPS = {
+    # rlpipe's own check of a value, in the last job: found before the first job trains
+    "a-value-in-the-last-job": (
+        ["+stage=day1", "learner.epochs=2,3,0"],
+        "job #2 of 3 (+stage=day1 learner.epochs=0): Invalid config value learner.epochs=0",
+    ),
+    # what Hydra refuses while composing one job, said as it says it for a single run
+    "a-group-option": (["env_mix=cartpole,cartpol"], "job #1 of 2 (env_mix=cartpol): no option `cartpol`"),
+    "a-type": (["env_count=16,abc"], "job #1 of 2 (env_count=abc): Invalid config value env_count='abc'"),
+}
+
+
+@pytest.mark.parametrize("row", SWEEPS)
+def test_a_multirun_with_one_bad_job_starts_none(short_tmp, row):
+    """`python -m rlpipe -m ...` checks every job's config before the first starts
+    (rlpipe/sweep_check.py): one paragraph naming the job, exit 2, no sweep folder."""
+    overrides, said = SWEEPS[row]
+    sweep_dir = short_tmp / "sweep"
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=driver_dies_with_pytest,
+    )
+    paragraph = out.stderr.strip()
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert paragraph.startswith(f"rlpipe: config error: {said}") and "\n" not in paragraph, paragraph
+    assert paragraph.endswith("No job of the sweep was started.")
+    assert not sweep_dir.exists()
 
 
 def test_plus_adds_keys_only_where_keys_are_names():

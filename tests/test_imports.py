@@ -64,6 +64,7 @@ def layer_of(module: str) -> str:
         "rlpipe.config_checks",
         "rlpipe.config_compat",
         "rlpipe.config_errors",
+        "rlpipe.sweep_check",
         "rlpipe.process_layout",
         "rlpipe.mix_learner",
     ):

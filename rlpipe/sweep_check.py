@@ -1,0 +1,87 @@
+"""Every job of a multirun checked before the first one starts.
+
+`python -m rlpipe -m +stage=day1,day2,day3,day4 learner.epochs=...` runs its jobs one after
+the other. Hydra composes every job before the first starts, but rlpipe's own checks of the
+values (`run_spec`: ranges, choices, what one key allows given another) ran in each job as it
+started: a bad value in the fourth job was found after three stages of training. This Hydra
+callback (conf/config.yaml, `hydra.callbacks`) runs those checks on every job's composed
+config at the sweep's start, as the jobs' own `run_job` does, and refuses the sweep with the
+job's number and overrides in one paragraph, exit 2, before any job or its folder exists.
+
+Only where the jobs will run on this machine (Hydra's basic launcher, submitit_local), with
+Hydra's basic sweeper (whose job list is known in advance): a value allowed or not by the
+machine's CPUs (`auto` layouts) is judged on the machine that runs the job, so a Slurm
+sweep's jobs are checked where they start.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from rlpipe.config import ConfigError, RunSpec, run_spec
+from rlpipe.config_errors import EXIT_CONFIG, check_known_keys, explain
+
+log = logging.getLogger("rlpipe")
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+LOCAL_LAUNCHERS = (
+    "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+    "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+)
+
+
+class CheckEveryJob(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweeper, launcher = config.hydra.sweeper._target_, config.hydra.launcher._target_
+        if sweeper != BASIC_SWEEPER or launcher not in LOCAL_LAUNCHERS:
+            log.info("multirun: each job's config is checked when it starts (%s, %s)", sweeper, launcher)
+            return
+        started = time.monotonic()
+        jobs = sweep_jobs(config)
+        for number, overrides in enumerate(jobs):
+            refused = job_refused(config, overrides)
+            if refused is not None:
+                # printed and exited here: Hydra turns a callback's exception into a warning
+                name = f"job #{number} of {len(jobs)} ({' '.join(overrides)})"  # as Hydra's log names it
+                print(f"rlpipe: config error: {name}: {refused} No job of the sweep was started.", file=sys.stderr)
+                sys.exit(EXIT_CONFIG)
+        log.info("multirun: the configs of all %d jobs checked in %.1f s", len(jobs), time.monotonic() - started)
+
+
+def sweep_jobs(config: DictConfig) -> list[list[str]]:
+    """Each job's overrides, in the order Hydra's basic sweeper launches them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    task = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides(params + list(task))
+    (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    return jobs
+
+
+def job_refused(config: DictConfig, overrides: list[str]) -> str | None:
+    """What rlpipe's checks say of the job's config, composed as its launcher will compose it
+    (run_job's checks); None where it passes."""
+    try:
+        cfg = GlobalHydra.instance().config_loader().load_sweep_config(config, list(overrides))
+        with open_dict(cfg):
+            del cfg["hydra"]
+        check_known_keys(cfg, RunSpec)
+        run_spec(cfg)
+    except (ConfigError, OmegaConfBaseException) as exc:
+        return str(exc)
+    except Exception as exc:  # what Hydra refuses while it composes, in its own words
+        text = explain(exc, RunSpec)
+        if text is None:
+            raise
+        return text.removeprefix("rlpipe: config error: ")
+    return None
