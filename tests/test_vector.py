@@ -376,3 +376,27 @@ def test_the_vector_keeps_no_cpu_for_a_learner_it_does_not_run():
     assert "workers on every CPU" in vector_spec("CartPole-v1", 7000, None, []).layout.describe()
     pinned = vector_spec("CartPole-v1", 64, None, ["worker.cpu_affinity=learner_core"])
     assert "kept for the PPO update" in pinned.layout.describe()
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("env_count=5", "sets env_count, which the vector sets from make()'s num_envs argument"),
+        ("run.seed=5", "sets run.seed, which the vector sets from make()'s seed argument"),
+        ("env_mix=classic", "sets env_mix, which the vector sets from make()'s env id"),
+        ("learner.nope=1", "Unknown config key learner.nope"),  # Hydra's refusal, as the CLI says it
+        ("+learner.nope=1", "Unknown config key learner.nope"),  # let in by Hydra, refused as the CLI does
+        ("env_count=abc", "sets env_count"),
+        ("worker.slices=often", "Invalid config value worker.slices='often'"),
+    ],
+)
+def test_overrides_are_checked_as_the_cli_checks_them_and_may_not_contradict_make(override, said):
+    """Before, env_count=5 failed later with numpy's "could not broadcast" and +learner.nope=1
+    was accepted and read by nothing."""
+    from rlpipe.config import ConfigError
+    from rlpipe.vector.compose import vector_spec
+
+    with pytest.raises(ConfigError) as caught:
+        vector_spec("CartPole-v1", 2, None, [override])
+    assert said in str(caught.value), str(caught.value)
+    assert vector_spec("CartPole-v1", 2, None, ["worker.slices=1"]).worker.slices == 1

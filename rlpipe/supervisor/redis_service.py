@@ -88,7 +88,7 @@ def reach_external(url: str, between_tries: Callable[[], None], wait_s: float = 
             if time.monotonic() > deadline:
                 raise RedisUnreachable(
                     f"the external Redis at redis.url={shown_url(url)} did not answer within "
-                    f"{wait_s:.0f} s ({exc}); nothing was started (exit 6). Start that server (or reach "
+                    f"{wait_s:.0f} s ({exc}); nothing was started. Start that server (or reach "
                     "it from this host), or set redis.url=null for a redis-server of the run's own."
                 ) from exc
             if not said:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
 
-from rlpipe.config import RunSpec, conf_dir, register_schema, run_spec
+from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
+from rlpipe.config_errors import check_known_keys, explain
 
 
 def is_rlpipe_type(name: str) -> bool:
@@ -34,6 +35,25 @@ def mix_overrides(env_id_or_type: str) -> list[str]:
     return ["env_mix=gym", f"env_mix.id='{env_id_or_type}'"]
 
 
+# keys the vector sets from make()'s arguments: an override of one would contradict them
+IMPLIED = {
+    "env_count": "num_envs",
+    "run.seed": "seed",
+    "env_mix": "env id (a conf/env/ name or a Gymnasium id)",
+    "env_mix.id": "env id (a conf/env/ name or a Gymnasium id)",
+}
+
+
+def check_not_implied(override: str) -> None:
+    """ConfigError for an override of a key make()'s own arguments set."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    if key in IMPLIED:
+        raise ConfigError(
+            f"rlpipe.vector.make: the override {override!r} sets {key}, which the vector sets from "
+            f"make()'s {IMPLIED[key]} argument: pass that instead."
+        )
+
+
 def vector_spec(env_id_or_type: str, num_envs: int, seed: int | None, overrides: list[str]) -> RunSpec:
     """The composed, checked spec of a vector (ConfigError names a wrong key or value)."""
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
@@ -49,8 +69,17 @@ def vector_spec(env_id_or_type: str, num_envs: int, seed: int | None, overrides:
     ]
     if seed is not None:
         base.append(f"run.seed={int(seed)}")
+    for override in overrides:
+        check_not_implied(override)
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=base + list(overrides))
+        try:
+            cfg = compose(config_name="config", overrides=base + list(overrides))
+        except Exception as exc:  # what Hydra refuses, said as the CLI says it (rlpipe.config_errors)
+            text = explain(exc, RunSpec)
+            if text is None:
+                raise
+            raise ConfigError(text.removeprefix("rlpipe: config error: ")) from exc
+    check_known_keys(cfg, RunSpec)  # a `+key` no setting declares: nothing would read it
     spec = run_spec(cfg)
     n_groups = -(-num_envs // spec.groups.size)
     spec.groups.hot = max(spec.groups.hot, n_groups)  # every group steps from the start
