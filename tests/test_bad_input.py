@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,65 @@ def test_help_describes_rlpipe_its_main_options_and_stages():
     for words in ("env_count=N", "run.duration_s=", "run.resume=", "+stage=dayN", "day4", "exit 130 or 143"):
         assert words in out.stdout, words
     assert "env_mix: acrobot," in out.stdout and "stage: day0, day1" in out.stdout  # the groups, from conf/
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def earlier_run_in(folder: Path) -> None:
+    """What a training run leaves that a fresh one would write over (the guard reads names)."""
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "ckpt_000000030016.pt").write_bytes(b"weights")
+    (folder / "tb").mkdir()
+    (folder / "tb" / "events.out.tfevents.1.host.1.0").write_bytes(b"events")
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text("the earlier run's config\n")
+
+
+def test_a_fresh_run_in_a_folder_holding_an_earlier_run_writes_nothing(short_tmp):
+    """run.resume=false (the default) in a fixed hydra.run.dir that holds a run: refused before
+    Hydra writes its .hydra/ (rlpipe/run_dir_guard.py); run.resume=true goes past the guard
+    (and here finds the checkpoint is not one); a multirun's sweep dir likewise."""
+    run_dir = short_tmp / "run"
+    earlier_run_in(run_dir)
+    before = files_in(run_dir)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    paragraph = out.stderr.strip()
+    assert out.returncode == 2 and "\n" not in paragraph, out.stderr[-3000:]
+    assert paragraph.startswith(f"rlpipe: config error: hydra.run.dir={run_dir} already holds a run (")
+    assert "checkpoints/ (1 checkpoint), tb/ (1 TensorBoard event file)" in paragraph and "run.resume=true" in paragraph
+    assert files_in(run_dir) == before
+
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "run.resume=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=driver_dies_with_pytest,
+    )
+    assert out.returncode == 2 and "already holds" not in out.stderr, out.stderr[-3000:]
+    assert "not a checkpoint file" in out.stderr  # past the guard: the resume read what is there
+
+    sweep_dir = short_tmp / "sweep"
+    earlier_run_in(sweep_dir / "1")
+    before = files_in(sweep_dir)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", "-m", "run.seed=1,2", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    paragraph = out.stderr.strip()
+    assert out.returncode == 2 and "\n" not in paragraph, out.stderr[-3000:]
+    assert paragraph.startswith(f"rlpipe: config error: hydra.sweep.dir={sweep_dir} already holds the runs of")
+    assert "1/checkpoints/ (1 checkpoint)" in paragraph
+    assert files_in(sweep_dir) == before

@@ -144,15 +144,18 @@ def test_what_a_failed_test_left_running_in_its_dir_is_stopped(tmp_path, kind):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(other_dir)])
     try:
         grandchild = int(left.stdout.readline())
+        # a clean one is not waited for the whole grace: a long grace tells that apart from a
+        # loaded machine's slow exit (2.01 s against a 2 s grace once, in a full suite)
+        grace_s = 10 if kind == "clean" else 2
         started = time.monotonic()
-        stop_what_runs_in(run_dir, grace_s=2)
+        stop_what_runs_in(run_dir, grace_s=grace_s)
         took = time.monotonic() - started
         # (psutil reaps the children it waits for, so Popen cannot read their exit codes)
         assert not pid_alive(left.pid) and not pid_alive(grandchild)
         if kind == "clean":
-            assert marker.read_text() == "terminated" and took < 2
+            assert marker.read_text() == "terminated" and took < grace_s
         else:
-            assert not marker.exists() and took >= 2  # killed once the grace had passed
+            assert not marker.exists() and took >= grace_s  # killed once the grace had passed
         assert bystander.poll() is None
     finally:
         for proc in (left, bystander):

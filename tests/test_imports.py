@@ -64,13 +64,12 @@ def layer_of(module: str) -> str:
         "rlpipe.config_checks",
         "rlpipe.config_compat",
         "rlpipe.config_errors",
-        "rlpipe.sweep_check",
         "rlpipe.process_layout",
         "rlpipe.mix_learner",
     ):
         return "config"
-    if module in ("rlpipe.app", "rlpipe.__main__"):
-        return "app"
+    if module in ("rlpipe.app", "rlpipe.__main__", "rlpipe.sweep_check", "rlpipe.run_dir_guard"):
+        return "app"  # the CLI, and its Hydra callbacks (checks before Hydra writes anything)
     if len(parts) >= 2 and parts[1] in ("eval", "report"):  # after-the-run CLIs on top of it all
         return "app"
     if len(parts) >= 2 and parts[1] == "vector":  # the engine for any learner (a VectorEnv), beside eval
