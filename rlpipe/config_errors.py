@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import sys
 import typing
 from typing import Any
 
@@ -29,6 +30,13 @@ OPEN_KEYS = ("env_mix.types", "env_mix.weights", "buffer.keys")
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 LIST_ALL = "`python -m rlpipe --cfg job` prints every setting with its value"
 _TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+
+def exit_with(text: str) -> None:
+    """Bad input found where no caller turns a ConfigError into its paragraph (a Hydra callback:
+    Hydra turns a callback's exception into a warning): said here, exit 2."""
+    print(f"rlpipe: config error: {text}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_CONFIG)
 
 
 # -- keys nothing reads ------------------------------------------------------------------------

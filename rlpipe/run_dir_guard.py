@@ -16,14 +16,13 @@ Not under torchrun: its ranks share one folder and a restarted job resumes by it
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from rlpipe.config_errors import EXIT_CONFIG
+from rlpipe.config_errors import exit_with
 from rlpipe.ranks import rank_from_env
 
 # what a training run writes that a fresh one would overwrite or mix into, and how to say it
@@ -54,12 +53,6 @@ def held_text(held: list[str]) -> str:
     return ", ".join(held[:3]) + more
 
 
-def refuse(text: str) -> None:
-    """Printed and exited here: Hydra turns a callback's exception into a warning."""
-    print(f"rlpipe: config error: {text}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_CONFIG)
-
-
 class KeepEarlierRuns(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if rank_from_env() is not None or config.run.resume is not False:
@@ -67,7 +60,7 @@ class KeepEarlierRuns(Callback):
         run_dir = Path(config.hydra.run.dir)
         held = earlier_run(run_dir)
         if held:
-            refuse(
+            exit_with(
                 f"hydra.run.dir={run_dir} already holds a run ({held_text(held)}), and with "
                 "run.resume=false a fresh run would write over it. Continue that run with "
                 "run.resume=true (or auto), or give another hydra.run.dir; nothing was written."
@@ -81,7 +74,7 @@ class KeepEarlierRuns(Callback):
             f"{job.name}/{what}" for job in sorted(sweep_dir.glob("*/")) for what in earlier_run(job)
         ]
         if held:
-            refuse(
+            exit_with(
                 f"hydra.sweep.dir={sweep_dir} already holds the runs of an earlier sweep "
                 f"({held_text(held)}), and with run.resume=false its jobs would write over them. "
                 "Continue them with run.resume=true (or auto), or give another hydra.sweep.dir; "

@@ -17,7 +17,6 @@ sweep's jobs are checked where they start.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from rlpipe.config import ConfigError, RunSpec, run_spec
-from rlpipe.config_errors import EXIT_CONFIG, check_known_keys, explain
+from rlpipe.config_errors import check_known_keys, exit_with, explain
 
 log = logging.getLogger("rlpipe")
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -49,10 +48,8 @@ class CheckEveryJob(Callback):
         for number, overrides in enumerate(jobs):
             refused = job_refused(config, overrides)
             if refused is not None:
-                # printed and exited here: Hydra turns a callback's exception into a warning
                 name = f"job #{number} of {len(jobs)} ({' '.join(overrides)})"  # as Hydra's log names it
-                print(f"rlpipe: config error: {name}: {refused} No job of the sweep was started.", file=sys.stderr)
-                sys.exit(EXIT_CONFIG)
+                exit_with(f"{name}: {refused} No job of the sweep was started.")
         log.info("multirun: the configs of all %d jobs checked in %.1f s", len(jobs), time.monotonic() - started)
 
 
