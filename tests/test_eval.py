@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_for
 
 
 def eval_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -138,3 +140,56 @@ def test_board_layout_matches_the_worker_rows():
     assert env_action("discrete", 2, np.int64(1), np.zeros(3, np.float32)) == 1
     cont = env_action("continuous", 1, np.int64(0), np.array([0.5, 9.0], np.float32))
     assert cont.dtype == np.float32 and cont.tolist() == [0.5]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_evaluation_says_so_in_one_line_and_writes_nothing(trained_run, short_tmp, sig):
+    """A stop signal mid-play: one line, the signal's exit code, no traceback, and the run's
+    eval/ as an earlier evaluation left it (here: none; a copy of the run, the shared run
+    untouched). Before, SIGINT was a KeyboardInterrupt traceback."""
+    from test_stopping import catches_sigterm
+
+    run = short_tmp / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlpipe.eval", str(run), "--episodes", "100000", "--video"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: catches_sigterm(proc.pid), 60, every_s=0.01)
+        time.sleep(1.0)  # well into loading the run or playing it
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert err.strip() == (
+        f"rlpipe.eval: stopped by {sig.name} before it finished: nothing written (the run's eval/ "
+        "keeps what an earlier evaluation wrote)"
+    )
+    assert not (run / "eval").exists() or list((run / "eval").iterdir()) == []
+
+
+def test_a_film_takes_its_name_only_once_whole(short_tmp):
+    """The MP4 is written as <name>.partial.mp4 and renamed by close(); discard() (a stopped
+    evaluation) removes it and leaves an earlier film as it was."""
+    from rlpipe.eval.video import Recorder
+
+    frame = np.zeros((64, 64, 3), np.uint8)
+    earlier = short_tmp / "cartpole.mp4"
+    earlier.write_bytes(b"an earlier evaluation's film")
+    stopped = Recorder(lambda _env, _obs: frame, earlier)
+    for _ in range(5):
+        stopped.observe(None, {})
+    assert stopped.partial.exists() and earlier.read_bytes() == b"an earlier evaluation's film"
+    stopped.discard()
+    assert not stopped.partial.exists() and earlier.read_bytes() == b"an earlier evaluation's film"
+
+    whole = Recorder(lambda _env, _obs: frame, earlier)
+    for _ in range(5):
+        whole.observe(None, {})
+    assert whole.close() == earlier and not whole.partial.exists()
+    assert earlier.read_bytes()[4:8] == b"ftyp"  # an MP4 now

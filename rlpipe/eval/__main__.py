@@ -8,12 +8,15 @@ each type's random-action return (the run's `random_returns.json`, else measured
 `--video` films one deterministic episode per type that can be filmed
 (`<run_dir>/eval/<type>.mp4`) and logs it, with the eval returns, to the run's TensorBoard.
 
-Exit codes: 0 done, 2 when the run cannot be evaluated (one paragraph says why).
+Exit codes: 0 done, 2 when the run cannot be evaluated (one paragraph says why), 130 / 143
+when SIGINT / SIGTERM stopped it (one line; nothing written: returns.json, returns.md and each
+film take their names only once whole, so an earlier evaluation's stay as they were).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -178,8 +181,10 @@ def _film(run, t: int, node: dict, args, out_dir: Path, films: dict) -> dict:
             run.spec.worker.step_timeout_s,
             observe=rec.observe,
         )
-    finally:
-        path = rec.close()
+    except BaseException:  # a stop signal (KeyboardInterrupt) too: no half film over a whole one
+        rec.discard()
+        raise
+    path = rec.close()
     if path is None:
         return {"video": None, "video_note": rec.error or "the filmed episode was cut before its first frame"}
     films[name] = rec
@@ -208,14 +213,33 @@ def _tensorboard(run, result: dict, films: dict) -> None:
         writer.close()
 
 
+def _interrupt(signum: int, _frame) -> None:
+    """SIGTERM as SIGINT: a KeyboardInterrupt (a BaseException: an env's own `except
+    Exception` does not take it for a fault of the env) carrying the signal's number."""
+    raise KeyboardInterrupt(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         args = parse_args(argv)
         result = evaluate(args, console)
     except EvalError as exc:
         print(f"rlpipe.eval: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args else signal.SIGINT
+        print(
+            f"rlpipe.eval: stopped by {signal.Signals(signum).name} before it finished: nothing written "
+            "(the run's eval/ keeps what an earlier evaluation wrote)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     from rlpipe.eval import results
 
     _json, md = results.write(Path(result["run_dir"]) / "eval", result)

@@ -36,11 +36,14 @@ TB_MAX_WIDTH = 320
 class Recorder:
     """Films one episode: `observe(env, obs)` is play()'s hook. Frames go to the MP4 as they
     come (an Atari episode is thousands of frames: none is held), and every `stride`-th is
-    kept for the TensorBoard GIF, the stride doubling whenever more than TB_MAX_FRAMES are kept."""
+    kept for the TensorBoard GIF, the stride doubling whenever more than TB_MAX_FRAMES are kept.
+    The MP4 is written beside `path` (`<name>.partial.mp4`) and takes its name once whole
+    (`close`): a stopped evaluation (`discard`) leaves an earlier evaluation's film as it was."""
 
     def __init__(self, grab: Callable[[object, dict], np.ndarray], path: Path):
         self.grab = grab
         self.path = path
+        self.partial = path.with_name(f"{path.stem}.partial{path.suffix}")  # ffmpeg reads the suffix
         self.frames = 0
         self.kept: list[np.ndarray] = []
         self.stride = 1
@@ -63,7 +66,7 @@ class Recorder:
         if self._writer is None:
             meta = getattr(getattr(env, "env", None), "metadata", None) or {}
             self.fps = int(meta.get("render_fps") or DEFAULT_FPS)
-            self._writer = mp4_writer(self.path, self.fps)
+            self._writer = mp4_writer(self.partial, self.fps)
         self._writer.append_data(for_player(frame))
         if self.frames % self.stride == 0:
             self.kept.append(frame)
@@ -73,12 +76,20 @@ class Recorder:
         self.frames += 1
 
     def close(self) -> Path | None:
-        """Finish the MP4; its path, or None when no frame was filmed."""
+        """Finish the MP4 under its name; its path, or None when no frame was filmed."""
         if self._writer is None:
             return None
         self._writer.close()
         self._writer = None
+        os.replace(self.partial, self.path)
         return self.path
+
+    def discard(self) -> None:
+        """The film stopped half-way: its partial MP4 removed."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self.partial.unlink(missing_ok=True)
 
 
 def render_source(node: dict, spec: EnvSpec):
