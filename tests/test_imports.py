@@ -28,6 +28,7 @@ BASE = (
     "rlpipe.heap",
     "rlpipe.chaos_faults",
     "rlpipe.lifecycle",
+    "rlpipe.interrupts",
 )
 # Neutral modules that import no other base module, and the one each may import all the same
 # (docs/architecture.md: the recovery report reads the faults' healing rules in their classes).

@@ -3,9 +3,12 @@ report rebuilt from its files, and the error for a directory that is neither."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +100,38 @@ def test_neither_run_nor_multirun_is_one_clear_error(tmp_path, capsys):
     code, err = report_main(tmp_path, capsys)
     assert code == 2
     assert "neither a run directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_report_says_so_in_one_line_and_leaves_only_whole_files(
+    multirun, short_tmp, capsys, monkeypatch, sig
+):
+    """The signal comes (a real one, to this process) while the third plot is drawn: one line
+    and the signal's exit code, no traceback; the plots drawn before are whole PNGs, no
+    temporary file is left, and the earlier report's markdown is as it was."""
+    import rlpipe.telemetry.health as health
+    from rlpipe import interrupts
+    from rlpipe.report.__main__ import main
+
+    run = short_tmp / "run"
+    shutil.copytree(multirun / "0", run)
+    earlier_md = (run / "health_report.md").read_bytes()
+
+    def signalled(*_args):
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the handler raises before this ends
+        raise AssertionError("the signal did not stop the report")
+
+    monkeypatch.setattr(health, "plot_memory", signalled)
+    code = main([str(run)])
+    err = capsys.readouterr().err
+    assert code == 128 + sig
+    assert err.strip() == (
+        f"rlpipe.report: stopped by {sig.name} before it finished: each file it wrote is whole, "
+        "the others are an earlier report's"
+    )
+    assert (run / "health_report.md").read_bytes() == earlier_md
+    for png in run.glob("health_*.png"):
+        assert png.read_bytes()[:8] == PNG_MAGIC, png
+    assert list(run.glob(".*.tmp")) == []
+    assert signal.getsignal(sig) is not interrupts._interrupt  # the handler before, restored

@@ -16,7 +16,6 @@ film take their names only once whole, so an earlier evaluation's stay as they w
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlpipe.config_checks import SEED_LIMIT
 from rlpipe.eval.loader import EvalError
+from rlpipe.interrupts import say_stopped, stops_as_interrupts
 
 EXIT_BAD_INPUT = 2
 
@@ -213,33 +213,19 @@ def _tensorboard(run, result: dict, films: dict) -> None:
         writer.close()
 
 
-def _interrupt(signum: int, _frame) -> None:
-    """SIGTERM as SIGINT: a KeyboardInterrupt (a BaseException: an env's own `except
-    Exception` does not take it for a fault of the env) carrying the signal's number."""
-    raise KeyboardInterrupt(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        args = parse_args(argv)
-        result = evaluate(args, console)
-    except EvalError as exc:
-        print(f"rlpipe.eval: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt as exc:
-        signum = exc.args[0] if exc.args else signal.SIGINT
-        print(
-            f"rlpipe.eval: stopped by {signal.Signals(signum).name} before it finished: nothing written "
-            "(the run's eval/ keeps what an earlier evaluation wrote)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 128 + signum
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stops_as_interrupts():
+        try:
+            args = parse_args(argv)
+            result = evaluate(args, console)
+        except EvalError as exc:
+            print(f"rlpipe.eval: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except KeyboardInterrupt as exc:
+            return say_stopped(
+                "rlpipe.eval", exc, "nothing written (the run's eval/ keeps what an earlier evaluation wrote)"
+            )
     from rlpipe.eval import results
 
     _json, md = results.write(Path(result["run_dir"]) / "eval", result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from rlpipe.files import atomic_write
 from rlpipe.report import jobs as J, overlay
 
 PLOTS = (  # file, tag, title, y label, leave out values <= 0
@@ -91,5 +92,5 @@ def write_comparison(multirun_dir: Path) -> tuple[Path, list[Path]]:
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     path = multirun_dir / "comparison.md"
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write(path, "\n".join(lines) + "\n")
     return path, plots

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from rlpipe.report.jobs import Job
+from rlpipe.telemetry.health.plots import save_png
 
 PANEL_COLS = 3
 
@@ -68,8 +69,7 @@ def plot_tag(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
     _legend(fig, *ax.get_legend_handles_labels())
-    fig.savefig(path, dpi=100)
-    return path
+    return save_png(fig, path)
 
 
 def plot_returns(jobs: list[Job], labels: dict[str, str], path: Path) -> Path | None:
@@ -100,5 +100,4 @@ def plot_returns(jobs: list[Job], labels: dict[str, str], path: Path) -> Path | 
     fig.suptitle("Return per env type, every job", fontsize=11)
     order = [j.name for j in jobs if j.name in handles]
     _legend(fig, [handles[n] for n in order], [labels[n] for n in order])
-    fig.savefig(path, dpi=100)
-    return path
+    return save_png(fig, path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlpipe.telemetry.health.markdown import md_table
-from rlpipe.telemetry.health.plots import fixed_margins
+from rlpipe.telemetry.health.plots import fixed_margins, save_png
 from rlpipe.telemetry.tb_events import Series
 
 PLOT_RESOURCES = "health_resources.png"
@@ -106,5 +106,4 @@ def plot_resources(scalars: dict[str, Series], path: Path) -> Path | None:
         ax.legend(fontsize=7, loc="upper left")
     axes[-1].set_xlabel("hours since the first sample")
     fig.suptitle("Resources of the run (TensorBoard resources/*)", fontsize=11)
-    fig.savefig(path, dpi=100)
-    return path
+    return save_png(fig, path)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlpipe.files import atomic_write
 from rlpipe.telemetry.health.inputs import ENV_FAULT_KINDS, MEMORY_TAGS, eval_curves, return_series
 from rlpipe.telemetry.tb_events import Series
 
@@ -48,8 +49,10 @@ def fixed_margins(fig, left, right, top, bottom, rows=1, cols=1, wgap=0.0, hgap=
     )
 
 
-def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=100)
+def save_png(fig, path: Path) -> Path:
+    """`fig` as a PNG at `path`, renamed in once whole: a report stopped half-way (a stop signal
+    to `python -m rlpipe.report`, a full disk) leaves the earlier plot, not half of one."""
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
     return path
 
 
@@ -94,7 +97,7 @@ def plot_sps(scalars: dict[str, Series], path: Path) -> Path | None:
         h2, l2 = ax2.get_legend_handles_labels()
         ax.legend(h1 + h2, l1 + l2, loc="lower right")
     ax.set_title("Throughput and active envs (TensorBoard charts/sps, envs/active)", fontsize=11)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_returns(scalars: dict[str, Series], path: Path, eval_rounds: list[dict] | None = None) -> Path | None:
@@ -153,7 +156,7 @@ def plot_returns(scalars: dict[str, Series], path: Path, eval_rounds: list[dict]
         + (")\nand the deterministic eval rounds (eval/history.jsonl)" if evals else ")"),
         fontsize=11,
     )
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_memory(scalars: dict[str, Series], path: Path) -> Path | None:
@@ -172,7 +175,7 @@ def plot_memory(scalars: dict[str, Series], path: Path) -> Path | None:
     ax.set_ylim(bottom=0)
     ax.legend()
     ax.set_title("Memory: PSS of the run, RSS per worker (TensorBoard memory/, workers/)", fontsize=11)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_groups(scalars: dict[str, Series], group_faults: dict[int, dict[str, int]] | None, path: Path) -> Path | None:
@@ -219,4 +222,4 @@ def plot_groups(scalars: dict[str, Series], group_faults: dict[int, dict[str, in
         "Logged return windows per env type (2 s means, not single episodes)\nand env faults per worker group",
         fontsize=10,
     )
-    return _save(fig, path)
+    return save_png(fig, path)
