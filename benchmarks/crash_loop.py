@@ -46,6 +46,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # argtypes
+
+from argtypes import positive_float, positive_int  # noqa: E402
 
 from rlpipe.telemetry.tb_events import read_scalars  # noqa: E402
 from rlpipe.worker.backoff import BACKOFF_CAP_S  # noqa: E402
@@ -202,10 +205,10 @@ def report(runs: list[dict], names: list[str]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--env-count", type=int, default=80)
-    ap.add_argument("--groups", type=int, default=2, help="worker processes (groups.size = envs / groups)")
+    ap.add_argument("--minutes", type=positive_float, default=10.0)
+    ap.add_argument("--repeats", type=positive_int, default=1)
+    ap.add_argument("--env-count", type=positive_int, default=80)
+    ap.add_argument("--groups", type=positive_int, default=2, help="worker processes (groups.size = envs / groups)")
     ap.add_argument("--controls", default="twin,none", help="comma-separated: twin, none")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--report", type=Path, default=None, help="print the figures of a finished benchmark's DIR again")

@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
+from argtypes import git_revision, positive_float, positive_int  # noqa: E402
 from engine_sps import mode_overrides  # noqa: E402
 
 from rlpipe.telemetry.tb_events import read_scalars  # noqa: E402
@@ -170,12 +171,12 @@ def checkout_of(rev: str, into: Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--envs", type=int, default=7000)
+    ap.add_argument("--envs", type=positive_int, default=7000)
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     ap.add_argument("--modes", nargs="+", default=["random", "hold"])
-    ap.add_argument("--seconds", type=float, default=45.0)
-    ap.add_argument("--baseline-rev", help="a git revision to run beside this tree, row by row")
-    ap.add_argument("--rounds", type=int, default=1, help="runs of each row (and side); medians are printed")
+    ap.add_argument("--seconds", type=positive_float, default=45.0)
+    ap.add_argument("--baseline-rev", type=git_revision, help="a git revision to run beside this tree, row by row")
+    ap.add_argument("--rounds", type=positive_int, default=1, help="runs of each row (and side); medians are printed")
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     args = ap.parse_args()
     sides = {"this tree": REPO}

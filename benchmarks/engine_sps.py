@@ -97,8 +97,9 @@ from rlpipe.procs import die_with_parent
 from rlpipe.telemetry.tb_events import read_scalars
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # baselines, shared with vector_sps.py
+sys.path.insert(0, str(HERE))  # baselines, shared with vector_sps.py; argtypes
 
+from argtypes import positive_float, positive_int  # noqa: E402
 from baselines import (  # noqa: E402
     forks_die_with_their_parent,
     gym_thunk,
@@ -484,7 +485,7 @@ PPO_MODES = ["hold", "drop", "hold+null", "drop+null"]
 def main() -> int:
     stop_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--counts", type=int, nargs="+", default=[1000, 7000])
+    ap.add_argument("--counts", type=positive_int, nargs="+", default=[1000, 7000])
     ap.add_argument(
         "--ppo-counts",
         type=int,
@@ -499,17 +500,21 @@ def main() -> int:
         default=None,
         help="counts at which to try AsyncVectorEnv (default: all of --counts)",
     )
-    ap.add_argument("--seconds", type=float, default=60.0, help="engine run length (random rows)")
-    ap.add_argument("--ppo-seconds", type=float, default=None, help="engine run length (ppo rows; default --seconds)")
-    ap.add_argument("--sync-seconds", type=float, default=16.0, help="split before/after the engine")
-    ap.add_argument("--async-seconds", type=float, default=8.0, help="split before/after the engine")
+    ap.add_argument("--seconds", type=positive_float, default=60.0, help="engine run length (random rows)")
+    ap.add_argument(
+        "--ppo-seconds", type=positive_float, default=None, help="engine run length (ppo rows; default --seconds)"
+    )
+    ap.add_argument("--sync-seconds", type=positive_float, default=16.0, help="split before/after the engine")
+    ap.add_argument("--async-seconds", type=positive_float, default=8.0, help="split before/after the engine")
     ap.add_argument(
         "--puffer",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="PufferLib Multiprocessing rows (default: where pufferlib imports)",
     )
-    ap.add_argument("--puffer-seconds", type=float, default=16.0, help="per row, split before/after the engine")
+    ap.add_argument(
+        "--puffer-seconds", type=positive_float, default=16.0, help="per row, split before/after the engine"
+    )
     ap.add_argument("--puffer-child", help=argparse.SUPPRESS)  # puffer_windows_in_child's child
     ap.add_argument(
         "--layouts",

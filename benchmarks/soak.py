@@ -36,6 +36,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # argtypes
+
+from argtypes import positive_float  # noqa: E402
 
 from rlpipe.lifecycle.recovery import recovery_report  # noqa: E402
 from rlpipe.supervisor.driver import TB_DETAIL_S, TB_INTERVAL_S, TB_LONG_INTERVAL_S  # noqa: E402
@@ -206,7 +209,7 @@ def fmt(v) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--minutes", type=positive_float, default=60.0)
     ap.add_argument("--out", type=Path, default=None, help="the run directory (default outputs/soak-<time>)")
     ap.add_argument("overrides", nargs="*", help=f"rlpipe overrides (default: {' '.join(DEFAULT)})")
     a = ap.parse_args()

@@ -239,3 +239,29 @@ def test_a_bench_stopped_by_sigterm_stops_its_engine_run_and_leaves_nothing_behi
         if script.poll() is None:
             script.kill()
             script.wait()
+
+
+@pytest.mark.parametrize(
+    "script, flags, said",
+    [
+        ("engine_sps.py", ["--counts", "-5"], "argument --counts: -5 is not a positive integer"),
+        ("engine_sps.py", ["--seconds", "0"], "argument --seconds: 0 is not a positive number"),
+        ("soak.py", ["--minutes", "-1"], "argument --minutes: -1 is not a positive number"),
+        ("crash_loop.py", ["--repeats", "two"], "argument --repeats: 'two' is not an integer"),
+        ("driver_cost.py", ["--baseline-rev", "no-such-rev"], "argument --baseline-rev: 'no-such-rev' names no commit"),
+    ],
+)
+def test_a_benchmark_refuses_a_value_out_of_range_before_it_runs_anything(script, flags, said, tmp_path):
+    """benchmarks/argtypes.py: argparse's usage line, exit 2, nothing started (before: an
+    IndexError, a CalledProcessError from git worktree, or an rlpipe run refused half-way
+    with its outputs/ folder left)."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), *flags],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1].startswith(f"{script}: error: {said}")
+    assert list(tmp_path.iterdir()) == []
