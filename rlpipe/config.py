@@ -254,6 +254,7 @@ class RewardNormSpec(_Section):
 class RedisSpec(_Section):
     _key = "redis"
     url: Optional[str] = setting(redis_url)  # null: the driver starts an embedded redis-server
+    start_wait_s: float = setting(positive)  # an external url that does not answer: how long the start waits
 
 
 @dataclass

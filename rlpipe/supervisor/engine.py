@@ -110,7 +110,7 @@ class SliceEngine:
         may raise to stop the wait) and the lifecycle writer up."""
         sweep_dead_segments()
         sweep_dead_socket_dirs()
-        self.services.start_redis(self.spec.redis.url, self.spec.env_count, redis_fields, between_tries)
+        self.services.start_redis(self.spec.redis, self.spec.env_count, redis_fields, between_tries)
         names = [self.plan.names[t] for t in self.plan.env_type]
         self.services.start_lifecycle(
             EnvLayout(self.spec.env_id_offset, names, [self.versions[name] for name in names])

@@ -10,7 +10,7 @@ An external server (`redis.url`) must answer PING when the run starts. What no w
 (an url redis-py cannot parse, a host name no resolver knows, a password or database the
 server refuses) is bad input: a ConfigError, exit 2. A server that does not answer (refused,
 timed out, no socket file yet) may be restarting: the start waits for it up to
-EXTERNAL_WAIT_S, then stops with RedisUnreachable (exit 6, not 2: a supervisor such as
+`redis.start_wait_s`, then stops with RedisUnreachable (exit 6, not 2: a supervisor such as
 systemd's `RestartPreventExitStatus=2` tries again later). Neither message shows the url's
 password.
 """
@@ -35,12 +35,11 @@ from rlpipe.redis_client import connect as client
 from rlpipe.spec import ConfigError
 
 log = logging.getLogger(__name__)
-EXTERNAL_WAIT_S = 10.0  # as long as the embedded server is given to start
 URL_FORMS = "redis://[:password@]host:port/db, rediss://..., unix:///path/to/redis.sock"
 
 
 class RedisUnreachable(RuntimeError):
-    """The external Redis did not answer within EXTERNAL_WAIT_S; the message is for the user."""
+    """The external Redis did not answer within redis.start_wait_s; the message is for the user."""
 
 
 def shown_url(url: str) -> str:
@@ -68,7 +67,7 @@ def refused_for_good(exc: Exception) -> str | None:
     return None
 
 
-def reach_external(url: str, between_tries: Callable[[], None], wait_s: float = EXTERNAL_WAIT_S) -> None:
+def reach_external(url: str, between_tries: Callable[[], None], wait_s: float) -> None:
     """Return once the external server at `url` answers PING (ConfigError or RedisUnreachable:
     see the module's docstring). `between_tries` runs before each retry and may raise to end
     the wait (the driver's stop signal: a Ctrl-C is not held up for the whole wait)."""
@@ -132,9 +131,10 @@ def write_private_config(path: Path, text: str) -> Path:
 class RedisService:
     """Start (embedded) or reach (external) the run's Redis; `url` is what clients use."""
 
-    def __init__(self, url: str | None, socket_path: Path, log_dir: Path):
+    def __init__(self, url: str | None, socket_path: Path, log_dir: Path, start_wait_s: float):
         self.external = url is not None
         self.url = url
+        self.start_wait_s = start_wait_s  # redis.start_wait_s: an external url not answering yet
         self.socket_path = socket_path
         self.log_path = log_dir / "redis.log"
         self.proc: subprocess.Popen | None = None
@@ -145,10 +145,10 @@ class RedisService:
         return "external" if self.external else "embedded"
 
     def start(self, timeout_s: float = 10.0, between_tries: Callable[[], None] = lambda: None) -> None:
-        """The embedded server started and answering, or the external one answering (waited
-        for: `reach_external`, with `between_tries`)."""
+        """The embedded server started and answering within `timeout_s`, or the external one
+        answering (waited for up to `start_wait_s`: `reach_external`, with `between_tries`)."""
         if self.external:
-            reach_external(self.url, between_tries)
+            reach_external(self.url, between_tries, self.start_wait_s)
             return
         self.password = self.password or secrets.token_hex(16)
         password = self.password

@@ -91,12 +91,13 @@ class Services:
         return f"ipc://{self.sock_dir}/{name}.ipc"
 
     # -- start -------------------------------------------------------------------------------
-    def start_redis(self, url: str | None, env_count: int, run_fields: dict, between_tries=lambda: None) -> None:
-        """Redis up (embedded or reached), and the run's hash in it: state `starting`, this
-        process's pid, the env count and the run dir, then `run_fields` (the driver's run mode's,
-        or the vector engine's client name). `between_tries`: see `RedisService.start`."""
+    def start_redis(self, redis_spec, env_count: int, run_fields: dict, between_tries=lambda: None) -> None:
+        """Redis up (embedded, or reached at `redis_spec.url`), and the run's hash in it: state
+        `starting`, this process's pid, the env count and the run dir, then `run_fields` (the
+        driver's run mode's, or the vector engine's client name). `between_tries`: see
+        `RedisService.start`."""
         self.sock_dir = socket_dir(self.run_dir, self.run_id)
-        self.redis = RedisService(url, self.sock_dir / REDIS_SOCKET, self.run_dir)
+        self.redis = RedisService(redis_spec.url, self.sock_dir / REDIS_SOCKET, self.run_dir, redis_spec.start_wait_s)
         self.redis.start(between_tries=between_tries)
         self.rcli = redis_client(self.redis.url)
         state = {"state": "starting", "pid": os.getpid(), "env_count": env_count, "run_dir": str(self.run_dir)}
