@@ -129,6 +129,13 @@ def explain(exc: BaseException, schema: type) -> str | None:
     return None
 
 
+def hydra_refusal(exc: BaseException, schema: type) -> str | None:
+    """`explain`'s paragraph without its "rlpipe: config error: " (for a caller that names
+    the job or the API first); None for anything Hydra did not refuse."""
+    text = explain(exc, schema)
+    return None if text is None else text.removeprefix("rlpipe: config error: ")
+
+
 def _omegaconf_text(err: OmegaConfBaseException, schema: type) -> str:
     key = getattr(err, "full_key", None) or "?"
     if isinstance(err, (ConfigAttributeError, ConfigKeyError)):

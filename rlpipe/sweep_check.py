@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from rlpipe.config import ConfigError, RunSpec, run_spec
-from rlpipe.config_errors import check_known_keys, exit_with, explain
+from rlpipe.config_errors import check_known_keys, exit_with, hydra_refusal
 
 log = logging.getLogger("rlpipe")
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -76,9 +76,9 @@ def job_refused(config: DictConfig, overrides: list[str]) -> str | None:
         run_spec(cfg)
     except (ConfigError, OmegaConfBaseException) as exc:
         return str(exc)
-    except Exception as exc:  # what Hydra refuses while it composes, in its own words
-        text = explain(exc, RunSpec)
+    except Exception as exc:  # what Hydra refuses while it composes, said as rlpipe says it
+        text = hydra_refusal(exc, RunSpec)
         if text is None:
             raise
-        return text.removeprefix("rlpipe: config error: ")
+        return text
     return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hydra import compose, initialize_config_dir
 
 from rlpipe.config import ConfigError, RunSpec, conf_dir, register_schema, run_spec
-from rlpipe.config_errors import check_known_keys, explain
+from rlpipe.config_errors import check_known_keys, hydra_refusal
 
 
 def is_rlpipe_type(name: str) -> bool:
@@ -75,10 +75,10 @@ def vector_spec(env_id_or_type: str, num_envs: int, seed: int | None, overrides:
         try:
             cfg = compose(config_name="config", overrides=base + list(overrides))
         except Exception as exc:  # what Hydra refuses, said as the CLI says it (rlpipe.config_errors)
-            text = explain(exc, RunSpec)
+            text = hydra_refusal(exc, RunSpec)
             if text is None:
                 raise
-            raise ConfigError(text.removeprefix("rlpipe: config error: ")) from exc
+            raise ConfigError(text) from exc
     check_known_keys(cfg, RunSpec)  # a `+key` no setting declares: nothing would read it
     spec = run_spec(cfg)
     n_groups = -(-num_envs // spec.groups.size)
