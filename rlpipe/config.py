@@ -440,5 +440,6 @@ def run_spec(cfg: DictConfig) -> RunSpec:
         if OmegaConf.is_missing(cfg.buffer, "sizing"):
             # saved before buffer.sizing existed: every board then was used as written
             cfg.buffer.sizing = "fixed"
+        register_schema()  # conf/config.yaml's defaults name it; a process that composed nothing yet has not
         fill_newer_settings(cfg, conf_dir())
     return OmegaConf.to_object(cfg)

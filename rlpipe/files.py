@@ -22,6 +22,19 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
 
 
+def partial_name(path: Path) -> Path:
+    """Where a file written in pieces over a while (a film) stands until whole: its suffix kept
+    (a writer may choose the format by it), this process's pid in its name."""
+    return path.with_name(f"{path.stem}.partial-{os.getpid()}{path.suffix}")
+
+
+def own_partial_files(directory: Path) -> list[Path]:
+    """This process's temporary and partial files in `directory` (and its subfolders): what a
+    stop must remove, another process's left alone."""
+    pid = os.getpid()
+    return [*directory.rglob(f".*.{pid}.*.tmp"), *directory.rglob(f"*.partial-{pid}.*")]
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename in `directory` durable; a file system that cannot is left as it is."""
     try:

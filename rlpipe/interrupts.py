@@ -1,41 +1,49 @@
 """How the after-the-run commands (`python -m rlpipe.eval`, `python -m rlpipe.report`) stop on
-SIGINT or SIGTERM: one line naming the signal and its exit code (128 + n), never a
-KeyboardInterrupt traceback, and nothing half-written (their files take their names only once
-whole: rlpipe.files.atomic_write, the eval's films). SIGTERM is made an interrupt like SIGINT,
-a KeyboardInterrupt (a BaseException: an env's own `except Exception` does not take it for a
-fault of the env) that carries the signal's number."""
+SIGINT or SIGTERM: one line naming the signal, exit code 128 + n, no traceback, nothing
+half-written.
+
+The stop happens in the signal's handler: it removes what this process had half-written in
+the command's output folder (the temporary files of rlpipe.files.atomic_write, a film not yet
+renamed: both carry this process's pid in their names), says its line and leaves with
+os._exit. Not by raising a KeyboardInterrupt where the signal lands: one raised inside a
+library's own work turned into other errors there (Hydra's config store half registered, a
+MissingConfigException and its traceback), and one that cut `import torch` short made torch's
+teardown abort (SIGABRT and a native stack dump). Everything those commands write takes its
+name only once whole, so what is left is whole: theirs, or an earlier run's.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+from rlpipe.files import own_partial_files
 
 STOPS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _interrupt(signum: int, _frame) -> None:
-    raise KeyboardInterrupt(signum)
-
-
 @contextmanager
-def stops_as_interrupts() -> Iterator[None]:
-    """SIGINT and SIGTERM raise KeyboardInterrupt(signum) inside; the handlers before, after."""
-    previous = {sig: signal.signal(sig, _interrupt) for sig in STOPS}
+def stops_at_once(prog: str, out_dir: Path, what_stays: str) -> Iterator[None]:
+    """Inside, SIGINT and SIGTERM end the process as the module's docstring says (`out_dir`:
+    where the command writes); the handlers before, after."""
+
+    def stop(signum: int, _frame) -> None:
+        for path in own_partial_files(out_dir):
+            path.unlink(missing_ok=True)
+        print(
+            f"{prog}: stopped by {signal.Signals(signum).name} before it finished: {what_stays}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOPS}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def say_stopped(prog: str, exc: KeyboardInterrupt, what_stays: str) -> int:
-    """The one line for a stopped command; returns its exit code."""
-    signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
-    print(
-        f"{prog}: stopped by {signal.Signals(signum).name} before it finished: {what_stays}",
-        file=sys.stderr,
-        flush=True,
-    )
-    return 128 + signum

@@ -142,11 +142,15 @@ def test_board_layout_matches_the_worker_rows():
     assert cont.dtype == np.float32 and cont.tolist() == [0.5]
 
 
+@pytest.mark.parametrize("after_s", [0.0, 1.0], ids=["at-once", "after-1s"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_stopped_evaluation_says_so_in_one_line_and_writes_nothing(trained_run, short_tmp, sig):
-    """A stop signal mid-play: one line, the signal's exit code, no traceback, and the run's
-    eval/ as an earlier evaluation left it (here: none; a copy of the run, the shared run
-    untouched). Before, SIGINT was a KeyboardInterrupt traceback."""
+def test_a_stopped_evaluation_says_so_in_one_line_and_writes_nothing(trained_run, short_tmp, sig, after_s):
+    """A stop signal as soon as the command handles it (loading the run: Hydra's composition,
+    torch's import) or a second later (loading or playing): one line, the signal's exit code,
+    no traceback, and the run's eval/ as an earlier evaluation left it (here: none; a copy of
+    the run, the shared run untouched). Before, SIGINT was a KeyboardInterrupt traceback; a
+    KeyboardInterrupt raised where the signal landed was, inside Hydra's composition, a
+    MissingConfigException traceback, and inside torch's import an abort at teardown."""
     from test_stopping import catches_sigterm
 
     run = short_tmp / "run"
@@ -160,23 +164,24 @@ def test_a_stopped_evaluation_says_so_in_one_line_and_writes_nothing(trained_run
     )
     try:
         assert wait_for(lambda: catches_sigterm(proc.pid), 60, every_s=0.01)
-        time.sleep(1.0)  # well into loading the run or playing it
+        time.sleep(after_s)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 128 + sig, err[-3000:]
     assert err.strip() == (
-        f"rlpipe.eval: stopped by {sig.name} before it finished: nothing written (the run's eval/ "
-        "keeps what an earlier evaluation wrote)"
+        f"rlpipe.eval: stopped by {sig.name} before it finished: the run's eval/ keeps what an earlier evaluation wrote"
     )
     assert not (run / "eval").exists() or list((run / "eval").iterdir()) == []
 
 
 def test_a_film_takes_its_name_only_once_whole(short_tmp):
-    """The MP4 is written as <name>.partial.mp4 and renamed by close(); discard() (a stopped
-    evaluation) removes it and leaves an earlier film as it was."""
+    """The MP4 is written as <name>.partial-<pid>.mp4 (what a stop signal removes:
+    rlpipe.interrupts) and renamed by close(); discard() (a film that failed) removes it and
+    leaves an earlier film as it was."""
     from rlpipe.eval.video import Recorder
+    from rlpipe.files import own_partial_files
 
     frame = np.zeros((64, 64, 3), np.uint8)
     earlier = short_tmp / "cartpole.mp4"
@@ -185,6 +190,7 @@ def test_a_film_takes_its_name_only_once_whole(short_tmp):
     for _ in range(5):
         stopped.observe(None, {})
     assert stopped.partial.exists() and earlier.read_bytes() == b"an earlier evaluation's film"
+    assert own_partial_files(short_tmp) == [stopped.partial]
     stopped.discard()
     assert not stopped.partial.exists() and earlier.read_bytes() == b"an earlier evaluation's film"
 
@@ -193,3 +199,21 @@ def test_a_film_takes_its_name_only_once_whole(short_tmp):
         whole.observe(None, {})
     assert whole.close() == earlier and not whole.partial.exists()
     assert earlier.read_bytes()[4:8] == b"ftyp"  # an MP4 now
+
+
+def test_a_run_saved_before_a_setting_existed_is_evaluated_with_its_default(trained_run, short_tmp):
+    """A run's .hydra/config.yaml from an older rlpipe lacks the settings added since: they
+    take conf/'s defaults (rlpipe.config_compat). In a fresh `python -m rlpipe.eval` nothing
+    had registered the schema conf/ names, and every such run failed with Hydra's "Could not
+    load 'rlpipe_schema'" traceback (found when redis.start_wait_s was added)."""
+    from omegaconf import OmegaConf
+
+    run = short_tmp / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval"))
+    saved = OmegaConf.load(run / ".hydra" / "config.yaml")
+    del saved.redis["start_wait_s"]
+    del saved["eval"]
+    OmegaConf.save(saved, run / ".hydra" / "config.yaml")
+    out = eval_cli(run, "--episodes", "1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((run / "eval" / "returns.json").read_text())["types"]["cartpole"]["deterministic"]["mean"] > 0

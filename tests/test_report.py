@@ -3,12 +3,10 @@ report rebuilt from its files, and the error for a directory that is neither."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -102,36 +100,46 @@ def test_neither_run_nor_multirun_is_one_clear_error(tmp_path, capsys):
     assert "neither a run directory" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_stopped_report_says_so_in_one_line_and_leaves_only_whole_files(
-    multirun, short_tmp, capsys, monkeypatch, sig
-):
-    """The signal comes (a real one, to this process) while the third plot is drawn: one line
-    and the signal's exit code, no traceback; the plots drawn before are whole PNGs, no
-    temporary file is left, and the earlier report's markdown is as it was."""
-    import rlpipe.telemetry.health as health
-    from rlpipe import interrupts
-    from rlpipe.report.__main__ import main
+# A report whose memory plot is stopped half-written: the child writes part of the PNG through
+# atomic_write, then signals itself; the handler must remove that temporary file and leave.
+HALF_WRITTEN = """
+import os, sys, time
+import rlpipe.telemetry.health as health
+from rlpipe.files import atomic_write
+from rlpipe.report.__main__ import main
 
+def half(f):
+    f.write(b"half a PNG")
+    f.flush()
+    os.kill(os.getpid(), int(sys.argv[2]))
+    time.sleep(30)
+
+health.plot_memory = lambda _scalars, path: atomic_write(path, half)
+sys.exit(main([sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_report_says_so_in_one_line_and_leaves_only_whole_files(multirun, short_tmp, sig):
+    """The signal comes (a real one) while the memory plot is half-written: one line and the
+    signal's exit code, no traceback; that plot's temporary file removed and the earlier plot
+    as it was, the plots drawn before it whole PNGs, the earlier report's markdown as it was."""
     run = short_tmp / "run"
     shutil.copytree(multirun / "0", run)
-    earlier_md = (run / "health_report.md").read_bytes()
-
-    def signalled(*_args):
-        os.kill(os.getpid(), sig)
-        time.sleep(5)  # the handler raises before this ends
-        raise AssertionError("the signal did not stop the report")
-
-    monkeypatch.setattr(health, "plot_memory", signalled)
-    code = main([str(run)])
-    err = capsys.readouterr().err
-    assert code == 128 + sig
-    assert err.strip() == (
+    earlier = {name: (run / name).read_bytes() for name in ("health_report.md", "health_memory.png")}
+    out = subprocess.run(
+        [sys.executable, "-c", HALF_WRITTEN, str(run), str(int(sig))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 128 + sig, out.stderr[-3000:]
+    assert out.stderr.strip() == (
         f"rlpipe.report: stopped by {sig.name} before it finished: each file it wrote is whole, "
         "the others are an earlier report's"
     )
-    assert (run / "health_report.md").read_bytes() == earlier_md
+    assert {name: (run / name).read_bytes() for name in earlier} == earlier
     for png in run.glob("health_*.png"):
         assert png.read_bytes()[:8] == PNG_MAGIC, png
-    assert list(run.glob(".*.tmp")) == []
-    assert signal.getsignal(sig) is not interrupts._interrupt  # the handler before, restored
+    assert [p.name for p in run.rglob("*.tmp")] == []

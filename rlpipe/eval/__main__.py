@@ -9,8 +9,8 @@ each type's random-action return (the run's `random_returns.json`, else measured
 (`<run_dir>/eval/<type>.mp4`) and logs it, with the eval returns, to the run's TensorBoard.
 
 Exit codes: 0 done, 2 when the run cannot be evaluated (one paragraph says why), 130 / 143
-when SIGINT / SIGTERM stopped it (one line; nothing written: returns.json, returns.md and each
-film take their names only once whole, so an earlier evaluation's stay as they were).
+when SIGINT / SIGTERM stopped it (one line, rlpipe.interrupts; returns.json, returns.md and
+each film take their names only once whole, so an earlier evaluation's stay as they were).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlpipe.config_checks import SEED_LIMIT
 from rlpipe.eval.loader import EvalError
-from rlpipe.interrupts import say_stopped, stops_as_interrupts
+from rlpipe.interrupts import stops_at_once
 
 EXIT_BAD_INPUT = 2
 
@@ -181,7 +181,7 @@ def _film(run, t: int, node: dict, args, out_dir: Path, films: dict) -> dict:
             run.spec.worker.step_timeout_s,
             observe=rec.observe,
         )
-    except BaseException:  # a stop signal (KeyboardInterrupt) too: no half film over a whole one
+    except Exception:  # no half film left (a stop signal removes it itself: rlpipe.interrupts)
         rec.discard()
         raise
     path = rec.close()
@@ -215,20 +215,20 @@ def _tensorboard(run, result: dict, films: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
-    with stops_as_interrupts():
+    try:
+        args = parse_args(argv)
+    except EvalError as exc:
+        print(f"rlpipe.eval: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    with stops_at_once("rlpipe.eval", args.run_dir / "eval", "the run's eval/ keeps what an earlier evaluation wrote"):
         try:
-            args = parse_args(argv)
             result = evaluate(args, console)
         except EvalError as exc:
             print(f"rlpipe.eval: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        except KeyboardInterrupt as exc:
-            return say_stopped(
-                "rlpipe.eval", exc, "nothing written (the run's eval/ keeps what an earlier evaluation wrote)"
-            )
-    from rlpipe.eval import results
+        from rlpipe.eval import results
 
-    _json, md = results.write(Path(result["run_dir"]) / "eval", result)
+        _json, md = results.write(Path(result["run_dir"]) / "eval", result)
     out = Console()
     if out.is_terminal:  # a table a person can read at any width
         from rich.markdown import Markdown

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from rlpipe.files import atomic_write
 
 
 def _num(v, digits: int = 1) -> str:
@@ -50,7 +51,5 @@ def write(out_dir: Path, result: dict) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = out_dir / "returns.json", out_dir / "returns.md"
     for path, text in zip(paths, (json.dumps(result, indent=2) + "\n", markdown(result))):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)  # its temporary name holds this pid: a stop removes it (rlpipe.interrupts)
     return paths

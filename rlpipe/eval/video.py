@@ -26,6 +26,7 @@ import numpy as np
 from rlpipe.envs.classic import GymnasiumEnv
 from rlpipe.envs.contract import EnvSpec
 from rlpipe.envs.registry import make_factory
+from rlpipe.files import partial_name
 
 MIN_SIDE = 256  # smaller frames are enlarged to at least this (integer factor)
 DEFAULT_FPS = 30
@@ -37,13 +38,13 @@ class Recorder:
     """Films one episode: `observe(env, obs)` is play()'s hook. Frames go to the MP4 as they
     come (an Atari episode is thousands of frames: none is held), and every `stride`-th is
     kept for the TensorBoard GIF, the stride doubling whenever more than TB_MAX_FRAMES are kept.
-    The MP4 is written beside `path` (`<name>.partial.mp4`) and takes its name once whole
-    (`close`): a stopped evaluation (`discard`) leaves an earlier evaluation's film as it was."""
+    The MP4 is written beside `path` (`<name>.partial-<pid>.mp4`) and takes its name once whole
+    (`close`): a stopped evaluation leaves an earlier evaluation's film as it was."""
 
     def __init__(self, grab: Callable[[object, dict], np.ndarray], path: Path):
         self.grab = grab
         self.path = path
-        self.partial = path.with_name(f"{path.stem}.partial{path.suffix}")  # ffmpeg reads the suffix
+        self.partial = partial_name(path)
         self.frames = 0
         self.kept: list[np.ndarray] = []
         self.stride = 1
@@ -85,7 +86,7 @@ class Recorder:
         return self.path
 
     def discard(self) -> None:
-        """The film stopped half-way: its partial MP4 removed."""
+        """The film failed half-way: its partial MP4 removed."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -8,8 +8,8 @@ rebuilt from their files.
   `comparison.md` and `comparison_*.png`, every job side by side.
 
 Exit codes: 0 done, 2 when the directory is neither (one paragraph says so), 130 / 143 when
-SIGINT / SIGTERM stopped it (one line; every file it wrote is whole: each takes its name once
-written, so the others are still an earlier report's).
+SIGINT / SIGTERM stopped it (one line, rlpipe.interrupts; every file it wrote is whole: each
+takes its name once written, so the others are still an earlier report's).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlpipe.interrupts import say_stopped, stops_as_interrupts
+from rlpipe.interrupts import stops_at_once
 
 EXIT_BAD_INPUT = 2
 
@@ -27,11 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlpipe.report", description=__doc__.split("\n\n")[0])
     p.add_argument("path", type=Path, help="a run directory or a multirun directory")
     args = p.parse_args(argv)
-    with stops_as_interrupts():
-        try:
-            return report(args.path)
-        except KeyboardInterrupt as exc:
-            return say_stopped("rlpipe.report", exc, "each file it wrote is whole, the others are an earlier report's")
+    with stops_at_once("rlpipe.report", args.path, "each file it wrote is whole, the others are an earlier report's"):
+        return report(args.path)
 
 
 def report(path: Path) -> int:
