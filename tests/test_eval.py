@@ -142,8 +142,9 @@ def test_board_layout_matches_the_worker_rows():
     assert cont.dtype == np.float32 and cont.tolist() == [0.5]
 
 
-@pytest.mark.parametrize("after_s", [0.0, 1.0], ids=["at-once", "after-1s"])
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig, after_s", [(signal.SIGINT, 0.0), (signal.SIGTERM, 1.0)], ids=["SIGINT-at-once", "SIGTERM-after-1s"]
+)
 def test_a_stopped_evaluation_says_so_in_one_line_and_writes_nothing(trained_run, short_tmp, sig, after_s):
     """A stop signal as soon as the command handles it (loading the run: Hydra's composition,
     torch's import) or a second later (loading or playing): one line, the signal's exit code,
