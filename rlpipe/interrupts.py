@@ -5,11 +5,11 @@ half-written.
 The stop happens in the signal's handler: it removes what this process had half-written in
 the command's output folder (the temporary files of rlpipe.files.atomic_write, a film not yet
 renamed: both carry this process's pid in their names), says its line and leaves with
-os._exit. Not by raising a KeyboardInterrupt where the signal lands: one raised inside a
-library's own work turned into other errors there (Hydra's config store half registered, a
-MissingConfigException and its traceback), and one that cut `import torch` short made torch's
-teardown abort (SIGABRT and a native stack dump). Everything those commands write takes its
-name only once whole, so what is left is whole: theirs, or an earlier run's.
+os._exit. Not by raising a KeyboardInterrupt where the signal lands: one that cut `import
+torch` short (a CI run) made torch's teardown abort (SIGABRT and a native stack dump), and any
+library's own `except` or `finally` may act on one half-way through its work. Everything those
+commands write takes its name only once whole, so what is left is whole: theirs, or an
+earlier run's.
 """
 
 from __future__ import annotations

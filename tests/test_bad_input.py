@@ -80,14 +80,11 @@ SWEEPS = {
 }
 
 
-@pytest.mark.parametrize("row", SWEEPS)
-def test_a_multirun_with_one_bad_job_starts_none(short_tmp, row):
-    """`python -m rlpipe -m ...` checks every job's config before the first starts
-    (rlpipe/sweep_check.py): one paragraph naming the job, exit 2, no sweep folder."""
-    overrides, said = SWEEPS[row]
-    sweep_dir = short_tmp / "sweep"
+def refused(*overrides: str, one_line: bool = True) -> str:
+    """`python -m rlpipe <overrides>` run to its refusal: what it said, checked (exit 2, no
+    traceback, with `one_line` a single line: a checkpoint error lists each file apart)."""
     out = subprocess.run(
-        [sys.executable, "-m", "rlpipe", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"],
+        [sys.executable, "-m", "rlpipe", *overrides],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -95,8 +92,19 @@ def test_a_multirun_with_one_bad_job_starts_none(short_tmp, row):
         preexec_fn=driver_dies_with_pytest,
     )
     paragraph = out.stderr.strip()
-    assert out.returncode == 2, out.stderr[-3000:]
-    assert paragraph.startswith(f"rlpipe: config error: {said}") and "\n" not in paragraph, paragraph
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert not one_line or "\n" not in paragraph, paragraph
+    return paragraph
+
+
+@pytest.mark.parametrize("row", SWEEPS)
+def test_a_multirun_with_one_bad_job_starts_none(short_tmp, row):
+    """`python -m rlpipe -m ...` checks every job's config before the first starts
+    (rlpipe/sweep_check.py): one paragraph naming the job, exit 2, no sweep folder."""
+    overrides, said = SWEEPS[row]
+    sweep_dir = short_tmp / "sweep"
+    paragraph = refused("-m", *overrides, f"hydra.sweep.dir={sweep_dir}")
+    assert paragraph.startswith(f"rlpipe: config error: {said}"), paragraph
     assert paragraph.endswith("No job of the sweep was started.")
     assert not sweep_dir.exists()
 
@@ -147,42 +155,19 @@ def test_a_fresh_run_in_a_folder_holding_an_earlier_run_writes_nothing(short_tmp
     run_dir = short_tmp / "run"
     earlier_run_in(run_dir)
     before = files_in(run_dir)
-    out = subprocess.run(
-        [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    paragraph = out.stderr.strip()
-    assert out.returncode == 2 and "\n" not in paragraph, out.stderr[-3000:]
+    paragraph = refused(f"hydra.run.dir={run_dir}")
     assert paragraph.startswith(f"rlpipe: config error: hydra.run.dir={run_dir} already holds a run (")
     assert "checkpoints/ (1 checkpoint), tb/ (1 TensorBoard event file)" in paragraph and "run.resume=true" in paragraph
     assert files_in(run_dir) == before
 
-    out = subprocess.run(
-        [sys.executable, "-m", "rlpipe", f"hydra.run.dir={run_dir}", "run.resume=true"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=driver_dies_with_pytest,
-    )
-    assert out.returncode == 2 and "already holds" not in out.stderr, out.stderr[-3000:]
-    assert "not a checkpoint file" in out.stderr  # past the guard: the resume read what is there
+    paragraph = refused(f"hydra.run.dir={run_dir}", "run.resume=true", one_line=False)
+    assert "already holds" not in paragraph
+    assert "not a checkpoint file" in paragraph  # past the guard: the resume read what is there
 
     sweep_dir = short_tmp / "sweep"
     earlier_run_in(sweep_dir / "1")
     before = files_in(sweep_dir)
-    out = subprocess.run(
-        [sys.executable, "-m", "rlpipe", "-m", "run.seed=1,2", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    paragraph = out.stderr.strip()
-    assert out.returncode == 2 and "\n" not in paragraph, out.stderr[-3000:]
+    paragraph = refused("-m", "run.seed=1,2", f"hydra.sweep.dir={sweep_dir}")
     assert paragraph.startswith(f"rlpipe: config error: hydra.sweep.dir={sweep_dir} already holds the runs of")
     assert "1/checkpoints/ (1 checkpoint)" in paragraph
     assert files_in(sweep_dir) == before

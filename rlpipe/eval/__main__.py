@@ -217,18 +217,16 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     try:
         args = parse_args(argv)
+        with stops_at_once(
+            "rlpipe.eval", args.run_dir / "eval", "the run's eval/ keeps what an earlier evaluation wrote"
+        ):
+            result = evaluate(args, console)
+            from rlpipe.eval import results
+
+            _json, md = results.write(Path(result["run_dir"]) / "eval", result)
     except EvalError as exc:
         print(f"rlpipe.eval: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    with stops_at_once("rlpipe.eval", args.run_dir / "eval", "the run's eval/ keeps what an earlier evaluation wrote"):
-        try:
-            result = evaluate(args, console)
-        except EvalError as exc:
-            print(f"rlpipe.eval: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        from rlpipe.eval import results
-
-        _json, md = results.write(Path(result["run_dir"]) / "eval", result)
     out = Console()
     if out.is_terminal:  # a table a person can read at any width
         from rich.markdown import Markdown

@@ -75,7 +75,8 @@ def reach_external(url: str, between_tries: Callable[[], None], wait_s: float) -
     said = False
     while True:
         try:
-            client(url).ping()
+            with client(url) as tried:  # closed either way: a failed try holds no socket
+                tried.ping()
             return
         except (redis.RedisError, ValueError) as exc:
             reason = refused_for_good(exc)
