@@ -77,6 +77,24 @@ SWEEPS = {
     # what Hydra refuses while composing one job, said as it says it for a single run
     "a-group-option": (["env_mix=cartpole,cartpol"], "job #1 of 2 (env_mix=cartpol): no option `cartpol`"),
     "a-type": (["env_count=16,abc"], "job #1 of 2 (env_count=abc): Invalid config value env_count='abc'"),
+    # the driver's first checks, made for every job: the mix described (an env id that does
+    # not exist) and the memory its board and rollouts need on this machine (day4's 7,000
+    # envs with MiniGrid's rgb view at rollout 256: about 80 GiB; its first job, 70 envs)
+    "an-env-id": (
+        ["env_mix=gym", "env_mix.id=CartPole-v1,CartPoleX-v1"],
+        "job #1 of 2 (env_mix=gym env_mix.id=CartPoleX-v1): env type 'CartPoleX-v1'",
+    ),
+    "the-memory-budget": (
+        [
+            "+stage=day4",
+            "buffer=seed",
+            "env_mix.types.minigrid.view=rgb",
+            "learner.rollout_len=256",
+            "env_count=70,7000",
+        ],
+        "job #1 of 2 (+stage=day4 buffer=seed env_mix.types.minigrid.view=rgb learner.rollout_len=256 env_count=7000): "
+        "This config needs",
+    ),
 }
 
 

@@ -555,6 +555,25 @@ def test_unknown_gym_id_is_a_config_error_naming_it():
         plan_mix(spec.env_types, 2, spec.obs_keys, spec.buffer.sizing)
 
 
+@pytest.mark.parametrize("bound, warned", [(1.0, False), (0.1, True)])
+def test_a_wrappers_float_bound_warns_only_where_float32_loses_digits(bound, warned):
+    """mountaincar_cont's RescaleObservation to [-1, 1]: Gymnasium warned that the float32 box
+    lowered the bounds' precision, the first lines `+stage=day4` printed, though float32 holds
+    1.0 exactly. 0.1 it does not hold, and there the warning stays."""
+    import warnings
+
+    from rlpipe.envs.classic import make_gym
+
+    wrapper = {"path": "gymnasium.wrappers.RescaleObservation", "kwargs": {"min_obs": -bound, "max_obs": bound}}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        env = make_gym("MountainCarContinuous-v0", wrappers=[wrapper])
+    env.close()
+    said = [str(w.message) for w in seen if "precision lowered" in str(w.message)]
+    assert bool(said) == warned, said
+    assert float(env.observation_space.high[0]) == pytest.approx(bound)
+
+
 def test_cli_unknown_gym_id_clear_error_no_traceback(short_tmp):
     out = run_cli(short_tmp / "run", "env_mix=gym", "env_mix.id=CartPoleX-v1", timeout=120)
     assert out.returncode == 2

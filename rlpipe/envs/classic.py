@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import math
+import warnings
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -92,8 +93,33 @@ def make_gym(gym_id: str, make_kwargs: dict | None = None, wrappers: list | None
         if isinstance(w, str):
             env = _import(w)(env)
         else:
-            env = _import(w["path"])(env, **(w.get("kwargs") or {}))
+            env = _wrapped(env, _import(w["path"]), w.get("kwargs") or {})
     return env
+
+
+def _wrapped(env, wrapper, kwargs: dict):
+    """`wrapper(env, **kwargs)`, less one false warning. Gymnasium builds a bound given as a
+    Python float (RescaleObservation's `min_obs: -1.0`) as a float64 array, casts it to the
+    float32 box and warns, in raw colour codes, that precision was lowered: the first lines
+    `+stage=day4` printed, for -1.0 and 1.0, which float32 holds exactly. The warning is
+    dropped only where every float in the kwargs is exact in float32, so it still speaks
+    where a bound does lose digits."""
+    with warnings.catch_warnings():
+        if all(float(np.float32(x)) == x for x in _floats(kwargs)):
+            warnings.filterwarnings("ignore", message=r".*precision lowered by casting to float32")
+        return wrapper(env, **kwargs)
+
+
+def _floats(value):
+    """Every float in a wrapper's kwargs, walked through its lists and mappings."""
+    if isinstance(value, float):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _floats(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _floats(v)
 
 
 # --- observation mapping --------------------------------------------------------------------
