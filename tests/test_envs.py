@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import SEED12_TYPES, compose_cfg, run_cli
+from conftest import SEED12_TYPES, compose_cfg, read_summary, run_cli
 from rlpipe.config import ConfigError, EnvTypeSpec, run_spec
 from rlpipe.envs import (
     CONTINUOUS,
@@ -572,6 +572,26 @@ def test_a_wrappers_float_bound_warns_only_where_float32_loses_digits(bound, war
     said = [str(w.message) for w in seen if "precision lowered" in str(w.message)]
     assert bool(said) == warned, said
     assert float(env.observation_space.high[0]) == pytest.approx(bound)
+
+
+def test_what_types_print_as_they_are_built_stays_off_the_console(short_tmp):
+    """A run of the two types that printed as they were built, among the first lines of
+    `+stage=day4`: mountaincar_cont's false float32-precision warning (in the driver, which
+    describes the mix) and pybullet's "build time" banner (in the forkserver, which imports
+    it for the workers). The console holds rlpipe's own lines only."""
+    out = run_cli(
+        short_tmp / "run",
+        "env_mix=mixed",
+        "+env@env_mix.types.bullet_reacher=bullet_reacher",
+        "+env_mix.weights.bullet_reacher=1.0",
+        "env_count=6",
+        "run.total_env_steps=600",
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    console = out.stdout + out.stderr
+    assert "bullet_reacher" in read_summary(short_tmp / "run")["env_types"]
+    assert "build time" not in console and "precision lowered" not in console, console[-3000:]
 
 
 def test_cli_unknown_gym_id_clear_error_no_traceback(short_tmp):

@@ -238,6 +238,7 @@ def test_a_type_that_faults_on_every_step_backs_off_and_is_named(short_tmp):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["types_without_episodes"] == {"FourValues-v0": faults}
     assert "env type FourValues-v0 finished no episode in this run" in out + err
+    assert "return last 100: FourValues-v0 no episode;" in out  # the last line says so, not "None"
     report = (run_dir / "health_report.md").read_text()
     assert "every env type finished an episode: **no**: FourValues-v0: no episode finished" in report
 

@@ -44,7 +44,7 @@ EE_LINK = 6
 STATE_DIM = 2 * N_JOINTS + 9
 
 
-def _pybullet():
+def import_pybullet():
     """Import pybullet without its "pybullet build time" banner on stderr (printed by C code at
     import, once per process: fd 2 is pointed at /dev/null for that moment only)."""
     if "pybullet" not in sys.modules:
@@ -67,7 +67,7 @@ class _Client:
     """One DIRECT physics client and its arm slots."""
 
     def __init__(self, capacity: int):
-        p, data = _pybullet()
+        p, data = import_pybullet()
         self.p = p
         self.cid = p.connect(p.DIRECT)
         p.setAdditionalSearchPath(data.getDataPath(), physicsClientId=self.cid)
@@ -178,7 +178,7 @@ class BulletReacher(EnvInterface):
 
     @classmethod
     def preload(cls, **_params) -> list[str]:
-        return ["pybullet", "pybullet_data"]
+        return ["rlpipe.envs.bullet_preload"]  # pybullet and pybullet_data, quietly
 
     @classmethod
     def describe(cls, **params) -> EnvSpec:

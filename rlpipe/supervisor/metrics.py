@@ -367,7 +367,8 @@ class RunMetrics:
                 atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
             except OSError as exc:  # the summary written above stands, with the teardown until then
                 log.warning("summary.json: teardown_s not updated: %s", exc)
-        rets = ", ".join(f"{k} {v}" for k, v in result["mean_return_last100"].items())
+        # a type that finished no episode has no return (null in summary.json), not "None"
+        rets = ", ".join(f"{k} {'no episode' if v is None else v}" for k, v in result["mean_return_last100"].items())
         how = f"stopped by {signal.Signals(stop_signal).name}" if stop_signal else "done"
         stop = result.get("stopped_by") or {}
         if stop.get("signal") and stop.get("phase") == "teardown":  # it had reached its stop condition
