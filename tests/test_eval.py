@@ -47,6 +47,9 @@ def test_eval_writes_returns_video_and_tensorboard(trained_run):
     assert cart["random"]["source"] == "run" and cart["random"]["mean"] > 0
     md = (out / "returns.md").read_text()
     assert "| cartpole |" in md and "cartpole.mp4" in md
+    # the log's line per type, rounded as the table (a pipe is no terminal)
+    d, st, r = (f"{cart[m]['mean']:,.1f}" for m in ("deterministic", "stochastic", "random"))
+    assert f"rlpipe.eval: cartpole: deterministic {d}, stochastic {st}, random {r}\n" in res.stdout + res.stderr
 
     import imageio.v2 as imageio
 
@@ -217,3 +220,10 @@ def test_a_run_saved_before_a_setting_existed_is_evaluated_with_its_default(trai
     out = eval_cli(run, "--episodes", "1")
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((run / "eval" / "returns.json").read_text())["types"]["cartpole"]["deterministic"]["mean"] > 0
+
+
+def test_a_type_with_no_episode_is_said_so_in_its_line():
+    from rlpipe.eval.results import type_line
+
+    entry = {"deterministic": {"mean": None, "cut": 1}, "stochastic": {"mean": -0.5000000000000002}, "random": {}}
+    assert type_line("faulty", entry) == "faulty: deterministic no episode, stochastic -0.5, random no episode"

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rlpipe.config_checks import SEED_LIMIT
 from rlpipe.eval.loader import EvalError
+from rlpipe.eval.results import type_line
 from rlpipe.interrupts import stops_at_once
 
 EXIT_BAD_INPUT = 2
@@ -148,12 +149,7 @@ def _evaluate(run, args: argparse.Namespace, console: Console, t_start: float) -
                 bar.advance(task)
             result["types"][name] = entry
             if not console.is_terminal:
-                d = entry["deterministic"]
-                print(
-                    f"rlpipe.eval: {name}: deterministic {d['mean']}, stochastic "
-                    f"{entry['stochastic']['mean']}, random {entry['random'].get('mean')}",
-                    flush=True,
-                )
+                print(f"rlpipe.eval: {type_line(name, entry)}", flush=True)
     result["wall_s"] = round(time.monotonic() - t_start, 2)
     _tensorboard(run, result, films)
     return result

@@ -22,6 +22,20 @@ def _cell(s: dict) -> str:
     return text + (f", {s['cut']} cut" if s.get("cut") else "")
 
 
+def type_line(name: str, entry: dict) -> str:
+    """One type's three means, rounded as the table rounds them: the line a log that is no
+    terminal gets as each type finishes (it had printed -1021.949207601088 and None)."""
+
+    def mean(stats: dict | None) -> str:
+        value = (stats or {}).get("mean")
+        return "no episode" if value is None else _num(value)
+
+    return (
+        f"{name}: deterministic {mean(entry['deterministic'])}, stochastic {mean(entry['stochastic'])}, "
+        f"random {mean(entry.get('random'))}"
+    )
+
+
 def markdown(result: dict) -> str:
     lines = [
         f"# Evaluation of {result['run_dir']}",
