@@ -346,13 +346,21 @@ class RunMetrics:
     def write(self, result: dict, stop_signal: int | None) -> None:
         """summary.json, the hparams run (rank 0), the health report and the line on stdout."""
         atomic_write(self.run_dir / "summary.json", json.dumps(result, indent=2) + "\n")
+        steps_per_env = (result["env_steps"] - result["resumed_from_step"]) / max(1, result["env_count"])
         for name, faults in result.get("types_without_episodes", {}).items():
-            log.warning(
-                "env type %s finished no episode in this run (%d env faults%s; see errors_top10.md)",
-                name,
-                faults,
-                ": a crash loop" if faults else "",
-            )
+            if faults:
+                log.warning(
+                    "env type %s finished no episode in this run (%d env faults: a crash loop; see errors_top10.md)",
+                    name,
+                    faults,
+                )
+            else:  # a short run of long episodes (acrobot's 500 steps at day4's 7,000 envs on 2 CPUs)
+                log.warning(
+                    "env type %s finished no episode in this run: no env fault, and its episodes outlasted the "
+                    "run (about %.0f steps an env)",
+                    name,
+                    steps_per_env,
+                )
         if self.mode.writes_job_outputs:
             self._hparams(result)
         try:
