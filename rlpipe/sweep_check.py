@@ -10,7 +10,8 @@ ones a job makes before it starts anything: the values (`run_spec`: ranges, choi
 key allows given another, as `run_job`), then the mix (each env type described, the board
 sized to it: an env id that does not exist, a type that does not fit an explicit buffer) and
 the memory its board and rollouts need on this machine (`check_memory_budget`, as the
-driver's first step). The four stages of the ramp are checked in 1.1 s here, 0.5 s of it
+driver's first step; not for `run.mode=validate`, day0, whose job reports each type that
+cannot be built as its own outcome). The four stages of the ramp are checked in 1.1 s here, 0.5 s of it
 the mixes.
 
 Only where the jobs will run on this machine (Hydra's basic launcher, submitit_local), with
@@ -91,8 +92,9 @@ def job_refused(config: DictConfig, overrides: list[str]) -> str | None:
             del cfg["hydra"]
         check_known_keys(cfg, RunSpec)
         spec = run_spec(cfg)
-        plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
-        check_memory_budget(spec, plan, group_ranges(spec.env_count, spec.groups.size))
+        if spec.run.mode != "validate":  # day0 builds and reports each type itself, as its job's outcome
+            plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
+            check_memory_budget(spec, plan, group_ranges(spec.env_count, spec.groups.size))
     except (ConfigError, OmegaConfBaseException) as exc:
         return str(exc)
     except Exception as exc:  # what Hydra refuses while it composes, said as rlpipe says it

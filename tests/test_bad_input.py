@@ -127,6 +127,24 @@ def test_a_multirun_with_one_bad_job_starts_none(short_tmp, row):
     assert not sweep_dir.exists()
 
 
+def test_a_day0_sweep_leaves_each_type_to_its_validation(short_tmp):
+    """day0 (`run.mode=validate`) builds every type and reports the ones that fail as its
+    job's outcome (exit 1, env_validation.md): the sweep check does not describe its mix, so
+    the job runs and says which type failed and why."""
+    sweep_dir = short_tmp / "sweep"
+    out = subprocess.run(
+        [sys.executable, "-m", "rlpipe", "-m", "+stage=day0", "env_mix=gym", "env_mix.id=CartPoleX-v1"]
+        + [f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=driver_dies_with_pytest,
+    )
+    assert out.returncode == 1 and "No job of the sweep was started" not in out.stderr, out.stderr[-3000:]
+    assert "CartPoleX-v1 | **NO**" in (sweep_dir / "0" / "env_validation.md").read_text()
+
+
 def test_plus_adds_keys_only_where_keys_are_names():
     """`+` under env_mix.types / env_mix.weights / buffer.keys adds an entry (the mix and the
     board check it); anywhere else a key the schema lacks is refused before the run."""
