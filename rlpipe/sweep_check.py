@@ -14,15 +14,19 @@ driver's first step; not for `run.mode=validate`, day0, whose job reports each t
 cannot be built as its own outcome). The four stages of the ramp are checked in 1.1 s here, 0.5 s of it
 the mixes.
 
-Only where the jobs will run on this machine (Hydra's basic launcher, submitit_local), with
-Hydra's basic sweeper (whose job list is known in advance): a value allowed or not by the
-machine's CPUs (`auto` layouts) is judged on the machine that runs the job, so a Slurm
-sweep's jobs are checked where they start.
+All of it only where the jobs will run on this machine (Hydra's basic launcher,
+submitit_local), with Hydra's basic sweeper (whose job list is known in advance). A value
+allowed or not by the machine (the CPUs of the `auto` layouts and of `worker.cpu_affinity`, a
+GPU for `learner.device=cuda`, the memory) is judged where the job runs, so a Slurm sweep's
+jobs have only their keys checked here (a key no setting has is one on every node), their
+values where each starts; and a Slurm sweep from a machine without `srun` (submitit's sign of
+a Slurm cluster, whose absence was its traceback) is refused with the launcher to try instead.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from typing import Any
 
@@ -44,14 +48,16 @@ LOCAL_LAUNCHERS = (
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
 )
+SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 
 
 class CheckEveryJob(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweeper, launcher = config.hydra.sweeper._target_, config.hydra.launcher._target_
-        if sweeper != BASIC_SWEEPER or launcher not in LOCAL_LAUNCHERS:
-            log.info("multirun: each job's config is checked when it starts (%s, %s)", sweeper, launcher)
+        if sweeper != BASIC_SWEEPER:
+            log.info("multirun: each job's config is checked when it starts (%s)", sweeper)
             return
+        local = launcher in LOCAL_LAUNCHERS
         started = time.monotonic()
         jobs = sweep_jobs(config)
         mix_log = logging.getLogger("rlpipe.envs")
@@ -59,16 +65,21 @@ class CheckEveryJob(Callback):
         mix_log.setLevel(logging.WARNING)  # what a mix's description notes, each job logs as it starts
         try:
             for number, overrides in enumerate(jobs):
-                refused = job_refused(config, overrides)
+                refused = job_refused(config, overrides, whole=local)
                 if refused is not None:
                     name = f"job #{number} of {len(jobs)} ({' '.join(overrides)})"  # as Hydra's log names it
                     end = "" if refused.endswith(".") else "."
                     exit_with(f"{name}: {refused}{end} No job of the sweep was started.")
         finally:
             mix_log.setLevel(level)
-        log.info(
-            "multirun: all %d jobs checked (values, env types, memory) in %.1f s", len(jobs), time.monotonic() - started
-        )
+        if launcher == SLURM_LAUNCHER and shutil.which("srun") is None:
+            exit_with(
+                "hydra/launcher=submitit_slurm sends each job to Slurm, and this machine has no `srun` on its "
+                "PATH (how submitit knows a Slurm cluster). Start the sweep on a Slurm login node, or try it "
+                "here with hydra/launcher=submitit_local. No job of the sweep was started."
+            )
+        checked = "values, env types, memory" if local else "keys; their values where each starts"
+        log.info("multirun: all %d jobs checked (%s) in %.1f s", len(jobs), checked, time.monotonic() - started)
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:
@@ -83,14 +94,17 @@ def sweep_jobs(config: DictConfig) -> list[list[str]]:
     return jobs
 
 
-def job_refused(config: DictConfig, overrides: list[str]) -> str | None:
+def job_refused(config: DictConfig, overrides: list[str], whole: bool = True) -> str | None:
     """What rlpipe's checks say of the job's config, composed as its launcher will compose it
-    (run_job's checks, then the driver's before it starts anything); None where it passes."""
+    (run_job's checks, then the driver's before it starts anything; without `whole`, for a
+    job that runs on another machine, its keys only); None where it passes."""
     try:
         cfg = GlobalHydra.instance().config_loader().load_sweep_config(config, list(overrides))
         with open_dict(cfg):
             del cfg["hydra"]
         check_known_keys(cfg, RunSpec)
+        if not whole:
+            return None
         spec = run_spec(cfg)
         if spec.run.mode != "validate":  # day0 builds and reports each type itself, as its job's outcome
             plan = plan_mix(spec.env_types, spec.env_count, spec.obs_keys, spec.buffer.sizing)
