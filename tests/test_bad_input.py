@@ -6,6 +6,7 @@ one paragraph naming the key and what is allowed, exit 2, no traceback, nothing 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -182,6 +183,15 @@ def test_help_describes_rlpipe_its_main_options_and_stages():
     for words in ("env_count=N", "run.duration_s=", "run.resume=", "+stage=dayN", "day4", "exit 130 or 143"):
         assert words in out.stdout, words
     assert "env_mix: acrobot," in out.stdout and "stage: day0, day1" in out.stdout  # the groups, from conf/
+    # every exit code the CLI has is in the help's list (6, the external Redis, was missing)
+    from rlpipe.app import EXIT_RANK_LOST, EXIT_REDIS_UNREACHABLE
+    from rlpipe.config_errors import EXIT_CONFIG
+    from rlpipe.supervisor.diskfull import EXIT_DISK_FULL
+    from rlpipe.supervisor.stall import EXIT_STALL
+
+    listed = " ".join(out.stdout.split("Exit codes:")[1].split("After a run")[0].split())
+    for code in (EXIT_CONFIG, EXIT_RANK_LOST, EXIT_STALL, EXIT_DISK_FULL, EXIT_REDIS_UNREACHABLE):
+        assert re.search(rf"(:|,) {code} [a-z]", listed), (code, listed)
 
 
 def files_in(folder: Path) -> dict[str, bytes]:
