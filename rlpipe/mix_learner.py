@@ -66,14 +66,18 @@ def register_alone(conf_dir: Callable[[], Path]) -> None:
     """`${alone:...}` registered with OmegaConf (rlpipe/config.py, on import: before any config
     resolves); the learner's defaults are read from `conf_dir()`'s learner/ppo.yaml once."""
 
-    @functools.cache
-    def learner_defaults() -> DictConfig:
-        return OmegaConf.load(conf_dir() / "learner" / "ppo.yaml")
-
     def resolver(type_name: str, key: str, value: Any, *, _root_: DictConfig) -> Any:
-        return alone(type_name, key, value, list(_root_.env_mix.types), learner_defaults())
+        return alone(type_name, key, value, list(_root_.env_mix.types), _learner_defaults(conf_dir()))
 
     OmegaConf.register_new_resolver(ALONE, resolver, replace=True)
+
+
+@functools.cache
+def _learner_defaults(conf_dir: Path) -> DictConfig:
+    """At module level, not in `register_alone`: Hydra's submitit launchers pickle OmegaConf's
+    resolvers with the job, and a cache around a local function cannot be pickled (every
+    `hydra/launcher=submitit_local` or `submitit_slurm` sweep failed with that traceback)."""
+    return OmegaConf.load(conf_dir / "learner" / "ppo.yaml")
 
 
 def resolve(learner: Any, env_types: tuple[EnvTypeSpec, ...], env_count: int) -> dict[str, str]:
