@@ -203,6 +203,19 @@ def run_cli(run_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.
     return result
 
 
+def rlpipe_with(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m rlpipe <args>` as a user types it (no run dir or probe settings of the
+    tests' own: `--help`, a multirun with its sweep dir), run to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlpipe", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=driver_dies_with_pytest,
+    )
+
+
 def read_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 

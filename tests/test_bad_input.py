@@ -9,12 +9,11 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, compose_cfg, driver_dies_with_pytest, rlpipe_cmd
+from conftest import REPO, compose_cfg, driver_dies_with_pytest, rlpipe_cmd, rlpipe_with
 from rlpipe.config import ConfigError, RunSpec
 from rlpipe.config_errors import OPEN_KEYS, check_known_keys
 
@@ -114,14 +113,7 @@ SWEEPS = {
 def refused(*overrides: str, one_line: bool = True) -> str:
     """`python -m rlpipe <overrides>` run to its refusal: what it said, checked (exit 2, no
     traceback, with `one_line` a single line: a checkpoint error lists each file apart)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "rlpipe", *overrides],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=driver_dies_with_pytest,
-    )
+    out = rlpipe_with(*overrides)
     paragraph = out.stderr.strip()
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert not one_line or "\n" not in paragraph, paragraph
@@ -147,15 +139,7 @@ def test_a_day0_sweep_leaves_each_type_to_its_validation(short_tmp):
     job's outcome (exit 1, env_validation.md): the sweep check does not describe its mix, so
     the job runs and says which type failed and why."""
     sweep_dir = short_tmp / "sweep"
-    out = subprocess.run(
-        [sys.executable, "-m", "rlpipe", "-m", "+stage=day0", "env_mix=gym", "env_mix.id=CartPoleX-v1"]
-        + [f"hydra.sweep.dir={sweep_dir}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=driver_dies_with_pytest,
-    )
+    out = rlpipe_with("-m", "+stage=day0", "env_mix=gym", "env_mix.id=CartPoleX-v1", f"hydra.sweep.dir={sweep_dir}")
     assert out.returncode == 1 and "No job of the sweep was started" not in out.stderr, out.stderr[-3000:]
     assert "CartPoleX-v1 | **NO**" in (sweep_dir / "0" / "env_validation.md").read_text()
 
@@ -173,11 +157,7 @@ def test_plus_adds_keys_only_where_keys_are_names():
 def test_help_describes_rlpipe_its_main_options_and_stages():
     """`--help` is Hydra's hydra.help template filled by conf/hydra/help/rlpipe.yaml, not
     Hydra's generic page."""
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-m", "rlpipe", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    out = rlpipe_with("--help", timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("rlpipe trains one policy") and "powered by Hydra" not in out.stdout
     for words in ("env_count=N", "run.duration_s=", "run.resume=", "+stage=dayN", "day4", "exit 130 or 143"):

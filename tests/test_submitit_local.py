@@ -7,23 +7,16 @@ a cache around a local function: every submitit sweep, local or on Slurm, failed
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from conftest import REPO, driver_dies_with_pytest, run_leftovers
+from conftest import rlpipe_with, run_leftovers
 
 
 def test_a_submitit_local_sweep_runs_every_job_and_leaves_nothing(short_tmp):
     sweep_dir = short_tmp / "sweep"
-    out = subprocess.run(
-        [sys.executable, "-m", "rlpipe", "-m", "hydra/launcher=submitit_local", "env_count=8"]
-        + ["run.total_env_steps=1000", "logging.random_return_episodes=5", "logging.initial_policy_episodes=0"]
-        + ["run.seed=1,2", f"hydra.sweep.dir={sweep_dir}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    out = rlpipe_with(
+        *("-m", "hydra/launcher=submitit_local", "env_count=8", "run.total_env_steps=1000", "run.seed=1,2"),
+        *("logging.random_return_episodes=5", "logging.initial_policy_episodes=0", f"hydra.sweep.dir={sweep_dir}"),
         timeout=300,
-        preexec_fn=driver_dies_with_pytest,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     for job in ("0", "1"):
